@@ -1,0 +1,121 @@
+"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``eval MODEL``.
+
+Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
+exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grpokit.config import GRPOConfig, load_config, parse_overrides
+from grpokit.data import check_columns, load_jsonl
+
+
+def _train_epilog() -> str:
+    lines = ["config keys (YAML file or --key value):"]
+    lines += [f"  {name:<22} {text}" for name, text in GRPOConfig.help().items()]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpokit", description="GRPO training for causal language models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--output-dir", default="runs/demo")
+    demo.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's)")
+    demo.add_argument("--eval-prompts", type=int, default=400, help="held-out prompts to evaluate")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    train = commands.add_parser(
+        "train", help="train with a YAML config", epilog=_train_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("config", nargs="?", help="YAML config file (omit to use defaults and overrides)")
+
+    evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
+    evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
+    evaluate.add_argument("--data", default="builtin:arithmetic", help="JSONL file, or builtin:arithmetic (held-out set)")
+    evaluate.add_argument("--prompt-column", default="prompt")
+    evaluate.add_argument("--answer-column", default="answer")
+    evaluate.add_argument("--samples", type=int, default=4, help="samples per prompt for sampled accuracy")
+    evaluate.add_argument("--temperature", type=float, default=1.0)
+    evaluate.add_argument("--max-new-tokens", type=int, default=64)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--output", help="write the summary as JSON here")
+    evaluate.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from grpokit.demo import format_table, run_demo
+
+    overrides = {} if args.steps is None else {"max_steps": args.steps}
+    result = run_demo(args.seed, args.output_dir, eval_prompts=args.eval_prompts, progress=not args.quiet, **overrides)
+    seconds = result["seconds"]
+    print(f"\nGRPO demo, seed {args.seed}: {result['eval_prompts']} held-out prompts, "
+          f"{result['samples_per_prompt']} samples each for the sampled rows")
+    print(format_table(result["table"]))
+    print(f"warm start {seconds['warm_start']:.0f} s (cached after the first run), GRPO {seconds['grpo']:.0f} s, "
+          f"total {seconds['total']:.0f} s; run directory: {args.output_dir}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpokit.trainer import GRPOTrainer
+
+    config = load_config(args.config, parse_overrides(extra))
+    history = GRPOTrainer(config).train()
+    last = history[-1]
+    summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl") if k in last)
+    print(f"done: {len(history)} steps; last step: {summary}; model saved to {Path(config.output_dir) / 'model'}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from grpokit.evaluate import evaluate, summarize
+    from grpokit.trainer import load_model_and_tokenizer
+
+    if args.data == "builtin:arithmetic":
+        from grpokit.arithmetic import held_out_rows
+
+        rows = held_out_rows()
+    else:
+        rows = load_jsonl(args.data)
+    check_columns(rows, [args.prompt_column, args.answer_column], source=args.data)
+    model, tokenizer = load_model_and_tokenizer(args.model, progress=not args.quiet)
+    scores = evaluate(
+        model, tokenizer, rows, prompt_column=args.prompt_column, answer_column=args.answer_column,
+        samples_per_prompt=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, progress=not args.quiet,
+    )
+    summary = {"model": args.model, "data": args.data, "num_prompts": len(rows), **summarize(scores)}
+    for key in ("greedy_correct", "sampled_correct", "greedy_format", "sampled_format"):
+        print(f"{key:<16} {summary[key]:.3f}")
+    if args.output:
+        Path(args.output).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "demo":
+            return cmd_demo(args)
+        if args.command == "train":
+            return cmd_train(args, extra)
+        return cmd_eval(args)
+    except ValueError as error:  # ConfigError, DataError, RewardError and other bad input
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

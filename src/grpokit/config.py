@@ -1,0 +1,245 @@
+"""``GRPOConfig``: one flat, documented, validated dataclass for a training run.
+
+Every field has a ``help`` text (shown by ``grpokit train --help`` and in the docs). Values are checked
+on construction; unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming
+the key. Load one from YAML with :func:`load_config`, with ``--key value`` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpokit.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, ill-typed or out of range; the message names the key."""
+
+
+def _field(default: Any, help: str, **kwargs: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass
+class GRPOConfig:
+    # ---- model and data --------------------------------------------------------------------------
+    model: str = _field(
+        "builtin:arithmetic",
+        "A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer), or "
+        "'builtin:arithmetic' for the warm-started tiny demo model (built and cached locally).",
+    )
+    dataset: str = _field(
+        "builtin:arithmetic",
+        "A JSONL file with one JSON object per line (a prompt column, an answer column, and any "
+        "other columns, which reward functions receive as keyword lists), or 'builtin:arithmetic'.",
+    )
+    prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
+    answer_column: str = _field(
+        "answer", "Dataset column holding the reference answer (passed to rewards as `answer`)."
+    )
+    output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.")
+    seed: int = _field(0, "Seed for data order, sampling and initialisation.")
+    device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
+
+    # ---- rewards ---------------------------------------------------------------------------------
+    reward_funcs: list[str] = _field(
+        ["accuracy", "format"],
+        "Reward functions by name (built-in: 'accuracy', 'format'); the Python API also takes callables.",
+    )
+    reward_weights: list[float] | None = _field(
+        None, "Weight of each reward function in the total reward; None means 1.0 each."
+    )
+
+    # ---- sampling (GRPO.md §1.1) -----------------------------------------------------------------
+    prompts_per_step: int = _field(16, "B: prompts sampled per training step.", min=1)
+    num_generations: int = _field(8, "G: completions sampled per prompt (the group).", min=2)
+    max_completion_length: int = _field(64, "Maximum new tokens per completion.", min=1)
+    temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
+    top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
+
+    # ---- objective (GRPO.md §2-3) ----------------------------------------------------------------
+    scale_rewards: str = _field(
+        "group", "Advantage scaling: 'group' std (paper), 'batch' std, or 'none' (Dr. GRPO).", choices=SCALES
+    )
+    epsilon: float = _field(0.2, "Clip range ε: ratio clipped to [1-ε, 1+ε_high].", min=0)
+    epsilon_high: float | None = _field(None, "Upper clip ε_high ('clip-higher'); None means ε.", min=0)
+    beta: float = _field(0.04, "KL coefficient β; 0 never creates the reference model.", min=0)
+    kl_kind: str = _field("k3", "KL estimator: 'k3' (paper), 'k1' or 'k2'.", choices=KL_KINDS)
+    aggregation: str = _field(
+        "sequence",
+        "Loss aggregation: 'sequence' (paper: per-completion mean, then mean), 'token' (DAPO), "
+        "'constant' (Dr. GRPO: sum / (N · max_completion_length)).",
+        choices=AGGREGATIONS,
+    )
+    ratio_level: str = _field(
+        "token", "Importance ratio per 'token' (default) or per 'sequence' (length-normalised).",
+        choices=RATIO_LEVELS,
+    )
+    num_iterations: int = _field(
+        1, "μ: optimisation passes (optimizer steps) over each generated batch.", min=1
+    )
+
+    # ---- optimisation ----------------------------------------------------------------------------
+    max_steps: int = _field(50, "Training steps (each: generate, score, μ optimizer updates).", min=1)
+    learning_rate: float = _field(2e-4, "Peak AdamW learning rate.", gt=0)
+    lr_schedule: str = _field(
+        "linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
+        choices=("linear", "cosine", "constant"),
+    )
+    warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
+    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
+    adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
+    adam_beta2: float = _field(0.99, "AdamW β2.", min=0, lt=1)
+    max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
+    micro_batch_size: int = _field(
+        64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
+    )
+
+    # ---- logging ---------------------------------------------------------------------------------
+    log_completions: int = _field(
+        4, "Completions per step written to completions.jsonl (0 disables).", min=0
+    )
+    progress_bar: bool = _field(True, "Show a progress bar on the console.")
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)
+            _check_bounds(f.name, value, f.metadata)
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(
+                f"reward_weights has {len(self.reward_weights)} values but reward_funcs has "
+                f"{len(self.reward_funcs)}; give one weight per function"
+            )
+        if not self.reward_funcs:
+            raise ConfigError("reward_funcs is empty; give at least one reward function")
+
+    @property
+    def num_completions(self) -> int:
+        """N = B × G completions per step."""
+        return self.prompts_per_step * self.num_generations
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
+        """Build a config, refusing unknown keys with a suggestion."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(name: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; allow int → float and numeric strings → float
+    (YAML reads ``1e-4`` as a string)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(name, value, inner)
+    if origin is list:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{name} must be a list, got {type(value).__name__} {value!r}")
+        (inner,) = typing.get_args(tp)
+        return [_coerce(f"{name}[{i}]", item, inner) for i, item in enumerate(value)]
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is str and callable(value) and name.startswith("reward_funcs"):
+        return value  # the Python API accepts reward callables
+    elif isinstance(value, tp):
+        return value
+    raise ConfigError(f"{name} must be {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _check_bounds(name: str, value: Any, meta: typing.Mapping[str, Any]) -> None:
+    if value is None:
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, meta['choices']))}")
+    checks = [("min", lambda v, b: v >= b, ">="), ("max", lambda v, b: v <= b, "<="),
+              ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<")]
+    for key, ok, symbol in checks:
+        if key in meta and not ok(value, meta[key]):
+            raise ConfigError(f"{name}={value!r} is out of range; it must be {symbol} {meta[key]}")
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--beta", "0", "--reward_funcs", "[accuracy]"]`` → ``{"beta": 0, "reward_funcs": [...]}``.
+
+    Values are read as YAML, so numbers, booleans, ``null`` and ``[a, b]`` lists work; ``-`` and
+    ``_`` are interchangeable in keys.
+    """
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"expected --key value, got {arg!r}")
+        key, _, value = arg[2:].partition("=")
+        if not _:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key} needs a value")
+            value = args[i + 1]
+            i += 1
+        overrides[key.replace("-", "_")] = yaml.safe_load(value)
+        i += 1
+    return overrides
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> GRPOConfig:
+    """Read a YAML config (or none: defaults) and apply overrides; errors name the file and key."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of key: value")
+        values.update(loaded or {})
+    values.update(overrides or {})
+    try:
+        return GRPOConfig.from_dict(values)
+    except ConfigError as error:
+        where = f" (in {path})" if path is not None else ""
+        raise ConfigError(f"{error}{where}") from None

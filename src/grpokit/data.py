@@ -1,0 +1,60 @@
+"""Prompt datasets: a list of dict rows, loaded from JSONL and checked before any training starts.
+
+Errors name the file, the line (1-based) and the column at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class DataError(ValueError):
+    """A dataset file or row is unusable; the message names the file, row and column."""
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file (one JSON object per line; blank lines skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset file {str(path)!r} does not exist")
+    rows = []
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path}: line {line_number} is not valid UTF-8 ({error.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}: line {line_number} is not valid JSON: {error.msg}") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: line {line_number} is a JSON {type(row).__name__}, expected an object")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"dataset file {str(path)!r} has no rows")
+    return rows
+
+
+def check_columns(
+    rows: Sequence[dict[str, Any]], required: Sequence[str], *, source: str = "dataset"
+) -> None:
+    """Every row has every required column, and the prompt column holds non-empty text."""
+    if not rows:
+        raise DataError(f"{source} has no rows")
+    for index, row in enumerate(rows):
+        for column in required:
+            if column not in row:
+                raise DataError(
+                    f"{source}: row {index} has no column {column!r} (its columns: {sorted(row)})"
+                )
+            if row[column] is None:
+                raise DataError(f"{source}: row {index} column {column!r} is null")
+        prompt = row[required[0]]
+        if not isinstance(prompt, str) or not prompt:
+            raise DataError(f"{source}: row {index} column {required[0]!r} must be a non-empty string")

@@ -1,0 +1,64 @@
+"""Evaluation: accuracy and format rate of a model on prompts with answers, greedy and sampled."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from grpokit.rewards import accuracy_reward, format_reward
+from grpokit.rollout import generate
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    prompt_column: str = "prompt",
+    answer_column: str = "answer",
+    samples_per_prompt: int = 4,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, list[float]]:
+    """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
+    ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``)."""
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    scores: dict[str, list[float]] = {k: [] for k in ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")}
+    starts = range(0, len(rows), batch_size)
+    for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
+        batch = rows[start : start + batch_size]
+        prompts = [row[prompt_column] for row in batch]
+        encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+        for mode, k in (("greedy", 1), ("sampled", samples_per_prompt)):
+            rollout = generate(
+                model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
+                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                temperature=temperature, greedy=mode == "greedy", generator=generator,
+            )
+            ids = [r[: int(n)].tolist() for r, n in zip(rollout.completion_ids, rollout.lengths)]
+            completions = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            answers = [row[answer_column] for row in batch for _ in range(k)]
+            correct = torch.tensor(accuracy_reward(prompts, completions, answer=answers)).view(-1, k)
+            formatted = torch.tensor(format_reward(prompts, completions)).view(-1, k)
+            scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
+            scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
+    return scores
+
+
+def summarize(scores: dict[str, list[float]], keep: Sequence[bool] | None = None) -> dict[str, float]:
+    """Means of the per-row scores, optionally over the rows where ``keep`` is true."""
+    summary = {}
+    for key, values in scores.items():
+        chosen = list(values) if keep is None else [v for v, k in zip(values, keep) if k]
+        summary[key] = sum(chosen) / len(chosen) if chosen else float("nan")
+    return summary

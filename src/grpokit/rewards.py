@@ -1,0 +1,179 @@
+"""Rule-based rewards (GRPO.md §1.2) and the code that calls and combines reward functions.
+
+A reward function follows TRL's convention::
+
+    fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
+
+``columns`` holds the dataset's other columns as lists aligned with ``completions`` (a prompt's
+row is repeated for each of its G completions). ``None`` means "not applicable to this completion".
+Rewards parse text; nothing here ever evaluates it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Callable, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import torch
+
+RewardFunction = Callable[..., list]
+
+_TAG = r"</?(?:think|answer)>"
+_FORMAT_RE = re.compile(
+    rf"\s*<think>((?:(?!{_TAG}).)*)</think>\s*<answer>((?:(?!{_TAG}).)*)</answer>\s*", re.DOTALL
+)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Plain decimal numbers, optionally signed, with optional thousands separators. ASCII digits only.
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|[+-]?\.[0-9]+", re.ASCII)
+
+
+def format_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+    """1.0 when a completion is exactly ``<think>…</think><answer>…</answer>`` (whitespace allowed
+    around the blocks, no tags nested or repeated), else 0.0.
+
+    >>> format_reward(["q"] * 3, ["<think>7+5=12</think><answer>12</answer>", "<answer>12</answer>",
+    ...                           "<think>a</think><answer>1</answer><answer>2</answer>"])
+    [1.0, 0.0, 0.0]
+    """
+    return [1.0 if _FORMAT_RE.fullmatch(c) else 0.0 for c in completions]
+
+
+def extract_answer(completion: str) -> str | None:
+    """The text inside the completion's only ``<answer>…</answer>``; None if there is not exactly one.
+
+    >>> extract_answer("<think>x</think><answer> 42 </answer>")
+    ' 42 '
+    >>> extract_answer("<answer>1</answer><answer>2</answer>") is None
+    True
+    """
+    found = _ANSWER_RE.findall(completion)
+    if len(found) != 1 or completion.count("<answer>") != 1:
+        return None
+    return found[0]
+
+
+def parse_number(text: str) -> Decimal | None:
+    """A number written plainly (``" +1,234.0 "`` → 1234), or None. Never evaluates expressions.
+
+    >>> parse_number(" +007 "), parse_number("1,234.50"), parse_number("3+4"), parse_number("")
+    (Decimal('7'), Decimal('1234.50'), None, None)
+    """
+    text = text.strip()
+    if not _NUMBER_RE.fullmatch(text):
+        return None
+    try:
+        return Decimal(text.replace(",", ""))
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid literals
+        return None
+
+
+def answers_match(predicted: str, reference: Any) -> bool:
+    """Numeric equality when both sides parse as numbers, else whitespace-insensitive text equality.
+
+    >>> answers_match("0132", 132), answers_match("132.0", "132"), answers_match("", "0")
+    (True, True, False)
+    """
+    predicted_number, reference_number = parse_number(predicted), parse_number(str(reference))
+    if predicted_number is not None and reference_number is not None:
+        return predicted_number == reference_number
+    normalized = " ".join(predicted.split())
+    return bool(normalized) and normalized == " ".join(str(reference).split())
+
+
+def accuracy_reward(
+    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any], **columns: Any
+) -> list[float]:
+    """1.0 when the text inside the single ``<answer>`` tag equals the row's ``answer``, else 0.0.
+
+    Tolerates whitespace, a leading ``+``, leading zeros, ``.0`` and thousands separators; an empty
+    or missing answer, or several ``<answer>`` tags, score 0.
+
+    >>> accuracy_reward(["q"] * 4, ["<answer> 1,024 </answer>", "<answer></answer>", "1024",
+    ...                             "<answer>1024</answer><answer>7</answer>"], answer=[1024] * 4)
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    scores = []
+    for completion, reference in zip(completions, answer):
+        predicted = extract_answer(completion)
+        scores.append(1.0 if predicted is not None and answers_match(predicted, reference) else 0.0)
+    return scores
+
+
+BUILTIN_REWARDS: dict[str, RewardFunction] = {"accuracy": accuracy_reward, "format": format_reward}
+
+
+class RewardError(ValueError):
+    """A reward function failed or returned something unusable; the message names it."""
+
+
+def reward_name(fn: RewardFunction) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def resolve_reward_functions(specs: Sequence[str | RewardFunction]) -> list[RewardFunction]:
+    """Turn names of built-in rewards (``"accuracy"``, ``"format"``) and callables into callables."""
+    functions = []
+    for spec in specs:
+        if callable(spec):
+            functions.append(spec)
+        elif spec in BUILTIN_REWARDS:
+            functions.append(BUILTIN_REWARDS[spec])
+        else:
+            raise ValueError(
+                f"reward_funcs: unknown reward {spec!r}; built-in rewards are {sorted(BUILTIN_REWARDS)}, "
+                "or pass a callable"
+            )
+    return functions
+
+
+def score_completions(
+    reward_funcs: Sequence[RewardFunction],
+    weights: Sequence[float],
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Call each reward function once on the batch; return the weighted total (N,) and, per function,
+    its raw scores (N,) with NaN where it returned None.
+
+    The total is the weighted sum over the functions that applied; a completion to which none applied
+    gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
+    naming the function (and the completion, where one is at fault).
+    """
+    n = len(completions)
+    per_function: dict[str, torch.Tensor] = {}
+    total = torch.zeros(n)
+    for fn, weight in zip(reward_funcs, weights):
+        name = reward_name(fn)
+        try:
+            values = fn(prompts, completions, **columns)
+        except Exception as error:
+            raise RewardError(
+                f"reward function {name!r} raised {type(error).__name__}: {error} "
+                f"(batch of {n} completions; first prompt {prompts[0]!r})"
+            ) from error
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+            raise RewardError(f"reward function {name!r} returned {got} for {n} completions; expected a list of {n}")
+        scores = torch.full((n,), float("nan"))
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            if not isinstance(value, numbers.Real):
+                raise RewardError(
+                    f"reward function {name!r} returned {type(value).__name__} {value!r} for completion {i}; "
+                    "expected a float or None"
+                )
+            if not math.isfinite(value):
+                raise RewardError(
+                    f"reward function {name!r} returned {value} for completion {i} "
+                    f"(prompt {prompts[i]!r}, completion {completions[i]!r})"
+                )
+            scores[i] = float(value)
+        per_function[name] = scores
+        total += weight * torch.nan_to_num(scores, nan=0.0)
+    return total, per_function

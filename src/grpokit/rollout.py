@@ -1,0 +1,173 @@
+"""Rollouts: sample G completions per prompt with a KV cache (GRPO.md §1.1), and score sequences.
+
+Works with any Hugging Face causal LM that accepts ``attention_mask``, ``position_ids``, a KV
+cache (``cache`` or ``past_key_values``) and ``logits_to_keep``. Prompts are left-padded so that every row's next token
+sits in the last column; completions are right-padded.
+
+The completion mask is built from where each completion stopped (its first EOS, which it includes),
+never from ``ids != pad_id``: with pad == EOS that comparison would hide the EOS token from the loss
+and train a model that never stops.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpokit.objective import token_entropy, token_logprobs
+
+
+@dataclass
+class Rollout:
+    """Prompts repeated G times and their sampled completions. N = B prompts × G."""
+
+    prompt_ids: Tensor  # (N, P) left-padded
+    prompt_mask: Tensor  # (N, P) 1 on real prompt tokens
+    completion_ids: Tensor  # (N, T) right-padded with pad_token_id
+    completion_mask: Tensor  # (N, T) 1 up to and including the first EOS
+    logp: Tensor  # (N, T) float32 log-probs of the sampled tokens at the sampling temperature
+    truncated: Tensor  # (N,) bool: reached max_new_tokens without EOS
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.completion_mask.sum(dim=1)  # (N,)
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that start at 0 at each row's first real token (left padding)."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Set to -inf the logits outside the smallest set whose probability reaches ``top_p``."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # Drop a token when the tokens ranked above it already reach top_p; the top token always stays.
+    drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    # transformers 5.2x renamed ``past_key_values`` to ``cache``; older versions and wrappers use the old name.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
+
+    Each group of G completions of one prompt is contiguous in the output. With ``greedy=True`` the
+    argmax is taken (and ``logp`` is still reported at ``temperature``).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = next(model.parameters()).device
+    prompt_ids = prompt_ids.to(device).repeat_interleave(num_generations, dim=0)  # (N, P)
+    prompt_mask = prompt_mask.to(device).repeat_interleave(num_generations, dim=0)
+    n = prompt_ids.shape[0]
+
+    attention_mask = prompt_mask.long()
+    position_ids = position_ids_from_mask(attention_mask)
+    tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+
+    cache_name = _cache_argument(model)
+    input_ids, cache = prompt_ids, None
+    for t in range(max_new_tokens):
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_name: cache},
+        )
+        cache = getattr(out, cache_name)
+        logits = out.logits[:, -1, :].float() / temperature  # (N, V)
+        if greedy:
+            next_tokens = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
+            next_tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5).
+        step_logp = token_logprobs(logits, next_tokens)
+        next_tokens = torch.where(finished, torch.full_like(next_tokens, pad_token_id), next_tokens)
+        tokens[:, t] = next_tokens
+        logps[:, t] = torch.where(finished, torch.zeros_like(step_logp), step_logp)
+
+        just_stopped = ~finished & (next_tokens == eos_token_id)
+        lengths = torch.where(just_stopped, torch.full_like(lengths, t + 1), lengths)
+        finished |= just_stopped
+        if finished.all():
+            break
+        input_ids = next_tokens.unsqueeze(1)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(input_ids)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+
+    width = int(lengths.max().item())
+    completion_mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask.long(),
+        completion_ids=tokens[:, :width],
+        completion_mask=completion_mask.long(),
+        logp=logps[:, :width],
+        truncated=~finished,
+    )
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (N, T) of ``completion_ids`` given the prompts, in one forward pass, float32.
+
+    Returns ``(logp, entropy)``; ``entropy`` (N, T) is the policy's per-token entropy when
+    ``with_entropy`` and None otherwise.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    # Positions continue through the completion even after EOS, as during generation.
+    positions = position_ids_from_mask(torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1))
+    width = completion_ids.shape[1]
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=width + 1,
+    ).logits[:, :-1, :]  # (N, T, V): the logits that predicted each completion token
+    logp = token_logprobs(logits, completion_ids, temperature)
+    entropy = token_entropy(logits.detach(), temperature) if with_entropy else None
+    return logp, entropy
