@@ -124,7 +124,9 @@ class TinyModelSpec:
     max_positions: int = 128
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec | None = None, seed: int = 0) -> LlamaForCausalLM:
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec | None = None, seed: int = 0
+) -> LlamaForCausalLM:
     spec = spec or TinyModelSpec()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -199,7 +201,8 @@ def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool 
     losses = []
     bar = tqdm(range(spec.steps), desc="warm start", disable=not progress, dynamic_ncols=True)
     for _ in bar:
-        batch = supervised_batch(tokenizer, [corpus_example(rng, spec.forget_carry_rate) for _ in range(spec.batch_size)])
+        examples = [corpus_example(rng, spec.forget_carry_rate) for _ in range(spec.batch_size)]
+        batch = supervised_batch(tokenizer, examples)
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO training for causal language models.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after")
+    demo = commands.add_parser(
+        "demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--output-dir", default="runs/demo")
     demo.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's)")
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
     evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
-    evaluate.add_argument("--data", default="builtin:arithmetic", help="JSONL file, or builtin:arithmetic (held-out set)")
+    evaluate.add_argument(
+        "--data", default="builtin:arithmetic", help="JSONL file, or builtin:arithmetic (held-out set)"
+    )
     evaluate.add_argument("--prompt-column", default="prompt")
     evaluate.add_argument("--answer-column", default="answer")
     evaluate.add_argument("--samples", type=int, default=4, help="samples per prompt for sampled accuracy")

@@ -98,8 +98,8 @@ class GRPOConfig:
     )
     warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
     weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
-    adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
-    adam_beta2: float = _field(0.99, "AdamW β2.", min=0, lt=1)
+    adam_beta1: float = _field(0.9, "AdamW β1, the decay of the gradient's running mean.", min=0, lt=1)
+    adam_beta2: float = _field(0.99, "AdamW β2, the decay of the squared gradient's running mean.", min=0, lt=1)
     max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
     micro_batch_size: int = _field(
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1

@@ -32,8 +32,10 @@ def evaluate(
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    scores: dict[str, list[float]] = {k: [] for k in ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")}
+    eos = tokenizer.eos_token_id
+    pad = eos if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    keys = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")
+    scores: dict[str, list[float]] = {k: [] for k in keys}
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
         batch = rows[start : start + batch_size]

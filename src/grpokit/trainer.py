@@ -54,7 +54,10 @@ def seed_everything(seed: int) -> None:
 def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
     """A local HF causal LM directory, or the built-in warm-started arithmetic model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    if not progress:
+        hf_logging.disable_progress_bar()
     if name == BUILTIN:
         from grpokit.arithmetic import warm_started_model_path
 
@@ -93,6 +96,19 @@ class GRPOTrainer:
         seed_everything(config.seed)
         self.device = resolve_device(config.device)
 
+        self.reward_funcs = resolve_reward_functions(reward_funcs or config.reward_funcs)
+        names = [reward_name(fn) for fn in self.reward_funcs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward_funcs: names must be unique, got {names}")
+        self.reward_weights = config.reward_weights or [1.0] * len(self.reward_funcs)
+        if len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions"
+            )
+
+        # Data and rewards are checked before the (possibly slow) model load.
+        self.rows = self._load_rows(train_dataset)
+
         if model is None:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar)
         elif tokenizer is None:
@@ -105,17 +121,6 @@ class GRPOTrainer:
         if self.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token; set one so completions can stop")
 
-        self.reward_funcs = resolve_reward_functions(reward_funcs or config.reward_funcs)
-        names = [reward_name(fn) for fn in self.reward_funcs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"reward_funcs: names must be unique, got {names}")
-        self.reward_weights = config.reward_weights or [1.0] * len(self.reward_funcs)
-        if len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions"
-            )
-
-        self.rows = self._load_rows(train_dataset)
         self._check_prompt_lengths()
 
         # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3).
@@ -286,12 +291,30 @@ class GRPOTrainer:
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _update(self, rollout, advantages, old_logp, ref_logp, *, with_entropy: bool) -> dict[str, float]:
-        """One optimizer step on the whole batch, accumulated over micro-batches."""
+        """One optimizer step on the whole batch."""
+        stats = self.accumulate_gradients(rollout, advantages, old_logp, ref_logp, with_entropy=with_entropy)
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        stats["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    def accumulate_gradients(
+        self, rollout: Rollout, advantages: torch.Tensor, old_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None, *, with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """Backward the GRPO loss of the whole batch, micro-batch by micro-batch, into ``.grad``.
+
+        Normalisers count over the whole batch, so each micro-batch's loss is its exact share of the
+        batch loss and the gradient does not depend on ``micro_batch_size``. Returns the loss and the
+        token-weighted means of the diagnostics.
+        """
         config, mask = self.config, rollout.completion_mask
-        # Whole-batch normalisers: each micro-batch's loss is its share of the batch loss.
-        normalizer = float(mask.sum().clamp(min=1)) if config.aggregation == "token" else mask.shape[0]
-        totals: dict[str, float] = {}
         total_tokens = float(mask.sum().clamp(min=1))
+        normalizer = total_tokens if config.aggregation == "token" else mask.shape[0]
+        totals: dict[str, float] = {"loss": 0.0}
         for idx in self._micro_batches(rollout):
             logp, entropy = sequence_logprobs(
                 self.model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
@@ -309,20 +332,12 @@ class GRPOTrainer:
                 normalizer=normalizer,
             )
             loss.backward()
-            share = float(mask[idx].sum()) / total_tokens  # token-weighted means of the diagnostics
-            stats = {**stats, "loss": loss.item() / share if share else 0.0}
+            totals["loss"] += loss.item()
             if entropy is not None:
                 stats["entropy"] = masked_mean(entropy, mask[idx]).item()
+            share = float(mask[idx].sum()) / total_tokens
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-        )
-        totals["grad_norm"] = float(grad_norm)
-        totals["lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return totals
 
     # ---- metrics and logging ---------------------------------------------------------------------

@@ -1,0 +1,32 @@
+import pytest
+import torch
+
+from grpokit.arithmetic import TinyModelSpec, build_model, build_tokenizer
+
+TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64)
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    torch.set_num_threads(2)
+
+
+@pytest.fixture
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    """A randomly initialised 2-layer Llama over the built-in character tokenizer."""
+    return build_model(tokenizer, TINY, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny model and tokenizer saved with save_pretrained, as a user's checkpoint would be."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, TINY, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

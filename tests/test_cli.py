@@ -1,0 +1,91 @@
+"""The command line: train with a YAML file and overrides, eval, the demo's plumbing, and clean errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpokit.cli import main
+from grpokit.config import load_config
+from grpokit.demo import DEMO_CONFIG
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(10, 20)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_config(tmp_path, tiny_model_dir, data_file, **extra):
+    config = dict(model=str(tiny_model_dir), dataset=str(data_file), output_dir=str(tmp_path / "run"),
+                  prompts_per_step=2, num_generations=4, max_completion_length=8, max_steps=2, progress_bar=False,
+                  **extra)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_train_with_yaml_and_overrides(tmp_path, tiny_model_dir, data_file, capsys):
+    config = write_config(tmp_path, tiny_model_dir, data_file)
+    assert main(["train", str(config), "--max_steps", "3", "--beta", "0"]) == 0
+    run = tmp_path / "run"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
+    assert yaml.safe_load((run / "config.yaml").read_text())["beta"] == 0.0
+    assert (run / "model" / "model.safetensors").is_file()
+    assert "done: 3 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--bta", "0"], "unknown config key 'bta'; did you mean 'beta'"),
+        (["--num_generations", "1"], "num_generations=1 is out of range"),
+        (["--dataset", "missing.jsonl"], "dataset file 'missing.jsonl' does not exist"),
+        (["--model", "no/such/dir"], "model: cannot load 'no/such/dir'"),
+        (["--reward_funcs", "[accuracy, vibes]"], "unknown reward 'vibes'"),
+    ],
+)
+def test_train_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, data_file, capsys, extra, message):
+    config = write_config(tmp_path, tiny_model_dir, data_file)
+    assert main(["train", str(config), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--samples", "2", "--max-new-tokens", "6",
+                 "--output", str(out), "--quiet"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["num_prompts"] == 10
+    assert {"greedy_correct", "sampled_correct", "greedy_format", "sampled_format"} <= set(summary)
+
+
+def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The demo end to end with the warm start replaced by the tiny model (the real one is a benchmark)."""
+    import grpokit.demo
+
+    monkeypatch.setattr(grpokit.demo, "warm_started_model_path", lambda seed, progress: tiny_model_dir)
+    assert main(["demo", "--steps", "2", "--eval-prompts", "8", "--output-dir", str(tmp_path / "demo"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy, greedy" in out and "carry class: accuracy, greedy" in out
+    result = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert set(result["before"]) == {"all", "carry", "no_carry"} and result["config"]["max_steps"] == 2
+
+
+def test_example_configs_are_valid_and_match_the_demo():
+    demo = load_config(EXAMPLES / "arithmetic.yaml")
+    assert all(getattr(demo, key) == value for key, value in DEMO_CONFIG.items())
+    load_config(EXAMPLES / "jsonl_dataset.yaml")
+
+
+def test_console_entry_point_help():
+    result = subprocess.run([sys.executable, "-m", "grpokit", "train", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "num_generations" in result.stdout and "G: completions" in result.stdout

@@ -1,0 +1,104 @@
+"""Rollouts: masks from where generation stopped, log-probs that match a full forward pass."""
+
+import pytest
+import torch
+
+from grpokit.rollout import generate, sequence_logprobs, top_p_filter
+
+
+class ScriptedLM(torch.nn.Module):
+    """Emits script[row][t] at completion step t, whatever the input: a stand-in to test stopping."""
+
+    def __init__(self, script, vocab_size=8):
+        super().__init__()
+        self.script, self.vocab_size = script, vocab_size
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask, cache=None, logits_to_keep=1, **kwargs):
+        step = 0 if cache is None else cache + 1
+        logits = torch.full((input_ids.shape[0], 1, self.vocab_size), -1e4)
+        for row, tokens in enumerate(self.script):
+            logits[row, 0, tokens[min(step, len(tokens) - 1)]] = 1e4
+        return type("Out", (), {"logits": logits, "cache": step})()
+
+
+def run_script(script, *, eos, pad, max_new_tokens=5):
+    prompts = torch.ones(len(script), 2, dtype=torch.long)
+    return generate(ScriptedLM(script), prompts, torch.ones_like(prompts), num_generations=1,
+                    max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+
+
+def test_mask_is_built_from_where_each_completion_stopped():
+    eos, pad = 1, 0
+    # row 0 stops at step 2 (EOS included), row 1 emits the pad id as a real token, row 2 never stops
+    rollout = run_script([[3, 4, 1, 5, 5], [0, 0, 1, 5, 5], [3, 3, 3, 3, 3]], eos=eos, pad=pad)
+    assert rollout.completion_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert rollout.completion_ids.tolist() == [[3, 4, 1, 0, 0], [0, 0, 1, 0, 0], [3, 3, 3, 3, 3]]
+    assert rollout.truncated.tolist() == [False, False, True]
+    assert rollout.lengths.tolist() == [3, 3, 5]
+    # log-probs past the stop are 0 (and masked)
+    assert (rollout.logp[0, 3:] == 0).all()
+
+
+def test_pad_equal_to_eos_keeps_the_eos_in_the_mask():
+    rollout = run_script([[3, 1, 5], [1, 5, 5]], eos=1, pad=1, max_new_tokens=3)
+    # a `!= pad_id` mask would drop the EOS tokens and teach the model never to stop
+    assert rollout.completion_mask.tolist() == [[1, 1], [1, 0]]
+
+
+def test_stops_early_when_all_finished():
+    rollout = run_script([[1], [2, 1]], eos=1, pad=0, max_new_tokens=50)
+    assert rollout.completion_ids.shape == (2, 2)
+
+
+def test_generation_logprobs_match_a_full_forward_pass(tiny_model, tokenizer):
+    """KV-cached, left-padded sampling reports the same log-probs as one forward pass over the
+    whole sequence, at the sampling temperature."""
+    tiny_model.eval()
+    enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think."], padding=True, padding_side="left",
+                    return_tensors="pt")
+    gen = torch.Generator().manual_seed(0)
+    rollout = generate(tiny_model, enc["input_ids"], enc["attention_mask"], num_generations=3, max_new_tokens=12,
+                       temperature=0.7, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       generator=gen)
+    assert rollout.completion_ids.shape[0] == 9
+    assert rollout.logp.dtype == torch.float32
+    with torch.no_grad():
+        logp, entropy = sequence_logprobs(tiny_model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                          rollout.completion_mask, temperature=0.7, with_entropy=True)
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-5)
+    assert (entropy[mask] > 0).all()
+
+
+def test_same_seed_same_rollout(tiny_model, tokenizer):
+    enc = tokenizer(["What is 1 + 2?"], return_tensors="pt")
+    kw = dict(num_generations=4, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id)
+    a = generate(tiny_model, enc["input_ids"], enc["attention_mask"], generator=torch.Generator().manual_seed(5), **kw)
+    b = generate(tiny_model, enc["input_ids"], enc["attention_mask"], generator=torch.Generator().manual_seed(5), **kw)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+
+
+def test_greedy_repeats_the_argmax(tiny_model, tokenizer):
+    enc = tokenizer(["What is 1 + 2?"], return_tensors="pt")
+    rollout = generate(tiny_model, enc["input_ids"], enc["attention_mask"], num_generations=3, max_new_tokens=6,
+                       greedy=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    assert (rollout.completion_ids == rollout.completion_ids[0]).all()
+
+
+def test_top_p_filter_hand_computed():
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    # cumulative probability before each token: 0, 0.5, 0.8 → top_p 0.6 keeps the first two
+    assert torch.isinf(top_p_filter(logits, 0.6)).tolist() == [[False, False, True]]
+    assert torch.isinf(top_p_filter(logits, 0.5)).tolist() == [[False, True, True]]
+    assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(temperature=0), "temperature"), (dict(top_p=0), "top_p"),
+                                           (dict(max_new_tokens=0), "max_new_tokens")])
+def test_generate_rejects_bad_options(tiny_model, kwargs, match):
+    ids = torch.ones(1, 2, dtype=torch.long)
+    options = {**dict(num_generations=1, max_new_tokens=2, eos_token_id=1, pad_token_id=0), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        generate(tiny_model, ids, torch.ones_like(ids), **options)

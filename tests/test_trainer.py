@@ -1,0 +1,151 @@
+"""The trainer end to end on a tiny model, its invariances, its outputs, and its errors on bad input."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.data import DataError
+from grpokit.rewards import RewardError, accuracy_reward
+from grpokit.rollout import generate
+
+
+def ones(prompts, completions, **kw):
+    """Share of the completion's characters that are '1': easy to learn, smooth to score."""
+    return [c.count("1") / max(1, len(c)) for c in completions]
+
+
+ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
+
+
+def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **overrides):
+    values = dict(output_dir=str(tmp_path / "run"), prompts_per_step=4, num_generations=8, max_completion_length=8,
+                  learning_rate=1e-2, max_steps=20, micro_batch_size=12, progress_bar=False, lr_schedule="constant")
+    values.update(overrides)
+    return GRPOTrainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
+                       reward_funcs=list(reward_funcs))
+
+
+def test_tiny_run_changes_every_parameter_and_raises_the_reward(tokenizer, tiny_model, tmp_path):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path)
+    before = {name: p.detach().clone() for name, p in tiny_model.named_parameters()}
+    history = trainer.train()
+    unchanged = [name for name, p in trainer.model.named_parameters() if torch.equal(before[name], p)]
+    assert unchanged == []
+    first, last = [sum(m["reward"] for m in chunk) / 3 for chunk in (history[:3], history[-3:])]
+    assert last > first + 0.1, (first, last)
+    # the reference stays frozen at the starting weights
+    for name, p in trainer.ref_model.named_parameters():
+        assert torch.equal(p, before[name])
+
+
+def test_run_directory_outputs(tokenizer, tiny_model, tmp_path):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=3,
+                           reward_funcs=(ones, accuracy_reward), log_completions=2)
+    trainer.train()
+    run = tmp_path / "run"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    expected_keys = {
+        "reward", "reward_std", "rewards/ones", "rewards/accuracy_reward", "accuracy", "frac_zero_std_groups", "kl",
+        "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "entropy", "completion_length_mean",
+        "completion_length_max", "truncated_frac", "time_generate", "time_score", "time_update", "tokens_per_sec",
+        "loss", "grad_norm", "lr",
+    }
+    assert expected_keys <= set(metrics[0])
+    completions = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert len(completions) == 6 and {"prompt", "completion", "reward", "advantage", "ones"} <= set(completions[0])
+    assert "reward_funcs" in (run / "config.yaml").read_text()
+    # the saved model loads with plain transformers and generates
+    model = AutoModelForCausalLM.from_pretrained(run / "model")
+    tok = AutoTokenizer.from_pretrained(run / "model")
+    assert (run / "model" / "model.safetensors").is_file()
+    out = model.generate(**tok(["Count 1:"], return_tensors="pt"), max_new_tokens=3, do_sample=False)
+    assert out.shape[1] > 0
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+def test_gradient_does_not_depend_on_micro_batch_size(tokenizer, tiny_model, tmp_path, aggregation):
+    """Whole-batch normalisers: gradients accumulated over micro-batches of 5 equal one pass over all 32."""
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, aggregation=aggregation)
+    prompt_ids, prompt_mask = trainer._tokenize_prompts([row["prompt"] for row in ROWS[:4]])
+    rollout = generate(tiny_model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=8,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0))
+    advantages = torch.randn(32)
+    ref_logp = trainer._frozen_logprobs(trainer.ref_model, rollout)
+    grads, losses = [], []
+    for micro in (32, 5):
+        trainer.config.micro_batch_size = micro
+        tiny_model.zero_grad()
+        losses.append(trainer.accumulate_gradients(rollout, advantages, None, ref_logp)["loss"])
+        grads.append(torch.cat([p.grad.flatten() for p in tiny_model.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_beta_zero_never_creates_a_reference(tokenizer, tiny_model, tmp_path):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, beta=0.0, max_steps=2)
+    assert trainer.ref_model is None
+    assert all(m["kl"] == 0.0 for m in trainer.train())
+
+
+def test_several_iterations_use_old_logprobs(tokenizer, tiny_model, tmp_path):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, num_iterations=3, max_steps=2, learning_rate=5e-2)
+    history = trainer.train()
+    assert trainer.scheduler.last_epoch == 6  # μ optimizer steps per batch
+    # on the later passes the policy has moved away from π_old, so the ratio is no longer 1
+    assert any(m["ratio_mean"] != pytest.approx(1.0, abs=1e-7) for m in history)
+
+
+# ---- bad input: each names the culprit -----------------------------------------------------------
+
+
+def test_missing_answer_column_names_row_and_column(tokenizer, tiny_model, tmp_path):
+    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "solution": "2"}]
+    with pytest.raises(DataError, match=r"row 1 has no column 'answer'"):
+        make_trainer(tokenizer, tiny_model, tmp_path, rows=rows, reward_funcs=(accuracy_reward,))
+
+
+def test_answer_column_mapping(tokenizer, tiny_model, tmp_path):
+    rows = [{"prompt": "a", "solution": "1"}] * 4
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, rows=rows, reward_funcs=(accuracy_reward,),
+                           answer_column="solution", max_steps=1)
+    trainer.train()
+
+
+def test_prompt_longer_than_context_names_the_row(tokenizer, tiny_model, tmp_path):
+    rows = ROWS[:3] + [{"prompt": "x" * 60}]
+    with pytest.raises(DataError, match=r"row 3: prompt of 60 tokens \+ max_completion_length 8 exceeds .* 64"):
+        make_trainer(tokenizer, tiny_model, tmp_path, rows=rows)
+
+
+def crashes(prompts, completions, **kw):
+    raise ZeroDivisionError("division by zero")
+
+
+def wrong_count(prompts, completions, **kw):
+    return [0.0] * (len(completions) - 1)
+
+
+def nan_reward(prompts, completions, **kw):
+    return [float("nan")] * len(completions)
+
+
+@pytest.mark.parametrize(
+    "fn, match",
+    [(crashes, "reward function 'crashes' raised ZeroDivisionError"),
+     (wrong_count, "reward function 'wrong_count' returned 31 values for 32 completions"),
+     (nan_reward, "reward function 'nan_reward' returned nan for completion 0")],
+)
+def test_bad_reward_function_stops_with_its_name(tokenizer, tiny_model, tmp_path, fn, match):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(fn,))
+    with pytest.raises(RewardError, match=match):
+        trainer.train()
+
+
+def test_duplicate_reward_names_refused(tokenizer, tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="names must be unique"):
+        make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(ones, ones))
