@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from grpokit.arithmetic import held_out_rows, warm_started_model_path
 from grpokit.config import GRPOConfig
@@ -67,10 +68,12 @@ def run_demo(
     **overrides: Any,
 ) -> dict[str, Any]:
     """Run the whole demo; return (and write to ``output_dir/demo.json``) the before/after numbers."""
+    if not progress:
+        hf_logging.disable_progress_bar()
     started = time.perf_counter()
     warm_path = warm_started_model_path(seed=seed, progress=progress)
     warm_seconds = time.perf_counter() - started
-    model, tokenizer = load_model_and_tokenizer(str(warm_path))
+    model, tokenizer = load_model_and_tokenizer(str(warm_path), progress=progress)
     rows = held_out_rows(eval_prompts)
     carry = [row["carry"] for row in rows]
     eval_kwargs = dict(samples_per_prompt=samples_per_prompt, temperature=DEMO_CONFIG["temperature"],

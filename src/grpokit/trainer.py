@@ -137,7 +137,8 @@ class GRPOTrainer:
         total_updates = config.max_steps * config.num_iterations
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor(total_updates))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self._order: list[int] = []
+        self._order: list[int] = []  # dataset indices left in this epoch
+        self._epoch = 0
         self.step = 0
         self.history: list[dict[str, float]] = []
 
@@ -196,8 +197,8 @@ class GRPOTrainer:
         while len(rows) < self.config.prompts_per_step:
             if not self._order:
                 order = list(range(len(self.rows)))
-                random.Random(self.config.seed + len(self.history) * 7919).shuffle(order)
-                self._order = order
+                random.Random(self.config.seed + self._epoch * 7919).shuffle(order)
+                self._order, self._epoch = order, self._epoch + 1
             rows.append(self.rows[self._order.pop()])
         return rows
 
