@@ -60,3 +60,10 @@ def test_overrides_need_values():
 
 def test_every_field_is_documented():
     assert all(len(text) > 10 for text in GRPOConfig.help().values())
+
+
+def test_bad_device_is_named():
+    from grpokit.trainer import resolve_device
+
+    with pytest.raises(ValueError, match="device='gpu0' is not a device"):
+        resolve_device("gpu0")

@@ -102,3 +102,18 @@ def test_generate_rejects_bad_options(tiny_model, kwargs, match):
     options = {**dict(num_generations=1, max_new_tokens=2, eos_token_id=1, pad_token_id=0), **kwargs}
     with pytest.raises(ValueError, match=match):
         generate(tiny_model, ids, torch.ones_like(ids), **options)
+
+
+def test_several_stop_ids():
+    # 1 and 2 both stop a completion (e.g. end-of-turn and end-of-text)
+    rollout = generate(ScriptedLM([[3, 2, 5], [1, 5, 5], [3, 3, 3]]), torch.ones(3, 1, dtype=torch.long),
+                       torch.ones(3, 1, dtype=torch.long), num_generations=1, max_new_tokens=3,
+                       eos_token_id=[1, 2], pad_token_id=0)
+    assert rollout.completion_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
+
+
+def test_stop_token_ids_join_tokenizer_and_generation_config(tiny_model, tokenizer):
+    from grpokit.rollout import stop_token_ids
+
+    tiny_model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]
+    assert stop_token_ids(tiny_model, tokenizer) == [tokenizer.eos_token_id, 7]

@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from grpokit.rewards import accuracy_reward, format_reward
-from grpokit.rollout import generate
+from grpokit.rollout import generate, stop_token_ids
 
 
 @torch.no_grad()
@@ -32,8 +32,8 @@ def evaluate(
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    eos = tokenizer.eos_token_id
-    pad = eos if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    eos = stop_token_ids(model, tokenizer)
+    pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     keys = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")
     scores: dict[str, list[float]] = {k: [] for k in keys}
     starts = range(0, len(rows), batch_size)

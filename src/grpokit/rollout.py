@@ -12,6 +12,7 @@ and train a model that never stops.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,19 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def stop_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
+    """The tokenizer's EOS plus any EOS ids in the model's generation config (chat models often have
+    several: end of turn and end of text)."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for token_id in [configured] if isinstance(configured, int) else configured or []:
+        if token_id not in ids:
+            ids.append(token_id)
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token and the model no eos_token_id; set one so completions stop")
+    return ids
+
+
 def _cache_argument(model: torch.nn.Module) -> str:
     # transformers 5.2x renamed ``past_key_values`` to ``cache``; older versions and wrappers use the old name.
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -66,7 +80,7 @@ def generate(
     *,
     num_generations: int,
     max_new_tokens: int,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -75,7 +89,8 @@ def generate(
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
-    Each group of G completions of one prompt is contiguous in the output. With ``greedy=True`` the
+    Each group of G completions of one prompt is contiguous in the output. A completion stops at the
+    first token in ``eos_token_id`` (one id or several, as chat models often have). With ``greedy=True`` the
     argmax is taken (and ``logp`` is still reported at ``temperature``).
     """
     if temperature <= 0:
@@ -88,6 +103,7 @@ def generate(
     prompt_ids = prompt_ids.to(device).repeat_interleave(num_generations, dim=0)  # (N, P)
     prompt_mask = prompt_mask.to(device).repeat_interleave(num_generations, dim=0)
     n = prompt_ids.shape[0]
+    stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
     attention_mask = prompt_mask.long()
     position_ids = position_ids_from_mask(attention_mask)
@@ -120,7 +136,7 @@ def generate(
         tokens[:, t] = next_tokens
         logps[:, t] = torch.where(finished, torch.zeros_like(step_logp), step_logp)
 
-        just_stopped = ~finished & (next_tokens == eos_token_id)
+        just_stopped = ~finished & torch.isin(next_tokens, stop_ids)
         lengths = torch.where(just_stopped, torch.full_like(lengths, t + 1), lengths)
         finished |= just_stopped
         if finished.all():

@@ -34,7 +34,7 @@ from grpokit.config import GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.objective import group_advantages, grpo_loss, masked_mean
 from grpokit.rewards import RewardFunction, resolve_reward_functions, reward_name, score_completions
-from grpokit.rollout import Rollout, generate, sequence_logprobs
+from grpokit.rollout import Rollout, generate, sequence_logprobs, stop_token_ids
 
 BUILTIN = "builtin:arithmetic"
 
@@ -42,7 +42,13 @@ BUILTIN = "builtin:arithmetic"
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device={name!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available here; use 'auto' or 'cpu'")
+    return device
 
 
 def seed_everything(seed: int) -> None:
@@ -73,7 +79,10 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
 def required_columns(fn: RewardFunction) -> list[str]:
     """Keyword columns a reward function needs: its parameters after (prompts, completions) that
     have no default."""
-    parameters = list(inspect.signature(fn).parameters.values())[2:]
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())[2:]
+    except (TypeError, ValueError):  # no introspectable signature: assume it needs no column
+        return []
     return [
         p.name for p in parameters
         if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
@@ -113,13 +122,11 @@ class GRPOTrainer:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar)
         elif tokenizer is None:
             raise ValueError("a tokenizer is required when a model is passed")
-        if tokenizer.pad_token_id is None:
+        if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
             # The completion mask never looks at pad ids, so pad may safely equal EOS.
             tokenizer.pad_token = tokenizer.eos_token
         self.model, self.tokenizer = model.to(self.device), tokenizer
-        self.eos_token_id = tokenizer.eos_token_id
-        if self.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos_token; set one so completions can stop")
+        self.stop_ids = stop_token_ids(self.model, tokenizer)
 
         self._check_prompt_lengths()
 
@@ -210,7 +217,7 @@ class GRPOTrainer:
         """The rows' columns except the prompt, repeated G times; the answer column is ``answer``."""
         g, config = self.config.num_generations, self.config
         columns: dict[str, list] = {}
-        for key in rows[0]:
+        for key in dict.fromkeys(key for row in rows for key in row):  # every column, in first-seen order
             if key == config.prompt_column:
                 continue
             name = "answer" if key == config.answer_column else key
@@ -232,7 +239,7 @@ class GRPOTrainer:
             self.model, prompt_ids, prompt_mask,
             num_generations=g, max_new_tokens=config.max_completion_length,
             temperature=config.temperature, top_p=config.top_p,
-            eos_token_id=self.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
             generator=self.generator,
         )
         generated = time.perf_counter()
