@@ -83,7 +83,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.evaluate import evaluate, summarize
-    from grpokit.trainer import load_model_and_tokenizer
+    from grpokit.models import load_model_and_tokenizer
 
     if args.data == "builtin:arithmetic":
         from grpokit.arithmetic import held_out_rows

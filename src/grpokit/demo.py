@@ -18,7 +18,8 @@ from transformers.utils import logging as hf_logging
 from grpokit.arithmetic import held_out_rows, warm_started_model_path
 from grpokit.config import GRPOConfig
 from grpokit.evaluate import evaluate, summarize
-from grpokit.trainer import BUILTIN, GRPOTrainer, load_model_and_tokenizer
+from grpokit.models import BUILTIN, load_model_and_tokenizer
+from grpokit.trainer import GRPOTrainer
 
 # The demo's GRPO settings (also in examples/arithmetic.yaml). Learning rates above ~3e-4 collapse
 # this model within a few steps; a linear decay keeps the late steps from drifting.

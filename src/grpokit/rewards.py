@@ -11,6 +11,7 @@ Rewards parse text; nothing here ever evaluates it.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import re
@@ -128,6 +129,19 @@ def resolve_reward_functions(specs: Sequence[str | RewardFunction]) -> list[Rewa
                 "or pass a callable"
             )
     return functions
+
+
+def required_columns(fn: RewardFunction) -> list[str]:
+    """Keyword columns a reward function needs: its parameters after (prompts, completions) that
+    have no default."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())[2:]
+    except (TypeError, ValueError):  # no introspectable signature: assume it needs no column
+        return []
+    return [
+        p.name for p in parameters
+        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
 
 
 def score_completions(

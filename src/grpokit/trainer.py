@@ -16,7 +16,6 @@ frozen (the paper also refreshes it between RL iterations; we do not).
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import math
 import random
@@ -25,68 +24,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
+from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
 from grpokit.objective import group_advantages, grpo_loss, masked_mean
-from grpokit.rewards import RewardFunction, resolve_reward_functions, reward_name, score_completions
+from grpokit.rewards import required_columns, resolve_reward_functions, reward_name, score_completions
 from grpokit.rollout import Rollout, generate, sequence_logprobs, stop_token_ids
-
-BUILTIN = "builtin:arithmetic"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device={name!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} but CUDA is not available here; use 'auto' or 'cpu'")
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
-    """A local HF causal LM directory, or the built-in warm-started arithmetic model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    if not progress:
-        hf_logging.disable_progress_bar()
-    if name == BUILTIN:
-        from grpokit.arithmetic import warm_started_model_path
-
-        name = str(warm_started_model_path(seed=seed, progress=progress))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name)
-    except OSError as error:
-        raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
-    return model, tokenizer
-
-
-def required_columns(fn: RewardFunction) -> list[str]:
-    """Keyword columns a reward function needs: its parameters after (prompts, completions) that
-    have no default."""
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())[2:]
-    except (TypeError, ValueError):  # no introspectable signature: assume it needs no column
-        return []
-    return [
-        p.name for p in parameters
-        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
 
 
 class GRPOTrainer:

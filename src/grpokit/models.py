@@ -1,0 +1,47 @@
+"""Loading models and choosing devices: a local Hugging Face checkpoint or the built-in tiny model."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+BUILTIN = "builtin:arithmetic"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device={name!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available here; use 'auto' or 'cpu'")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
+    """A local HF causal LM directory, or the built-in warm-started arithmetic model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
+    if name == BUILTIN:
+        from grpokit.arithmetic import warm_started_model_path
+
+        name = str(warm_started_model_path(seed=seed, progress=progress))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name)
+    except OSError as error:
+        raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
+    return model, tokenizer
