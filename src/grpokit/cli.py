@@ -76,7 +76,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     config = load_config(args.config, parse_overrides(extra))
     history = GRPOTrainer(config).train()
     last = history[-1]
-    summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl") if k in last)
+    summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl")
+                        if last.get(k) is not None)
     print(f"done: {len(history)} steps; last step: {summary}; model saved to {Path(config.output_dir) / 'model'}")
     return 0
 

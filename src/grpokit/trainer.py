@@ -206,6 +206,7 @@ class GRPOTrainer:
         #    π_old = π_θ and ratio = 1 in value, so no extra pass is needed: GRPO.md §1.4).
         ref_logp = self._frozen_logprobs(self.ref_model, rollout) if self.ref_model is not None else None
         old_logp = self._frozen_logprobs(self.model, rollout) if config.num_iterations > 1 else None
+        frozen = time.perf_counter()
 
         # 5. μ optimizer steps over the batch, each accumulating gradients over micro-batches.
         self.model.train()
@@ -219,8 +220,8 @@ class GRPOTrainer:
         self.step += 1
         metrics = self._metrics(rollout, rewards, per_function, first_update, update)
         metrics.update(
-            time_generate=generated - start, time_score=scored - generated,
-            time_update=updated - scored, time_step=updated - start,
+            time_generate=generated - start, time_score=scored - generated, time_frozen_logprobs=frozen - scored,
+            time_update=updated - frozen, time_step=updated - start,
             tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
         )
         self._log(metrics, rows, completions, rewards, per_function, advantages)
@@ -313,7 +314,8 @@ class GRPOTrainer:
         }
         for name, scores in per_function.items():
             applied = ~torch.isnan(scores)
-            metrics[f"rewards/{name}"] = scores[applied].mean().item() if applied.any() else float("nan")
+            # None (JSON null) when the function applied to no completion of the batch
+            metrics[f"rewards/{name}"] = scores[applied].mean().item() if applied.any() else None
             if name == "accuracy_reward":
                 metrics["accuracy"] = metrics[f"rewards/{name}"]
             if name == "format_reward":
@@ -323,7 +325,7 @@ class GRPOTrainer:
             completion_length_max=lengths.max().item(),
             completion_length_min=lengths.min().item(),
             truncated_frac=rollout.truncated.float().mean().item(),
-            entropy=first_update.get("entropy", float("nan")),
+            entropy=first_update["entropy"],
         )
         # Diagnostics of the last optimizer step (the only one when μ = 1).
         for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr"):
@@ -368,7 +370,7 @@ class GRPOTrainer:
         for _ in bar:
             metrics = self.training_step()
             postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
-            if "accuracy" in metrics:
+            if metrics.get("accuracy") is not None:
                 postfix["acc"] = f"{metrics['accuracy']:.2f}"
             bar.set_postfix(postfix)
         self.save(out / "model")
