@@ -201,9 +201,10 @@ def test_padding_changes_nothing(aggregation, ratio_level):
     kw = dict(aggregation=aggregation, ratio_level=ratio_level, max_completion_length=8)
     loss, stats = grpo_loss(logp, old, ref, adv, mask, **kw)
     (grad,) = torch.autograd.grad(loss, logp)
-    # Extra padded columns holding garbage (huge values, NaN-free) must change neither loss nor gradient.
-    pad_logp = torch.cat([logp.detach(), torch.full((4, 2), 30.0)], dim=1).requires_grad_()
-    pad = lambda x: torch.cat([x, torch.full((4, 2), -30.0)], dim=1)  # noqa: E731
+    # Extra padded columns holding garbage — values whose exp overflows float32 — must change neither
+    # the loss, nor the diagnostics, nor the gradient (and must not turn them into NaN).
+    pad_logp = torch.cat([logp.detach(), torch.full((4, 2), 1e4)], dim=1).requires_grad_()
+    pad = lambda x: torch.cat([x, torch.full((4, 2), -1e4)], dim=1)  # noqa: E731
     pad_mask = torch.cat([mask, torch.zeros(4, 2, dtype=torch.long)], dim=1)
     loss_p, stats_p = grpo_loss(pad_logp, pad(old), pad(ref), adv, pad_mask, **kw)
     (grad_p,) = torch.autograd.grad(loss_p, pad_logp)

@@ -225,16 +225,19 @@ def grpo_loss(
             f"aggregation='constant' requires max_completion_length >= 1, got {max_completion_length!r}"
         )
 
+    valid = mask.bool()
     mask = mask.to(logp.dtype)
     old_logp = logp.detach() if old_logp is None else old_logp
-    log_ratio = logp - old_logp  # (N, T)
+    # Padded positions get a log-ratio of 0 before any exp: whatever values they hold, they can then
+    # produce neither inf·0 = NaN in the loss nor NaN gradients.
+    log_ratio = torch.where(valid, logp - old_logp, 0.0)  # (N, T)
     if ratio_level == "sequence":
         log_ratio = masked_mean(log_ratio, mask, dim=1).unsqueeze(1)  # (N, 1)
     ratio = torch.exp(log_ratio).expand_as(logp)  # (N, T)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     per_token = torch.min(ratio * advantages, clipped_ratio * advantages)  # (N, T)
 
-    kl = kl_penalty(logp, ref_logp, kl_kind) if ref_logp is not None else None
+    kl = kl_penalty(logp, torch.where(valid, ref_logp, logp), kl_kind) if ref_logp is not None else None
     if beta != 0:
         per_token = per_token - beta * kl
 
