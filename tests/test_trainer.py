@@ -39,6 +39,8 @@ def test_tiny_run_changes_every_parameter_and_raises_the_reward(tokenizer, tiny_
     assert unchanged == []
     first, last = [sum(m["reward"] for m in chunk) / 3 for chunk in (history[:3], history[-3:])]
     assert last > first + 0.1, (first, last)
+    # μ = 1: π_old is π_θ itself, so the ratio is exactly 1 and the clip never binds
+    assert all(m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clipfrac"] == 0.0 for m in history)
     # the reference stays frozen at the starting weights
     for name, p in trainer.ref_model.named_parameters():
         assert torch.equal(p, before[name])
