@@ -76,6 +76,7 @@ def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
     assert main(["demo", "--steps", "2", "--eval-prompts", "8", "--output-dir", str(tmp_path / "demo"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "accuracy, greedy" in out and "carry class: accuracy, greedy" in out
+    assert "greedy:\n  before: '" in out and "\n  after:  '" in out
     result = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert set(result["before"]) == {"all", "carry", "no_carry"} and result["config"]["max_steps"] == 2
 

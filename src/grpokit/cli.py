@@ -65,6 +65,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nGRPO demo, seed {args.seed}: {result['eval_prompts']} held-out prompts, "
           f"{result['samples_per_prompt']} samples each for the sampled rows")
     print(format_table(result["table"]))
+    example = result["example"]
+    print(f"\n{example['prompt']} (answer {example['answer']}), greedy:")
+    for when in ("before", "after"):
+        print(f"  {when + ':':<7} {example[when]!r}")
     print(f"warm start {seconds['warm_start']:.0f} s (cached after the first run), GRPO {seconds['grpo']:.0f} s, "
           f"total {seconds['total']:.0f} s; run directory: {args.output_dir}")
     return 0

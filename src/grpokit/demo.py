@@ -19,6 +19,7 @@ from grpokit.arithmetic import held_out_rows, warm_started_model_path
 from grpokit.config import GRPOConfig
 from grpokit.evaluate import evaluate, summarize
 from grpokit.models import BUILTIN, load_model_and_tokenizer
+from grpokit.rollout import generate, stop_token_ids
 from grpokit.trainer import GRPOTrainer
 
 # The demo's GRPO settings (also in examples/arithmetic.yaml). Learning rates above ~3e-4 collapse
@@ -59,6 +60,15 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
 
 
+def greedy_completion(model: torch.nn.Module, tokenizer: Any, prompt: str) -> str:
+    """The model's most likely completion of one prompt."""
+    encoded = tokenizer([prompt], return_tensors="pt")
+    rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=1,
+                       max_new_tokens=DEMO_CONFIG["max_completion_length"], greedy=True,
+                       eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(rollout.completion_ids[0, : int(rollout.lengths[0])], skip_special_tokens=True)
+
+
 def run_demo(
     seed: int = 0,
     output_dir: str | Path = "runs/demo",
@@ -86,6 +96,8 @@ def run_demo(
                 "no_carry": summarize(scores, [not c for c in carry])}
 
     before = measure(model)
+    example = next(row for row in rows if row["carry"])  # a held-out problem of the class the corpus got wrong
+    example_before = greedy_completion(model, tokenizer, example["prompt"])
     config = GRPOConfig.from_dict({**DEMO_CONFIG, "model": str(warm_path), "dataset": BUILTIN, "seed": seed,
                                    "output_dir": str(output_dir), "progress_bar": progress, **overrides})
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
@@ -95,6 +107,8 @@ def run_demo(
     after = measure(trainer.model)
     result = {
         "seed": seed, "before": before, "after": after,
+        "example": {"prompt": example["prompt"], "answer": example["answer"], "before": example_before,
+                    "after": greedy_completion(trainer.model, tokenizer, example["prompt"])},
         "seconds": {"warm_start": warm_seconds, "grpo": grpo_seconds, "total": time.perf_counter() - started},
         "eval_prompts": eval_prompts, "samples_per_prompt": samples_per_prompt,
         "config": config.to_dict(), "table": _table(before, after),
