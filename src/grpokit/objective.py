@@ -220,10 +220,6 @@ def grpo_loss(
         advantages = advantages.unsqueeze(1)  # (N, 1)
     else:
         _check_same_shape("advantages", advantages, "logp", logp)
-    if aggregation == "constant" and (max_completion_length is None or max_completion_length < 1):
-        raise ValueError(
-            f"aggregation='constant' requires max_completion_length >= 1, got {max_completion_length!r}"
-        )
 
     valid = mask.bool()
     mask = mask.to(logp.dtype)
