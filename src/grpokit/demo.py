@@ -66,7 +66,7 @@ def greedy_completion(model: torch.nn.Module, tokenizer: Any, prompt: str) -> st
     rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=1,
                        max_new_tokens=DEMO_CONFIG["max_completion_length"], greedy=True,
                        eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(rollout.completion_ids[0, : int(rollout.lengths[0])], skip_special_tokens=True)
+    return rollout.decode(tokenizer)[0]
 
 
 def run_demo(

@@ -47,8 +47,7 @@ def evaluate(
                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                 temperature=temperature, greedy=mode == "greedy", generator=generator,
             )
-            ids = [r[: int(n)].tolist() for r, n in zip(rollout.completion_ids, rollout.lengths)]
-            completions = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            completions = rollout.decode(tokenizer)
             answers = [row[answer_column] for row in batch for _ in range(k)]
             correct = torch.tensor(accuracy_reward(prompts, completions, answer=answers)).view(-1, k)
             formatted = torch.tensor(format_reward(prompts, completions)).view(-1, k)

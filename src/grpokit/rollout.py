@@ -36,6 +36,11 @@ class Rollout:
     def lengths(self) -> Tensor:
         return self.completion_mask.sum(dim=1)  # (N,)
 
+    def decode(self, tokenizer) -> list[str]:
+        """The N completions as text, each cut where it stopped; special tokens (EOS) dropped."""
+        ids = [row[: int(n)].tolist() for row, n in zip(self.completion_ids, self.lengths)]
+        return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """Positions that start at 0 at each row's first real token (left padding)."""

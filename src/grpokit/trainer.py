@@ -192,7 +192,7 @@ class GRPOTrainer:
         generated = time.perf_counter()
 
         # 2. Score: weighted sum of the reward functions, each kept for logging.
-        completions = self.decode(rollout)
+        completions = rollout.decode(self.tokenizer)
         repeated_prompts = [p for p in prompts for _ in range(g)]
         rewards, per_function = score_completions(
             self.reward_funcs, self.reward_weights, repeated_prompts, completions, self._reward_columns(rows)
@@ -297,10 +297,6 @@ class GRPOTrainer:
         return totals
 
     # ---- metrics and logging ---------------------------------------------------------------------
-
-    def decode(self, rollout: Rollout) -> list[str]:
-        ids = [row[: int(n)].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths)]
-        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     def _metrics(self, rollout, rewards, per_function, first_update, last_update) -> dict[str, float]:
         g = self.config.num_generations
