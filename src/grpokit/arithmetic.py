@@ -109,7 +109,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-        padding_side="left",
+        padding_side="left", model_input_names=["input_ids", "attention_mask"],  # no token_type_ids for a Llama
     )
 
 

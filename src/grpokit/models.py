@@ -42,6 +42,6 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
         raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
     return model, tokenizer
