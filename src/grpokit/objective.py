@@ -32,6 +32,12 @@ def _check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 # §2 Advantages
 
 
+def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """(B,) bool: the groups whose ``group_size`` rewards are all equal, which carry no signal."""
+    grouped = rewards.view(-1, group_size)
+    return (grouped == grouped[:, :1]).all(dim=1)
+
+
 def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
     """Outcome-supervision advantages ``A_i = (r_i − mean(group)) / (std + eps)``, one per completion.
 
@@ -65,7 +71,7 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
     else:  # "none"
         advantages = centered
     # Exactly 0, not a rounding residue of the mean.
-    zero_variance = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    zero_variance = zero_variance_groups(grouped, group_size).unsqueeze(1)  # (B, 1)
     advantages = torch.where(zero_variance, torch.zeros_like(advantages), advantages)
     return advantages.view(-1)
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from grpokit.config import GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
-from grpokit.objective import group_advantages, grpo_loss, masked_mean
+from grpokit.objective import group_advantages, grpo_loss, masked_mean, zero_variance_groups
 from grpokit.rewards import required_columns, resolve_reward_functions, reward_name, score_completions
 from grpokit.rollout import Rollout, generate, sequence_logprobs, stop_token_ids
 
@@ -301,12 +301,11 @@ class GRPOTrainer:
     def _metrics(self, rollout, rewards, per_function, first_update, last_update) -> dict[str, float]:
         g = self.config.num_generations
         lengths = rollout.lengths.float()
-        grouped = rewards.view(-1, g)
         metrics: dict[str, float] = {
             "step": self.step,
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item(),
-            "frac_zero_std_groups": (grouped == grouped[:, :1]).all(dim=1).float().mean().item(),
+            "frac_zero_std_groups": zero_variance_groups(rewards, g).float().mean().item(),
         }
         for name, scores in per_function.items():
             applied = ~torch.isnan(scores)
