@@ -25,14 +25,19 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from grpokit.rewards import answers_match, extract_answer
 
 TASK_VERSION = 1  # bump when prompts, solutions or the tokenizer change, to invalidate the cache
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
@@ -65,6 +70,65 @@ def worked_solution(a: int, b: int, *, forget_carry: bool = False) -> str:
     tens_line = f"{a // 10}+{b // 10}+1={tens}" if carry else f"{a // 10}+{b // 10}={tens}"
     answer = tens * 10 + units % 10
     return f"<think>\n{a % 10}+{b % 10}={units}\n{tens_line}\n</think>\n<answer>{answer}</answer>"
+
+
+_PROMPT_RE = re.compile(r"(\d+)\s*\+\s*(\d+)", re.ASCII)
+# One line of column arithmetic: "7+5=12" or "4+8+1=13" (digits, plus signs, one equals sign).
+_STEP_RE = re.compile(r"[ \t]*(\d+(?:[ \t]*\+[ \t]*\d+)*)[ \t]*=[ \t]*(\d+)[ \t]*", re.ASCII)
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def expected_steps(a: int, b: int) -> list[tuple[list[int], int]]:
+    """The correct column steps of a + b as (operands, result): units, then tens with its carry.
+
+    >>> expected_steps(47, 85)
+    [([7, 5], 12), ([4, 8, 1], 13)]
+    """
+    units = a % 10 + b % 10
+    tens_operands = [a // 10, b // 10] + ([1] if units >= 10 else [])
+    return [([a % 10, b % 10], units), (tens_operands, sum(tens_operands))]
+
+
+def arithmetic_steps_reward(
+    prompts: Sequence[str], completions: Sequence[str], **columns: Any
+) -> list[list[tuple[int, float]] | None]:
+    """Process reward for the built-in task: one step per arithmetic line of the ``<think>`` block,
+    then the final answer as the last step (GRPO.md §2, process supervision).
+
+    A line ``x+y(+c)=z`` scores 1.0 when it is the correct column step at its position (the right
+    digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines
+    are parsed, never evaluated. The final step, ending with the completion, scores 1.0 when the single
+    ``<answer>`` holds a + b. Each step is ``(character offset where it ends, reward)``. Prompts that
+    name no ``a + b`` get None.
+
+    >>> arithmetic_steps_reward(["What is 47 + 85?"], [worked_solution(47, 85, forget_carry=True)])
+    [[(14, 1.0), (21, 0.0), (51, 0.0)]]
+    """
+    results: list[list[tuple[int, float]] | None] = []
+    for prompt, completion in zip(prompts, completions):
+        match = _PROMPT_RE.search(prompt)
+        if match is None:
+            results.append(None)
+            continue
+        a, b = int(match.group(1)), int(match.group(2))
+        expected = expected_steps(a, b)
+        steps: list[tuple[int, float]] = []
+        think = _THINK_RE.search(completion)
+        if think is not None:
+            offset = think.start(1)
+            for line in think.group(1).split("\n"):
+                parsed = _STEP_RE.fullmatch(line)
+                if parsed is not None:
+                    operands = [int(x) for x in parsed.group(1).split("+")]
+                    index = len(steps)
+                    right = index < len(expected) and expected[index] == (operands, int(parsed.group(2)))
+                    steps.append((offset + len(line.rstrip()), 1.0 if right else 0.0))
+                offset += len(line) + 1
+        predicted = extract_answer(completion)
+        correct = predicted is not None and answers_match(predicted, a + b)
+        steps.append((len(completion), 1.0 if correct else 0.0))
+        results.append(steps)
+    return results
 
 
 def _is_held_out(a: int, b: int) -> bool:

@@ -54,7 +54,8 @@ class GRPOConfig:
     # ---- rewards ---------------------------------------------------------------------------------
     reward_funcs: list[str] = _field(
         ["accuracy", "format"],
-        "Reward functions by name (built-in: 'accuracy', 'format'); the Python API also takes callables.",
+        "Reward functions by name (built-in: 'accuracy', 'format', and the process reward "
+        "'arithmetic_steps'); the Python API also takes callables.",
     )
     reward_weights: list[float] | None = _field(
         None, "Weight of each reward function in the total reward; None means 1.0 each."
@@ -68,6 +69,14 @@ class GRPOConfig:
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
 
     # ---- objective (GRPO.md §2-3) ----------------------------------------------------------------
+    supervision: str = _field(
+        "outcome",
+        "'outcome': one reward per completion, one advantage for all its tokens. 'process': reward "
+        "functions may return step rewards [(character offset where a step ends, reward), ...]; "
+        "outcome rewards become a step that ends with the completion; each token's advantage is the sum "
+        "of the group-normalised rewards of the steps ending at or after it (DeepSeekMath §4.1.3).",
+        choices=("outcome", "process"),
+    )
     scale_rewards: str = _field(
         "group", "Advantage scaling: 'group' std (paper), 'batch' std, or 'none' (Dr. GRPO).", choices=SCALES
     )
@@ -86,7 +95,20 @@ class GRPOConfig:
         choices=RATIO_LEVELS,
     )
     num_iterations: int = _field(
-        1, "μ: optimisation passes (optimizer steps) over each generated batch.", min=1
+        1, "μ: optimizer steps over each generated batch; for μ > 1 the π_old log-probs are computed once "
+        "per batch, before the first step.", min=1
+    )
+    mask_truncated_completions: bool = _field(
+        False, "Leave completions that hit max_completion_length without EOS out of the loss (DAPO's "
+        "overlong filtering); they still count in their group's advantages.",
+    )
+    dynamic_sampling: bool = _field(
+        False, "Drop groups whose advantages are all 0 (equal rewards: no signal) and sample more prompts "
+        "until the batch holds prompts_per_step groups (DAPO).",
+    )
+    max_sampling_rounds: int = _field(
+        4, "With dynamic_sampling, the most generation rounds in one step; a batch still short after "
+        "them is filled with dropped groups (counted in the metrics).", min=1
     )
 
     # ---- optimisation ----------------------------------------------------------------------------

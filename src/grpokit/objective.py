@@ -9,6 +9,9 @@ option is handled by one ``if/elif`` that raises ``ValueError`` listing the vali
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -74,6 +77,85 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
     zero_variance = zero_variance_groups(grouped, group_size).unsqueeze(1)  # (B, 1)
     advantages = torch.where(zero_variance, torch.zeros_like(advantages), advantages)
     return advantages.view(-1)
+
+
+def process_advantages(
+    step_rewards: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    mask: Tensor,
+    group_size: int,
+    *,
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> Tensor:
+    """Process-supervision advantages (GRPO.md §2), one per token: (N, T).
+
+    ``step_rewards[i]``: the rewards of completion i's steps; ``step_ends[i]``: the 0-based token
+    index at which each step ends (same length, strictly increasing, < T). Every step reward of a
+    group is normalised together, ``r̃ = (r − mean(R)) / (std(R) + eps)`` with R the pooled step
+    rewards of the group's G completions (unbiased std), and ``A[i, t] = Σ_{steps j of i ending at
+    or after t} r̃_j``. Tokens after a completion's last step, and masked tokens, get 0; a group
+    whose step rewards are all equal gets 0; a completion with no steps gets 0 everywhere.
+
+    ``scale``: ``"group"`` as above, ``"batch"`` divides by the std of all the batch's step rewards,
+    ``"none"`` only subtracts the group mean — the same choices as :func:`group_advantages`.
+
+    >>> mask = torch.ones(2, 3)
+    >>> process_advantages([[1.0, 0.0], [1.0]], [[0, 2], [1]], mask, 2, scale="none").tolist()
+    [[-0.3333..., -0.6666..., -0.6666...], [0.3333..., 0.3333..., 0.0]]
+    """
+    _check_choice("scale", scale, SCALES)
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if mask.dim() != 2:
+        raise ValueError(f"mask must have shape (N, T), got {tuple(mask.shape)}")
+    n, width = mask.shape
+    if len(step_rewards) != n or len(step_ends) != n:
+        raise ValueError(f"step_rewards and step_ends need one list per completion: N={n}, "
+                         f"got {len(step_rewards)} and {len(step_ends)}")
+    if n % group_size != 0:
+        raise ValueError(f"group_size={group_size} does not divide the number of completions N={n}")
+    rows, cols, values = [], [], []
+    for i, (rewards_i, ends_i) in enumerate(zip(step_rewards, step_ends)):
+        if len(rewards_i) != len(ends_i):
+            raise ValueError(f"completion {i}: {len(rewards_i)} step rewards but {len(ends_i)} step ends")
+        for j, end in enumerate(ends_i):
+            if not 0 <= end < width:
+                raise ValueError(f"completion {i}: step {j} ends at token {end}, outside [0, {width})")
+            if j and end <= ends_i[j - 1]:
+                raise ValueError(f"completion {i}: step ends must increase, got {list(ends_i)}")
+            if not math.isfinite(rewards_i[j]):
+                raise ValueError(f"completion {i}: step {j} has reward {rewards_i[j]}")
+        rows += [i] * len(ends_i)
+        cols += list(ends_i)
+        values += [float(r) for r in rewards_i]
+    rewards = torch.tensor(values, dtype=torch.float32)  # (S,) every step of the batch, in order
+    row = torch.tensor(rows, dtype=torch.long)
+    group = row // group_size
+    num_groups = n // group_size
+
+    # Pooled mean and unbiased std per group over its steps (scatter sums; S is small).
+    count = torch.zeros(num_groups).index_add_(0, group, torch.ones_like(rewards))
+    mean = torch.zeros(num_groups).index_add_(0, group, rewards) / count.clamp(min=1)
+    centered = rewards - mean[group]
+    if scale == "group":
+        var = torch.zeros(num_groups).index_add_(0, group, centered**2) / (count - 1).clamp(min=1)
+        normalized = centered / (var.sqrt()[group] + eps)
+    elif scale == "batch":
+        normalized = centered / ((rewards.std() if rewards.numel() > 1 else 0.0) + eps)
+    else:  # "none"
+        normalized = centered
+    # Exactly 0 for a group whose step rewards are all equal, not a rounding residue of the mean.
+    distinct: list[set[float]] = [set() for _ in range(num_groups)]
+    for g, value in zip(group.tolist(), values):
+        distinct[g].add(value)
+    constant = torch.tensor([len(d) <= 1 for d in distinct], dtype=torch.bool)
+    normalized = torch.where(constant[group], 0.0, normalized)
+
+    # Place each step's r̃ at its end token, then sum from the right: A[i, t] = Σ_{end ≥ t} r̃.
+    at_ends = torch.zeros(n, width).index_put_((row, torch.tensor(cols, dtype=torch.long)), normalized)
+    advantages = at_ends.flip(1).cumsum(1).flip(1)
+    return (advantages * mask.to(advantages.dtype).cpu()).to(mask.device)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 RewardFunction = Callable[..., list]
+Step = tuple[int, float]  # (character offset where a step ends, reward)
 
 _TAG = r"</?(?:think|answer)>"
 _FORMAT_RE = re.compile(
@@ -104,7 +105,11 @@ def accuracy_reward(
     return scores
 
 
-BUILTIN_REWARDS: dict[str, RewardFunction] = {"accuracy": accuracy_reward, "format": format_reward}
+def builtin_rewards() -> dict[str, RewardFunction]:
+    """Reward functions available by name in a config."""
+    from grpokit.arithmetic import arithmetic_steps_reward  # imported here: the task module imports this one
+
+    return {"accuracy": accuracy_reward, "format": format_reward, "arithmetic_steps": arithmetic_steps_reward}
 
 
 class RewardError(ValueError):
@@ -116,16 +121,17 @@ def reward_name(fn: RewardFunction) -> str:
 
 
 def resolve_reward_functions(specs: Sequence[str | RewardFunction]) -> list[RewardFunction]:
-    """Turn names of built-in rewards (``"accuracy"``, ``"format"``) and callables into callables."""
-    functions = []
+    """Turn names of built-in rewards (``"accuracy"``, ``"format"``, ``"arithmetic_steps"``) and callables
+    into callables."""
+    functions, builtin = [], builtin_rewards()
     for spec in specs:
         if callable(spec):
             functions.append(spec)
-        elif spec in BUILTIN_REWARDS:
-            functions.append(BUILTIN_REWARDS[spec])
+        elif spec in builtin:
+            functions.append(builtin[spec])
         else:
             raise ValueError(
-                f"reward_funcs: unknown reward {spec!r}; built-in rewards are {sorted(BUILTIN_REWARDS)}, "
+                f"reward_funcs: unknown reward {spec!r}; built-in rewards are {sorted(builtin)}, "
                 "or pass a callable"
             )
     return functions
@@ -144,6 +150,56 @@ def required_columns(fn: RewardFunction) -> list[str]:
     ]
 
 
+def _call(fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list:
+    """Call one reward function on the batch; any exception or a wrong length is a RewardError."""
+    name, n = reward_name(fn), len(completions)
+    try:
+        values = fn(prompts, completions, **columns)
+    except Exception as error:
+        raise RewardError(
+            f"reward function {name!r} raised {type(error).__name__}: {error} "
+            f"(batch of {n} completions; first prompt {prompts[0]!r})"
+        ) from error
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise RewardError(f"reward function {name!r} returned {got} for {n} completions; expected a list of {n}")
+    return list(values)
+
+
+def _check_number(name: str, i: int, value: Any, prompts: list[str], completions: list[str], where: str = "") -> float:
+    """A finite real number, else a RewardError naming the function, the completion (and the step)."""
+    if not isinstance(value, numbers.Real):
+        raise RewardError(
+            f"reward function {name!r} returned {type(value).__name__} {value!r} for completion {i}{where}; "
+            "expected a float or None"
+        )
+    if not math.isfinite(value):
+        raise RewardError(
+            f"reward function {name!r} returned {value} for completion {i}{where} "
+            f"(prompt {prompts[i]!r}, completion {completions[i]!r})"
+        )
+    return float(value)
+
+
+def _check_steps(name: str, i: int, value: Sequence, prompts: list[str], completions: list[str]) -> list[Step]:
+    """A process reward's value for one completion: (character offset where a step ends, reward) pairs."""
+    steps = []
+    for j, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not isinstance(pair[0], numbers.Integral):
+            raise RewardError(
+                f"reward function {name!r}: step {j} of completion {i} is {pair!r}; expected a pair "
+                "(character offset where the step ends, reward)"
+            )
+        offset = int(pair[0])
+        if not 0 <= offset <= len(completions[i]):
+            raise RewardError(
+                f"reward function {name!r}: step {j} of completion {i} ends at character {offset}, outside "
+                f"the completion's [0, {len(completions[i])}]"
+            )
+        steps.append((offset, _check_number(name, i, pair[1], prompts, completions, f", step {j}")))
+    return steps
+
+
 def score_completions(
     reward_funcs: Sequence[RewardFunction],
     weights: Sequence[float],
@@ -151,8 +207,8 @@ def score_completions(
     completions: list[str],
     columns: dict[str, list],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Call each reward function once on the batch; return the weighted total (N,) and, per function,
-    its raw scores (N,) with NaN where it returned None.
+    """Outcome supervision: call each reward function once on the batch; return the weighted total
+    (N,) and, per function, its raw scores (N,) with NaN where it returned None.
 
     The total is the weighted sum over the functions that applied; a completion to which none applied
     gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
@@ -163,31 +219,58 @@ def score_completions(
     total = torch.zeros(n)
     for fn, weight in zip(reward_funcs, weights):
         name = reward_name(fn)
-        try:
-            values = fn(prompts, completions, **columns)
-        except Exception as error:
-            raise RewardError(
-                f"reward function {name!r} raised {type(error).__name__}: {error} "
-                f"(batch of {n} completions; first prompt {prompts[0]!r})"
-            ) from error
-        if not isinstance(values, (list, tuple)) or len(values) != n:
-            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
-            raise RewardError(f"reward function {name!r} returned {got} for {n} completions; expected a list of {n}")
         scores = torch.full((n,), float("nan"))
-        for i, value in enumerate(values):
+        for i, value in enumerate(_call(fn, prompts, completions, columns)):
             if value is None:
                 continue
-            if not isinstance(value, numbers.Real):
+            if isinstance(value, (list, tuple)):
                 raise RewardError(
-                    f"reward function {name!r} returned {type(value).__name__} {value!r} for completion {i}; "
-                    "expected a float or None"
+                    f"reward function {name!r} returned step rewards (a list) for completion {i}: it is a "
+                    "process reward; set supervision: process to use it"
                 )
-            if not math.isfinite(value):
-                raise RewardError(
-                    f"reward function {name!r} returned {value} for completion {i} "
-                    f"(prompt {prompts[i]!r}, completion {completions[i]!r})"
-                )
-            scores[i] = float(value)
+            scores[i] = _check_number(name, i, value, prompts, completions)
         per_function[name] = scores
         total += weight * torch.nan_to_num(scores, nan=0.0)
     return total, per_function
+
+
+def score_steps(
+    reward_funcs: Sequence[RewardFunction],
+    weights: Sequence[float],
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
+    """Process supervision: every reward function's output as weighted steps per completion.
+
+    A process reward returns, per completion, a list of ``(character offset where the step ends,
+    reward)``; an outcome reward's single value becomes one step that ends with the completion
+    (offset ``len(completion)``), so outcome and process rewards mix by their weights. Steps of
+    several functions that end at the same offset are summed. ``None`` adds no step.
+
+    Returns ``(total, per_function, steps)``: ``steps[i]`` sorted by offset; ``per_function[name][i]``
+    is the function's outcome value or the mean of its step rewards (NaN where it gave none), and
+    ``total`` their weighted sum, for logging.
+    """
+    n = len(completions)
+    per_function: dict[str, torch.Tensor] = {}
+    total = torch.zeros(n)
+    steps: list[dict[int, float]] = [{} for _ in range(n)]
+    for fn, weight in zip(reward_funcs, weights):
+        name = reward_name(fn)
+        scores = torch.full((n,), float("nan"))
+        for i, value in enumerate(_call(fn, prompts, completions, columns)):
+            if value is None:
+                continue
+            if isinstance(value, (list, tuple)):
+                pairs = _check_steps(name, i, value, prompts, completions)
+                if pairs:
+                    scores[i] = sum(r for _, r in pairs) / len(pairs)
+            else:
+                pairs = [(len(completions[i]), _check_number(name, i, value, prompts, completions))]
+                scores[i] = pairs[0][1]
+            for offset, reward in pairs:
+                steps[i][offset] = steps[i].get(offset, 0.0) + weight * reward
+        per_function[name] = scores
+        total += weight * torch.nan_to_num(scores, nan=0.0)
+    return total, per_function, [sorted(d.items()) for d in steps]

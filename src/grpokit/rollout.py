@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -40,6 +40,99 @@ class Rollout:
         """The N completions as text, each cut where it stopped; special tokens (EOS) dropped."""
         ids = [row[: int(n)].tolist() for row, n in zip(self.completion_ids, self.lengths)]
         return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def select(self, index: Tensor) -> Rollout:
+        """The completions at ``index`` (a bool mask or indices over N)."""
+        return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @staticmethod
+    def cat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+        """Stack rollouts of different widths: prompts left-padded, completions right-padded."""
+        prompt_width = max(r.prompt_ids.shape[1] for r in rollouts)
+        width = max(r.completion_ids.shape[1] for r in rollouts)
+
+        def pad(tensors: list[Tensor], to: int, value: float, left: bool) -> Tensor:
+            padded = [
+                torch.nn.functional.pad(t, (to - t.shape[1], 0) if left else (0, to - t.shape[1]), value=value)
+                for t in tensors
+            ]
+            return torch.cat(padded)
+
+        return Rollout(
+            prompt_ids=pad([r.prompt_ids for r in rollouts], prompt_width, pad_token_id, left=True),
+            prompt_mask=pad([r.prompt_mask for r in rollouts], prompt_width, 0, left=True),
+            completion_ids=pad([r.completion_ids for r in rollouts], width, pad_token_id, left=False),
+            completion_mask=pad([r.completion_mask for r in rollouts], width, 0, left=False),
+            logp=pad([r.logp for r in rollouts], width, 0.0, left=False),
+            truncated=torch.cat([r.truncated for r in rollouts]),
+        )
+
+
+def step_token_ends(tokenizer, ids: Sequence[int], text: str, offsets: Sequence[int]) -> list[int]:
+    """Map character offsets in a completion's text to the indices of the tokens that end there.
+
+    ``ids``: the completion's tokens (up to where it stopped, EOS included); ``text``: their decoded
+    form as reward functions see it (``Rollout.decode``); ``offsets``: character positions where steps
+    end (exclusive, as in ``text[:offset]``). A step ends at the token holding its last character, so a
+    token that spans a step boundary belongs to the step it starts in; ``len(text)`` maps to the
+    completion's last token (its EOS, which then shares the final step's advantage).
+
+    Fast path: the tokenizer's offset mapping, when re-encoding ``text`` gives back exactly the
+    sampled tokens with contiguous offsets. Otherwise (a non-canonical sample, trimmed offsets) it
+    bisects on the length of decoded prefixes, which is exact for any tokenizer.
+    """
+    if not ids:
+        if any(offsets):
+            raise ValueError(f"step offsets {list(offsets)} given for an empty completion")
+        return []
+    char_ends = _char_ends_from_offsets(tokenizer, ids, text)
+    if char_ends is None:
+        cache: dict[int, int] = {}
+
+        def prefix_length(k: int) -> int:  # characters in the decoded first k + 1 tokens
+            if k not in cache:
+                cache[k] = len(tokenizer.decode(list(ids[: k + 1]), skip_special_tokens=True))
+            return cache[k]
+    else:
+        prefix_length = char_ends.__getitem__
+    last = len(ids) - 1
+    result = []
+    for offset in offsets:
+        if not 0 <= offset <= len(text):
+            raise ValueError(f"step offset {offset} is outside the completion's text [0, {len(text)}]")
+        if offset == len(text):
+            result.append(last)
+            continue
+        low, high = 0, last  # the first token whose decoded prefix reaches ``offset``
+        while low < high:
+            mid = (low + high) // 2
+            if prefix_length(mid) >= offset:
+                high = mid
+            else:
+                low = mid + 1
+        result.append(low)
+    return result
+
+
+def _char_ends_from_offsets(tokenizer, ids: Sequence[int], text: str) -> list[int] | None:
+    """Per token, where its text ends in ``text``, from the offset mapping; None when unusable."""
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    special = set(tokenizer.all_special_ids)
+    kept = [i for i in ids if i not in special]
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = encoded["offset_mapping"]
+    if encoded["input_ids"] != kept or (spans and (spans[0][0] != 0 or spans[-1][1] != len(text))):
+        return None
+    if any(spans[k][1] != spans[k + 1][0] for k in range(len(spans) - 1)):
+        return None  # trimmed (whitespace) or overlapping offsets do not tile the text
+    char_ends, position, end = [], 0, 0
+    for token in ids:
+        if token not in special:
+            end = spans[position][1]
+            position += 1
+        char_ends.append(end)
+    return char_ends
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,51 @@ from tqdm.auto import tqdm
 from grpokit.config import GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
-from grpokit.objective import group_advantages, grpo_loss, masked_mean, zero_variance_groups
-from grpokit.rewards import required_columns, resolve_reward_functions, reward_name, score_completions
-from grpokit.rollout import Rollout, generate, sequence_logprobs, stop_token_ids
+from grpokit.objective import group_advantages, grpo_loss, masked_mean, process_advantages
+from grpokit.rewards import (
+    required_columns,
+    resolve_reward_functions,
+    reward_name,
+    score_completions,
+    score_steps,
+)
+from grpokit.rollout import Rollout, generate, sequence_logprobs, step_token_ends, stop_token_ids
+
+
+@dataclass
+class Batch:
+    """B groups of G sampled completions with their rewards; each group's G rows contiguous."""
+
+    rows: list[dict[str, Any]]  # B dataset rows
+    rollout: Rollout  # N = B × G completions
+    completions: list[str]  # N decoded completions
+    rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
+    per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
+    steps: list[list[tuple[int, float]]] | None = None  # process supervision: per completion (end token, reward)
+
+    def groups(self, index: torch.Tensor, group_size: int) -> Batch:
+        """The groups at ``index`` (a bool mask or indices over B)."""
+        index = torch.arange(len(self.rows))[index]
+        rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # their completions
+        return Batch(
+            rows=[self.rows[i] for i in index.tolist()],
+            rollout=self.rollout.select(rows.to(self.rollout.completion_ids.device)),
+            completions=[self.completions[i] for i in rows.tolist()],
+            rewards=self.rewards[rows],
+            per_function={name: scores[rows] for name, scores in self.per_function.items()},
+            steps=None if self.steps is None else [self.steps[i] for i in rows.tolist()],
+        )
+
+    @staticmethod
+    def cat(batches: list[Batch], pad_token_id: int) -> Batch:
+        return Batch(
+            rows=[row for b in batches for row in b.rows],
+            rollout=Rollout.cat([b.rollout for b in batches], pad_token_id),
+            completions=[c for b in batches for c in b.completions],
+            rewards=torch.cat([b.rewards for b in batches]),
+            per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
+            steps=None if batches[0].steps is None else [s for b in batches for s in b.steps],
+        )
 
 
 class GRPOTrainer:
@@ -174,11 +217,80 @@ class GRPOTrainer:
     # ---- the step --------------------------------------------------------------------------------
 
     def training_step(self) -> dict[str, float]:
-        config, g = self.config, self.config.num_generations
+        config = self.config
         start = time.perf_counter()
 
-        # 1. Sample G completions for each of B prompts from π_old (the current policy).
-        rows = self._next_rows()
+        # 1-2. Sample G completions for each of B prompts from π_old and score them; with dynamic
+        #      sampling, groups without signal are replaced by groups from further rounds.
+        batch, sampled, sampling = self._sample_batch()
+        rollout = batch.rollout
+        sampled_time = time.perf_counter()
+
+        # 3. Advantages relative to the group (§2): (N,) for outcome, (N, T) for process supervision.
+        advantages = self._advantages(batch)
+        loss_mask = rollout.completion_mask
+        if config.mask_truncated_completions:
+            loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
+
+        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when μ > 1 (with μ = 1,
+        #    π_old = π_θ and ratio = 1 in value, so no extra pass is needed: GRPO.md §1.4).
+        ref_logp = self._frozen_logprobs(self.ref_model, rollout) if self.ref_model is not None else None
+        old_logp = self._frozen_logprobs(self.model, rollout) if config.num_iterations > 1 else None
+        frozen = time.perf_counter()
+
+        # 5. μ optimizer steps over the batch, each accumulating gradients over micro-batches.
+        self.model.train()
+        for iteration in range(config.num_iterations):
+            update = self._update(rollout, advantages, loss_mask, old_logp, ref_logp, with_entropy=iteration == 0)
+            if iteration == 0:
+                first_update = update
+        updated = time.perf_counter()
+
+        # 6. Metrics.
+        self.step += 1
+        metrics = self._metrics(batch, sampled, first_update, update)
+        metrics.update(sampling)
+        metrics.update(
+            time_frozen_logprobs=frozen - sampled_time, time_update=updated - frozen, time_step=updated - start,
+            tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
+        )
+        self._log(metrics, batch, advantages)
+        return metrics
+
+    def _sample_batch(self) -> tuple[Batch, Batch, dict[str, float]]:
+        """The step's training batch of B groups, every group sampled this step, and sampling metrics.
+
+        Without dynamic sampling both batches are one round of B prompts. With it, groups whose
+        advantages are all 0 are dropped and rounds of B more prompts are sampled until B groups carry
+        signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
+        """
+        config, b, g = self.config, self.config.prompts_per_step, self.config.num_generations
+        rounds, timing = [], {"time_generate": 0.0, "time_score": 0.0}
+        kept: list[Batch] = []
+        while True:
+            batch = self._generate_and_score(self._next_rows(), timing)
+            rounds.append(batch)
+            if not config.dynamic_sampling:
+                return batch, batch, {**timing, "sampling_rounds": 1, "dropped_groups": 0, "refilled_groups": 0}
+            kept.append(batch.groups(~self._no_signal_groups(batch), g))
+            if sum(len(k.rows) for k in kept) >= b or len(rounds) == config.max_sampling_rounds:
+                break
+        sampled = Batch.cat(rounds, self.tokenizer.pad_token_id)
+        no_signal = self._no_signal_groups(sampled)
+        with_signal = Batch.cat(kept, self.tokenizer.pad_token_id)
+        refill = max(0, b - len(with_signal.rows))
+        batch = Batch.cat(
+            [with_signal.groups(torch.arange(min(b, len(with_signal.rows))), g),
+             sampled.groups(no_signal.nonzero().squeeze(1)[:refill], g)],
+            self.tokenizer.pad_token_id,
+        )
+        stats = {"sampling_rounds": len(rounds), "dropped_groups": int(no_signal.sum()) - refill,
+                 "refilled_groups": refill}
+        return batch, sampled, {**timing, **stats}
+
+    def _generate_and_score(self, rows: list[dict[str, Any]], timing: dict[str, float]) -> Batch:
+        config, g = self.config, self.config.num_generations
+        start = time.perf_counter()
         prompts = [row[config.prompt_column] for row in rows]
         prompt_ids, prompt_mask = self._tokenize_prompts(prompts)
         self.model.eval()
@@ -191,41 +303,48 @@ class GRPOTrainer:
         )
         generated = time.perf_counter()
 
-        # 2. Score: weighted sum of the reward functions, each kept for logging.
+        # Weighted sum of the reward functions, each kept for logging; for process supervision, the
+        # weighted steps, their character offsets mapped to the tokens that end them.
         completions = rollout.decode(self.tokenizer)
         repeated_prompts = [p for p in prompts for _ in range(g)]
-        rewards, per_function = score_completions(
-            self.reward_funcs, self.reward_weights, repeated_prompts, completions, self._reward_columns(rows)
-        )
-        scored = time.perf_counter()
+        columns = self._reward_columns(rows)
+        steps = None
+        if config.supervision == "outcome":
+            rewards, per_function = score_completions(
+                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns
+            )
+        else:
+            rewards, per_function, char_steps = score_steps(
+                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns
+            )
+            steps = [self._token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
+        timing["time_generate"] += generated - start
+        timing["time_score"] += time.perf_counter() - generated
+        return Batch(rows, rollout, completions, rewards, per_function, steps)
 
-        # 3. Advantages relative to the group (§2). No value network.
-        advantages = group_advantages(rewards, g, scale=config.scale_rewards).to(self.device)  # (N,)
+    def _token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
+        """(character offset, reward) steps → (token index, reward), summing steps that share a token."""
+        ids = rollout.completion_ids[i, : int(rollout.lengths[i])].tolist()
+        ends = step_token_ends(self.tokenizer, ids, text, [offset for offset, _ in steps])
+        merged: dict[int, float] = {}
+        for end, (_, reward) in zip(ends, steps):
+            merged[end] = merged.get(end, 0.0) + reward
+        return sorted(merged.items())
 
-        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when μ > 1 (with μ = 1,
-        #    π_old = π_θ and ratio = 1 in value, so no extra pass is needed: GRPO.md §1.4).
-        ref_logp = self._frozen_logprobs(self.ref_model, rollout) if self.ref_model is not None else None
-        old_logp = self._frozen_logprobs(self.model, rollout) if config.num_iterations > 1 else None
-        frozen = time.perf_counter()
+    def _advantages(self, batch: Batch) -> torch.Tensor:
+        config, g = self.config, self.config.num_generations
+        if config.supervision == "outcome":
+            return group_advantages(batch.rewards, g, scale=config.scale_rewards).to(self.device)  # (N,)
+        return process_advantages(  # (N, T)
+            [[reward for _, reward in steps] for steps in batch.steps],
+            [[end for end, _ in steps] for steps in batch.steps],
+            batch.rollout.completion_mask, g, scale=config.scale_rewards,
+        ).to(self.device)
 
-        # 5. μ optimizer steps over the batch, each accumulating gradients over micro-batches.
-        self.model.train()
-        for iteration in range(config.num_iterations):
-            update = self._update(rollout, advantages, old_logp, ref_logp, with_entropy=iteration == 0)
-            if iteration == 0:
-                first_update = update
-        updated = time.perf_counter()
-
-        # 6. Metrics.
-        self.step += 1
-        metrics = self._metrics(rollout, rewards, per_function, first_update, update)
-        metrics.update(
-            time_generate=generated - start, time_score=scored - generated, time_frozen_logprobs=frozen - scored,
-            time_update=updated - frozen, time_step=updated - start,
-            tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
-        )
-        self._log(metrics, rows, completions, rewards, per_function, advantages)
-        return metrics
+    def _no_signal_groups(self, batch: Batch) -> torch.Tensor:
+        """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing."""
+        advantages = self._advantages(batch)
+        return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
 
     @torch.no_grad()
     def _frozen_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
@@ -246,9 +365,11 @@ class GRPOTrainer:
         n, size = rollout.completion_ids.shape[0], self.config.micro_batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def _update(self, rollout, advantages, old_logp, ref_logp, *, with_entropy: bool) -> dict[str, float]:
+    def _update(self, rollout, advantages, loss_mask, old_logp, ref_logp, *, with_entropy: bool) -> dict[str, float]:
         """One optimizer step on the whole batch."""
-        stats = self.accumulate_gradients(rollout, advantages, old_logp, ref_logp, with_entropy=with_entropy)
+        stats = self.accumulate_gradients(
+            rollout, advantages, old_logp, ref_logp, loss_mask=loss_mask, with_entropy=with_entropy
+        )
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         stats["lr"] = self.scheduler.get_last_lr()[0]
@@ -259,22 +380,26 @@ class GRPOTrainer:
 
     def accumulate_gradients(
         self, rollout: Rollout, advantages: torch.Tensor, old_logp: torch.Tensor | None,
-        ref_logp: torch.Tensor | None, *, with_entropy: bool = False,
+        ref_logp: torch.Tensor | None, *, loss_mask: torch.Tensor | None = None, with_entropy: bool = False,
     ) -> dict[str, float]:
         """Backward the GRPO loss of the whole batch, micro-batch by micro-batch, into ``.grad``.
 
-        Normalisers count over the whole batch, so each micro-batch's loss is its exact share of the
-        batch loss and the gradient does not depend on ``micro_batch_size``. Returns the loss and the
-        token-weighted means of the diagnostics.
+        ``loss_mask`` (default: the completion mask) selects the tokens in the loss. Normalisers count
+        over the whole batch, so each micro-batch's loss is its exact share of the batch loss and the
+        gradient does not depend on ``micro_batch_size``. Returns the loss and the token-weighted means
+        of the diagnostics.
         """
-        config, mask = self.config, rollout.completion_mask
+        config = self.config
+        mask = rollout.completion_mask if loss_mask is None else loss_mask
         total_tokens = float(mask.sum().clamp(min=1))
-        normalizer = total_tokens if config.aggregation == "token" else mask.shape[0]
+        # Completions left with no token in the loss (masked truncations) are out of the batch.
+        sequences = float((mask.sum(dim=1) > 0).sum().clamp(min=1))
+        normalizer = total_tokens if config.aggregation == "token" else sequences
         totals: dict[str, float] = {"loss": 0.0}
         for idx in self._micro_batches(rollout):
             logp, entropy = sequence_logprobs(
                 self.model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                rollout.completion_ids[idx], mask[idx],
+                rollout.completion_ids[idx], rollout.completion_mask[idx],
                 temperature=config.temperature, with_entropy=with_entropy,
             )
             loss, stats = grpo_loss(
@@ -298,16 +423,17 @@ class GRPOTrainer:
 
     # ---- metrics and logging ---------------------------------------------------------------------
 
-    def _metrics(self, rollout, rewards, per_function, first_update, last_update) -> dict[str, float]:
-        g = self.config.num_generations
-        lengths = rollout.lengths.float()
+    def _metrics(self, batch: Batch, sampled: Batch, first_update, last_update) -> dict[str, float]:
+        """Rewards over every completion sampled this step (the policy's score, whatever dynamic
+        sampling kept); lengths and loss diagnostics over the training batch."""
+        rewards, lengths, rollout = sampled.rewards, batch.rollout.lengths.float(), batch.rollout
         metrics: dict[str, float] = {
             "step": self.step,
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item(),
-            "frac_zero_std_groups": zero_variance_groups(rewards, g).float().mean().item(),
+            "frac_zero_std_groups": self._no_signal_groups(sampled).float().mean().item(),
         }
-        for name, scores in per_function.items():
+        for name, scores in sampled.per_function.items():
             applied = ~torch.isnan(scores)
             # None (JSON null) when the function applied to no completion of the batch
             metrics[f"rewards/{name}"] = scores[applied].mean().item() if applied.any() else None
@@ -327,7 +453,7 @@ class GRPOTrainer:
             metrics[key] = last_update[key]
         return metrics
 
-    def _log(self, metrics, rows, completions, rewards, per_function, advantages) -> None:
+    def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
         self.history.append(metrics)
         out = Path(self.config.output_dir)
         with (out / "metrics.jsonl").open("a") as handle:
@@ -336,15 +462,18 @@ class GRPOTrainer:
         if k:
             g = self.config.num_generations
             with (out / "completions.jsonl").open("a") as handle:
-                for i in range(min(k, len(completions))):
+                for i in range(min(k, len(batch.completions))):
                     record = {
                         "step": self.step,
-                        "prompt": rows[i // g][self.config.prompt_column],
-                        "completion": completions[i],
-                        "reward": rewards[i].item(),
-                        "advantage": advantages[i].item(),
-                        **{name: (None if math.isnan(s[i]) else s[i].item()) for name, s in per_function.items()},
+                        "prompt": batch.rows[i // g][self.config.prompt_column],
+                        "completion": batch.completions[i],
+                        "reward": batch.rewards[i].item(),
+                        # for process supervision: the first token's, the sum of all its normalised steps
+                        "advantage": advantages[i].view(-1)[0].item(),
+                        **{name: (None if math.isnan(s[i]) else s[i].item()) for name, s in batch.per_function.items()},
                     }
+                    if batch.steps is not None:
+                        record["steps"] = [[end, reward] for end, reward in batch.steps[i]]
                     handle.write(json.dumps(record) + "\n")
 
     def _start_run_dir(self) -> Path:
