@@ -1,13 +1,20 @@
 """grpokit: GRPO (Group Relative Policy Optimization) for causal language models.
 
-The objective's pure functions (``group_advantages``, ``kl_penalty``, ``grpo_loss``) are the public
-core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop; ``format_reward`` and ``accuracy_reward`` are
-the built-in rule-based rewards.
+The objective's pure functions (``group_advantages``, ``process_advantages``, ``kl_penalty``,
+``grpo_loss``) are the public core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop; ``format_reward``
+and ``accuracy_reward`` are the built-in rule-based rewards.
 """
 
 from grpokit.config import ConfigError, GRPOConfig, load_config
 from grpokit.data import DataError, load_jsonl
-from grpokit.objective import aggregate_loss, group_advantages, grpo_loss, kl_penalty, token_logprobs
+from grpokit.objective import (
+    aggregate_loss,
+    group_advantages,
+    grpo_loss,
+    kl_penalty,
+    process_advantages,
+    token_logprobs,
+)
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import Rollout, generate
 from grpokit.trainer import GRPOTrainer
@@ -17,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "RewardError", "Rollout",
     "accuracy_reward", "aggregate_loss", "format_reward", "generate", "group_advantages", "grpo_loss",
-    "kl_penalty", "load_config", "load_jsonl", "token_logprobs",
+    "kl_penalty", "load_config", "load_jsonl", "process_advantages", "token_logprobs",
 ]

@@ -138,6 +138,7 @@ class GRPOTrainer:
         self._epoch = 0
         self.step = 0
         self.history: list[dict[str, float]] = []
+        self.run_dir: Path | None = None  # created by the first logged step
 
     # ---- set-up helpers --------------------------------------------------------------------------
 
@@ -455,7 +456,7 @@ class GRPOTrainer:
 
     def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
         self.history.append(metrics)
-        out = Path(self.config.output_dir)
+        out = self.run_dir or self._start_run_dir()
         with (out / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(metrics) + "\n")
         k = self.config.log_completions
@@ -484,6 +485,7 @@ class GRPOTrainer:
         (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         for name in ("metrics.jsonl", "completions.jsonl"):
             (out / name).write_text("")
+        self.run_dir = out
         return out
 
     def train(self) -> list[dict[str, float]]:
