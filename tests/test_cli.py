@@ -85,6 +85,9 @@ def test_example_configs_are_valid_and_match_the_demo():
     demo = load_config(EXAMPLES / "arithmetic.yaml")
     assert all(getattr(demo, key) == value for key, value in DEMO_CONFIG.items())
     load_config(EXAMPLES / "jsonl_dataset.yaml")
+    process = load_config(EXAMPLES / "arithmetic_process.yaml")
+    assert process.supervision == "process"
+    assert all(getattr(process, key) == value for key, value in DEMO_CONFIG.items())
 
 
 def test_console_entry_point_help():
@@ -92,14 +95,21 @@ def test_console_entry_point_help():
     assert result.returncode == 0 and "num_generations" in result.stdout and "G: completions" in result.stdout
 
 
-def test_readme_python_example_runs(tmp_path, tiny_model_dir, monkeypatch):
-    """The README's Python example, pointed at the tiny model and shortened, runs as written."""
+def test_readme_python_examples_run(tmp_path, tiny_model_dir, monkeypatch):
+    """The README's Python examples (outcome, then process supervision), pointed at the tiny model and
+    shortened, run as written."""
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    for old, new in [('"path/to/your/hf-model"', repr(str(tiny_model_dir))), ("max_steps=100", "max_steps=2"),
-                     ("max_completion_length=256", "max_completion_length=8")]:
-        assert old in code
-        code = code.replace(old, new)
+    blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+    assert len(blocks) == 2
+    namespace: dict = {}
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
-    assert len((tmp_path / "runs" / "mine" / "metrics.jsonl").read_text().splitlines()) == 2
+    for code in blocks:
+        for old, new in [('"path/to/your/hf-model"', repr(str(tiny_model_dir))), ("max_steps=100", "max_steps=2"),
+                         ("max_completion_length=256", "max_completion_length=8")]:
+            assert old in code
+            code = code.replace(old, new)
+        exec(compile(code, "README.md", "exec"), namespace)
+    for run in ("mine", "steps"):
+        assert len((tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()) == 2
+    steps = json.loads((tmp_path / "runs" / "steps" / "completions.jsonl").read_text().splitlines()[0])["steps"]
+    assert steps

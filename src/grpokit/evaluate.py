@@ -28,20 +28,21 @@ def evaluate(
     progress: bool = True,
 ) -> dict[str, list[float]]:
     """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
-    ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``)."""
+    ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
+    ``samples_per_prompt`` is 0)."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = stop_token_ids(model, tokenizer)
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-    keys = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")
-    scores: dict[str, list[float]] = {k: [] for k in keys}
+    modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
+    scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in ("correct", "format")}
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
         batch = rows[start : start + batch_size]
         prompts = [row[prompt_column] for row in batch]
         encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
-        for mode, k in (("greedy", 1), ("sampled", samples_per_prompt)):
+        for mode, k in modes:
             rollout = generate(
                 model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
