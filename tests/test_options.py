@@ -69,7 +69,7 @@ def test_several_iterations_compute_old_logprobs_once_per_batch(tokenizer, tiny_
     monkeypatch.setattr(trainer, "accumulate_gradients", spy)
     metrics = trainer.training_step()
     assert len(calls) == 1 and len(updates) == 3
-    assert all(u is updates[0] for u in updates)  # the same π_old for all μ updates
+    assert all(torch.equal(u, updates[0]) for u in updates)  # the same π_old for all μ updates
     assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)  # the last update has moved away from it
 
 

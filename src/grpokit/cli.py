@@ -75,10 +75,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.trainer import build_trainer
 
     config = load_config(args.config, parse_overrides(extra))
-    history = GRPOTrainer(config).train()
+    history = build_trainer(config).train()
     last = history[-1]
     summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl")
                         if last.get(k) is not None)

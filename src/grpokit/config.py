@@ -69,6 +69,10 @@ class GRPOConfig:
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
 
     # ---- objective (GRPO.md §2-3) ----------------------------------------------------------------
+    algorithm: str = _field(
+        "grpo", "'grpo', or 'ppo': the baseline with a value model and GAE (GRPO.md §4; keys under PPO).",
+        choices=("grpo", "ppo"),
+    )
     supervision: str = _field(
         "outcome",
         "'outcome': one reward per completion, one advantage for all its tokens. 'process': reward "
@@ -98,6 +102,10 @@ class GRPOConfig:
         1, "μ: optimizer steps over each generated batch; for μ > 1 the π_old log-probs are computed once "
         "per batch, before the first step.", min=1
     )
+    num_minibatches: int = _field(
+        1, "Optimizer steps per pass over the batch: each pass shuffles the batch's completions and splits "
+        "them into this many minibatches (PPO's minibatches; 1 = one step on the whole batch).", min=1
+    )
     mask_truncated_completions: bool = _field(
         False, "Leave completions that hit max_completion_length without EOS out of the loss (DAPO's "
         "overlong filtering); they still count in their group's advantages.",
@@ -109,6 +117,19 @@ class GRPOConfig:
     max_sampling_rounds: int = _field(
         4, "With dynamic_sampling, the most generation rounds in one step; a batch still short after "
         "them is filled with dropped groups (counted in the metrics).", min=1
+    )
+
+    # ---- PPO (algorithm: ppo; GRPO.md §4) ---------------------------------------------------------
+    gamma: float = _field(1.0, "PPO: discount γ of the per-token rewards in GAE.", min=0, max=1)
+    lam: float = _field(0.95, "PPO: GAE's λ (0 = one-step TD, 1 = Monte Carlo returns).", min=0, max=1)
+    vf_coef: float = _field(0.1, "PPO: weight of the value loss.", gt=0)
+    cliprange_value: float = _field(
+        0.2, "PPO: the value prediction may move at most this far from the rollout's before the value loss "
+        "clips it.", min=0
+    )
+    whiten_advantages: bool = _field(True, "PPO: normalise the advantages to mean 0, std 1 over the batch's tokens.")
+    value_learning_rate: float | None = _field(
+        None, "PPO: peak AdamW learning rate of the value model; None means learning_rate.", gt=0
     )
 
     # ---- optimisation ----------------------------------------------------------------------------
@@ -146,6 +167,13 @@ class GRPOConfig:
             )
         if not self.reward_funcs:
             raise ConfigError("reward_funcs is empty; give at least one reward function")
+        if self.num_minibatches > self.num_completions:
+            raise ConfigError(
+                f"num_minibatches={self.num_minibatches} exceeds the {self.num_completions} completions of a step "
+                "(prompts_per_step × num_generations)"
+            )
+        if self.algorithm == "ppo" and self.dynamic_sampling:
+            raise ConfigError("dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups")
 
     @property
     def num_completions(self) -> int:

@@ -255,6 +255,18 @@ def generate(
     )
 
 
+def sequence_inputs(
+    prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor
+) -> dict[str, Tensor]:
+    """Model inputs for prompts followed by their completions, as during generation."""
+    return {
+        "input_ids": torch.cat([prompt_ids, completion_ids], dim=1),
+        "attention_mask": torch.cat([prompt_mask, completion_mask], dim=1),
+        # Positions continue through the completion even after EOS, as during generation.
+        "position_ids": position_ids_from_mask(torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)),
+    }
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     prompt_ids: Tensor,
@@ -270,15 +282,9 @@ def sequence_logprobs(
     Returns ``(logp, entropy)``; ``entropy`` (N, T) is the policy's per-token entropy when
     ``with_entropy`` and None otherwise.
     """
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    # Positions continue through the completion even after EOS, as during generation.
-    positions = position_ids_from_mask(torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1))
     width = completion_ids.shape[1]
     logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
+        **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask),
         use_cache=False,
         logits_to_keep=width + 1,
     ).logits[:, :-1, :]  # (N, T, V): the logits that predicted each completion token

@@ -29,7 +29,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from grpokit.config import GRPOConfig
+from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
 from grpokit.objective import group_advantages, grpo_loss, masked_mean, process_advantages
@@ -91,6 +91,8 @@ class GRPOTrainer:
         train_dataset: Sequence[dict[str, Any]] | None = None,
         reward_funcs: Sequence[str | Callable] | None = None,
     ):
+        if config.algorithm != "grpo" and type(self) is GRPOTrainer:
+            raise ConfigError(f"algorithm: {config.algorithm} needs its own trainer: use build_trainer(config)")
         self.config = config
         seed_everything(config.seed)
         self.device = resolve_device(config.device)
@@ -121,6 +123,7 @@ class GRPOTrainer:
         self._check_prompt_lengths()
 
         # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3).
+        self.loss_beta = config.beta  # the KL term's weight in the loss (PPO puts it in the reward instead)
         self.ref_model = None
         if config.beta != 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -131,9 +134,10 @@ class GRPOTrainer:
             betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.weight_decay,
         )
-        total_updates = config.max_steps * config.num_iterations
+        total_updates = config.max_steps * config.num_iterations * config.num_minibatches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor(total_updates))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self._order: list[int] = []  # dataset indices left in this epoch
         self._epoch = 0
         self.step = 0
@@ -233,18 +237,19 @@ class GRPOTrainer:
         if config.mask_truncated_completions:
             loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
 
-        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when μ > 1 (with μ = 1,
-        #    π_old = π_θ and ratio = 1 in value, so no extra pass is needed: GRPO.md §1.4).
+        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when there are several
+        #    optimizer steps (with one, π_old = π_θ and ratio = 1 in value, so no extra pass is
+        #    needed: GRPO.md §1.4).
         ref_logp = self._frozen_logprobs(self.ref_model, rollout) if self.ref_model is not None else None
-        old_logp = self._frozen_logprobs(self.model, rollout) if config.num_iterations > 1 else None
+        several_updates = config.num_iterations > 1 or config.num_minibatches > 1
+        old_logp = self._frozen_logprobs(self.model, rollout) if several_updates else None
         frozen = time.perf_counter()
 
-        # 5. μ optimizer steps over the batch, each accumulating gradients over micro-batches.
-        self.model.train()
-        for iteration in range(config.num_iterations):
-            update = self._update(rollout, advantages, loss_mask, old_logp, ref_logp, with_entropy=iteration == 0)
-            if iteration == 0:
-                first_update = update
+        # 5. μ passes over the batch, one optimizer step per minibatch, gradients accumulated over
+        #    micro-batches.
+        first_update, update = self._optimize(
+            rollout, advantages=advantages, loss_mask=loss_mask, old_logp=old_logp, ref_logp=ref_logp
+        )
         updated = time.perf_counter()
 
         # 6. Metrics.
@@ -366,6 +371,27 @@ class GRPOTrainer:
         n, size = rollout.completion_ids.shape[0], self.config.micro_batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
+    def _optimize(self, rollout: Rollout, **tensors: torch.Tensor | None) -> tuple[dict, dict]:
+        """μ passes over the batch, each one optimizer step per minibatch (``_update``); ``tensors``
+        are per-completion and follow the minibatch. Returns the mean diagnostics of the first pass
+        and of the last."""
+        self.model.train()
+        passes = []
+        for iteration in range(self.config.num_iterations):
+            stats = []
+            for index in self._minibatches(rollout):
+                picked = {k: None if t is None else t[index.to(t.device)] for k, t in tensors.items()}
+                stats.append(self._update(rollout.select(index), **picked, with_entropy=iteration == 0))
+            passes.append({key: sum(s[key] for s in stats) / len(stats) for key in stats[0]})
+        return passes[0], passes[-1]
+
+    def _minibatches(self, rollout: Rollout) -> list[torch.Tensor]:
+        """Completion indices of each minibatch: a fresh shuffle per pass when there are several."""
+        n, k = rollout.completion_ids.shape[0], self.config.num_minibatches
+        if k == 1:
+            return [torch.arange(n)]
+        return list(torch.randperm(n, generator=self._shuffle).tensor_split(k))
+
     def _update(self, rollout, advantages, loss_mask, old_logp, ref_logp, *, with_entropy: bool) -> dict[str, float]:
         """One optimizer step on the whole batch."""
         stats = self.accumulate_gradients(
@@ -408,7 +434,7 @@ class GRPOTrainer:
                 None if old_logp is None else old_logp[idx],
                 None if ref_logp is None else ref_logp[idx],
                 advantages[idx], mask[idx],
-                epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
+                epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=self.loss_beta,
                 aggregation=config.aggregation, ratio_level=config.ratio_level,
                 max_completion_length=config.max_completion_length, kl_kind=config.kl_kind,
                 normalizer=normalizer,
@@ -492,7 +518,8 @@ class GRPOTrainer:
         """Run ``max_steps`` steps, then save the model and tokenizer to ``output_dir/model``."""
         config = self.config
         out = self._start_run_dir()
-        bar = tqdm(range(config.max_steps), desc="GRPO", disable=not config.progress_bar, dynamic_ncols=True)
+        bar = tqdm(range(config.max_steps), desc=config.algorithm.upper(), disable=not config.progress_bar,
+                   dynamic_ncols=True)
         for _ in bar:
             metrics = self.training_step()
             postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
@@ -506,3 +533,12 @@ class GRPOTrainer:
         """``save_pretrained`` (safetensors) for the model and the tokenizer."""
         self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+
+def build_trainer(config: GRPOConfig, **kwargs: Any) -> GRPOTrainer:
+    """The trainer for ``config.algorithm``: the one place where GRPO and PPO part ways."""
+    if config.algorithm == "ppo":
+        from grpokit.ppo import PPOTrainer  # imports this module
+
+        return PPOTrainer(config, **kwargs)
+    return GRPOTrainer(config, **kwargs)

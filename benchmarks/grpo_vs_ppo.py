@@ -1,0 +1,323 @@
+"""GRPO vs PPO: memory, time per step by phase, and learning curves, measured side by side.
+
+    python benchmarks/grpo_vs_ppo.py --seeds 0 1 2 --steps 60
+
+For each model size, algorithm and seed, one fresh Python process (so that its peak RSS is its own)
+trains with the demo's settings (16 prompts × G = 8 completions per step for both algorithms, 48 new
+tokens, T = 1, β = 0.04, lr 2e-4) and reports:
+
+- memory, counted: parameters (policy, reference, and PPO's value model), gradients (every trainable
+  parameter), optimizer states (read from the optimizers), and activations (bytes autograd saves for
+  backward in one micro-batch of 64 full-length sequences, the largest the step runs; PPO's policy and
+  value passes run one after the other, so its peak is the larger of the two);
+- memory, measured: the process's peak RSS, and its increase over the RSS before the model was built
+  (on CUDA: ``torch.cuda.max_memory_allocated``);
+- seconds per step by phase (the trainer's ``time_*`` metrics, first step excluded as warm-up);
+- learning curves: training accuracy and reward against wall seconds, and held-out greedy accuracy at the
+  end, for sizes that have a warm start (the built-in ``small``). Larger sizes start from random weights:
+  their memory and time are real, their curves would be noise, so they run a few steps only.
+
+Writes ``benchmarks/results/grpo_vs_ppo.json`` and ``docs/images/grpo_vs_ppo.png`` and prints the
+Markdown tables for ``docs/benchmarks.md``. Needs matplotlib (``pip install -e .[plot]``). Run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+SIZES = {  # name → TinyModelSpec fields, warm-started?, steps (None = --steps)
+    "small": (dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512), True, None),
+    "medium": (dict(hidden_size=256, num_layers=6, num_heads=8, intermediate_size=1024), False, 6),
+    # for a GPU (--device cuda --sizes large): ~200 M parameters
+    "large": (dict(hidden_size=1024, num_layers=16, num_heads=16, intermediate_size=4096), False, 6),
+}
+PHASES = ("time_generate", "time_score", "time_frozen_logprobs", "time_update")
+
+
+# ---- the worker: one size × algorithm × seed, in its own process ------------------------------------
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def saved_for_backward(fn) -> float:
+    """MB of distinct storages autograd saves for backward while ``fn`` runs its forward passes."""
+    import torch
+
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn()
+    return sum(storages.values()) / 2**20
+
+
+def counted_memory(trainer, prompt_length: int) -> dict[str, float]:
+    import torch
+
+    from grpokit.ppo import value_loss
+    from grpokit.rollout import Rollout
+
+    models = [m for m in (trainer.model, trainer.ref_model, getattr(trainer, "value_model", None)) if m is not None]
+    trained = [trainer.model] + ([trainer.value_model] if hasattr(trainer, "value_model") else [])
+    optimizers = [trainer.optimizer] + ([trainer.value_optimizer] if hasattr(trainer, "value_optimizer") else [])
+    mb = lambda tensors: sum(t.numel() * t.element_size() for t in tensors) / 2**20  # noqa: E731
+    unique = {p.data_ptr(): p for m in models for p in m.parameters()}
+    counted = {
+        "parameters": mb(unique.values()),
+        "gradients": mb(p for m in trained for p in m.parameters() if p.requires_grad),
+        "optimizer_states": mb(v for opt in optimizers for state in opt.state.values() for v in state.values()
+                               if torch.is_tensor(v)),
+    }
+    # One full-length micro-batch: every sequence `prompt_length + max_completion_length` tokens.
+    config, device = trainer.config, trainer.device
+    n, width = config.micro_batch_size, config.max_completion_length
+    gen = torch.Generator().manual_seed(0)
+    vocab = trainer.model.config.vocab_size
+    rollout = Rollout(
+        prompt_ids=torch.randint(3, vocab, (n, prompt_length), generator=gen).to(device),
+        prompt_mask=torch.ones(n, prompt_length, dtype=torch.long, device=device),
+        completion_ids=torch.randint(3, vocab, (n, width), generator=gen).to(device),
+        completion_mask=torch.ones(n, width, dtype=torch.long, device=device),
+        logp=torch.zeros(n, width, device=device), truncated=torch.zeros(n, dtype=torch.bool, device=device),
+    )
+    ref_logp = None if trainer.ref_model is None else trainer._frozen_logprobs(trainer.ref_model, rollout)
+    advantages = torch.randn(n, width).to(device)
+    policy = saved_for_backward(lambda: trainer.accumulate_gradients(rollout, advantages, None, ref_logp))
+    value = 0.0
+    if hasattr(trainer, "value_model"):
+        def value_pass():
+            values = trainer.value_model.completion_values(rollout.prompt_ids, rollout.prompt_mask,
+                                                           rollout.completion_ids, rollout.completion_mask)
+            value_loss(values, values.detach(), advantages, rollout.completion_mask)[0].backward()
+        value = saved_for_backward(value_pass)
+    for m in trained:
+        m.zero_grad(set_to_none=True)
+    counted["activations"] = max(policy, value)
+    counted["total"] = sum(counted.values())
+    return counted
+
+
+def worker(job: dict) -> dict:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from grpokit.arithmetic import TinyModelSpec, build_model, build_tokenizer, held_out_rows, warm_started_model_path
+    from grpokit.config import GRPOConfig
+    from grpokit.demo import DEMO_CONFIG
+    from grpokit.evaluate import evaluate, summarize
+    from grpokit.models import BUILTIN, load_model_and_tokenizer
+    from grpokit.trainer import build_trainer
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(job["threads"])
+    fields, warm, _ = SIZES[job["size"]]
+    spec = TinyModelSpec(**fields)
+    if warm:  # built (and cached) before the RSS baseline, in the parent
+        model, tokenizer = load_model_and_tokenizer(str(warm_started_model_path(job["seed"], spec, progress=False)),
+                                                    progress=False)
+    baseline = rss_mb()
+    if not warm:
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, spec, seed=job["seed"])
+    cuda = job["device"].startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GRPOConfig.from_dict({**DEMO_CONFIG, "algorithm": job["algorithm"], "model": "benchmark",
+                                       "dataset": BUILTIN, "seed": job["seed"], "output_dir": tmp,
+                                       "progress_bar": False, "device": job["device"], "log_completions": 0})
+        trainer = build_trainer(config, model=model, tokenizer=tokenizer)
+        curve, seconds = [], 0.0
+        for _ in range(job["steps"]):
+            metrics = trainer.training_step()
+            seconds += metrics["time_step"]
+            curve.append({"step": trainer.step, "seconds": seconds, "accuracy": metrics["accuracy"],
+                          "reward": metrics["reward"], **{k: metrics[k] for k in PHASES + ("time_step",)}})
+        peak_cuda = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+        prompt_length = max(len(tokenizer(row["prompt"])["input_ids"]) for row in trainer.rows)
+        counted = counted_memory(trainer, prompt_length)
+        final = None
+        if warm:
+            scores = evaluate(trainer.model, tokenizer, held_out_rows(400), samples_per_prompt=0,
+                              max_new_tokens=DEMO_CONFIG["max_completion_length"], progress=False)
+            final = summarize(scores)["greedy_correct"]
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    parameters = {"policy": sum(p.numel() for p in trainer.model.parameters())}
+    if hasattr(trainer, "value_model"):
+        parameters["value"] = sum(p.numel() for p in trainer.value_model.parameters())
+    return {**job, "spec": asdict(spec), "parameters": parameters, "curve": curve, "counted_mb": counted,
+            "peak_rss_mb": peak_rss, "rss_before_model_mb": baseline, "peak_cuda_mb": peak_cuda,
+            "held_out_greedy": final}
+
+
+# ---- the parent: every job in turn, then the tables and the figure ----------------------------------
+
+
+def phase_means(record: dict) -> dict[str, float]:
+    steps = record["curve"][1:] or record["curve"]  # the first step warms up allocators and caches
+    return {k: float(np.mean([s[k] for s in steps])) for k in PHASES + ("time_step",)}
+
+
+def runs_of(records: list[dict], size: str, algorithm: str) -> list[dict]:
+    return [r for r in records if r["size"] == size and r["algorithm"] == algorithm]
+
+
+def mean_of(runs: list[dict], value) -> float:
+    return float(np.mean([value(r) for r in runs]))
+
+
+def rss_increase(record: dict) -> float:
+    return record["peak_rss_mb"] - record["rss_before_model_mb"]
+
+
+def step_seconds(record: dict) -> float:
+    return phase_means(record)["time_step"]
+
+
+def tables(records: list[dict]) -> str:
+    sizes = list(dict.fromkeys(r["size"] for r in records))
+    memory = ["| size | algorithm | parameters trained | counted: params / grads / Adam / activations = total (MB) "
+              "| peak RSS (MB) | RSS over baseline (MB) | peak CUDA (MB) |", "|---|---|---|---|---|---|---|"]
+    speed = ["| size | algorithm | s/step | generate | score | frozen log-probs (+ values) | update "
+             "| held-out greedy acc at the end |", "|---|---|---|---|---|---|---|---|"]
+    ratios = ["| size | GRPO / PPO counted memory | GRPO / PPO peak RSS over baseline | GRPO / PPO s/step |",
+              "|---|---|---|---|"]
+    for size in sizes:
+        for algorithm in ("grpo", "ppo"):
+            runs = runs_of(records, size, algorithm)
+            c, cuda = runs[0]["counted_mb"], runs[0]["peak_cuda_mb"]
+            memory.append(
+                f"| {size} | {algorithm.upper()} | {sum(runs[0]['parameters'].values()) / 1e6:.2f} M "
+                f"| {c['parameters']:.1f} / {c['gradients']:.1f} / {c['optimizer_states']:.1f} / "
+                f"{c['activations']:.1f} = **{c['total']:.1f}** | {mean_of(runs, lambda r: r['peak_rss_mb']):.0f} "
+                f"| {mean_of(runs, rss_increase):.0f} | {'—' if cuda is None else f'{cuda:.0f}'} |"
+            )
+            t = {k: mean_of(runs, lambda r, k=k: phase_means(r)[k]) for k in PHASES + ("time_step",)}
+            acc = [100 * r["held_out_greedy"] for r in runs if r["held_out_greedy"] is not None]
+            acc_text = f"{np.mean(acc):.1f} % ({min(acc):.1f}–{max(acc):.1f})" if acc else "—"
+            speed.append(
+                f"| {size} | {algorithm.upper()} | {t['time_step']:.2f} | {t['time_generate']:.2f} "
+                f"| {t['time_score']:.2f} | {t['time_frozen_logprobs']:.2f} | {t['time_update']:.2f} | {acc_text} |"
+            )
+        cells = [mean_of(runs_of(records, size, "grpo"), value) / mean_of(runs_of(records, size, "ppo"), value)
+                 for value in (lambda r: r["counted_mb"]["total"], rss_increase, step_seconds)]
+        ratios.append(f"| {size} | " + " | ".join(f"{cell:.2f}" for cell in cells) + " |")
+    return "\n\n".join("\n".join(table) for table in (memory, speed, ratios))
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"grpo": "tab:blue", "ppo": "tab:orange"}
+    sizes = list(dict.fromkeys(r["size"] for r in records))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9), constrained_layout=True)
+    learned = [r for r in records if r["held_out_greedy"] is not None]
+    for ax, key, label in ((axes[0][0], "accuracy", "training accuracy (sampled)"),
+                           (axes[0][1], "reward", "training reward (accuracy + format)")):
+        for algorithm, color in colors.items():
+            runs = [r["curve"] for r in learned if r["algorithm"] == algorithm]
+            if not runs:
+                continue
+            grid = np.linspace(max(run[0]["seconds"] for run in runs), min(run[-1]["seconds"] for run in runs), 80)
+            ys = np.array([np.interp(grid, [p["seconds"] for p in run], [p[key] for p in run]) for run in runs])
+            ax.plot(grid, ys.mean(axis=0), color=color, label=f"{algorithm.upper()} ({len(runs)} seeds)")
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.2)
+        ax.set_xlabel(f"training wall seconds ({', '.join(sorted({r['size'] for r in learned}))} model)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+
+    # Bars relative to PPO's total at each size, so that sizes of very different scale share an axis.
+    labels = [f"{size}\n{algorithm.upper()}" for size in sizes for algorithm in colors]
+    bars = [(runs_of(records, size, algorithm), runs_of(records, size, "ppo"))
+            for size in sizes for algorithm in colors]
+    for ax, parts, value, ylabel in (
+        (axes[1][0], ("parameters", "gradients", "optimizer_states", "activations"),
+         lambda runs, part: mean_of(runs, lambda r: r["counted_mb"][part]), "counted memory / PPO's total"),
+        (axes[1][1], PHASES, lambda runs, phase: mean_of(runs, lambda r: phase_means(r)[phase]),
+         "seconds per step / PPO's"),
+    ):
+        bottoms = np.zeros(len(labels))
+        for part in parts:
+            heights = np.array([value(runs, part) / sum(value(ppo, p) for p in parts) for runs, ppo in bars])
+            ax.bar(labels, heights, bottom=bottoms, label=part.removeprefix("time_"))
+            bottoms += heights
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle("GRPO vs PPO on the built-in task (same policy, data, B×G, lengths, seeds)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=60, help="steps for sizes with a warm start")
+    parser.add_argument("--sizes", nargs="+", default=["small", "medium"], choices=list(SIZES))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/grpo_vs_ppo.json")
+    parser.add_argument("--figure", default="docs/images/grpo_vs_ppo.png")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    from grpokit.arithmetic import TinyModelSpec, warm_started_model_path
+
+    records = []
+    for size in args.sizes:
+        fields, warm, steps = SIZES[size]
+        seeds = args.seeds if warm else args.seeds[:1]  # random-init sizes: memory and time only
+        for seed in seeds:
+            if warm:  # build the warm start outside every measurement
+                warm_started_model_path(seed, TinyModelSpec(**fields), progress=False)
+            for algorithm in ("grpo", "ppo"):
+                job = {"size": size, "algorithm": algorithm, "seed": seed, "steps": steps or args.steps,
+                       "device": args.device, "threads": args.threads}
+                start = time.perf_counter()
+                done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
+                                      text=True)
+                if done.returncode != 0:
+                    sys.exit(f"worker {job} failed:\n{done.stderr[-3000:]}")
+                record = json.loads(done.stdout.strip().splitlines()[-1])
+                records.append(record)
+                print(f"{size} {algorithm} seed {seed}: {time.perf_counter() - start:.0f} s, counted "
+                      f"{record['counted_mb']['total']:.1f} MB, peak RSS {record['peak_rss_mb']:.0f} MB", flush=True)
+    import torch
+
+    meta = {"seeds": args.seeds, "steps": args.steps, "device": args.device, "threads": args.threads,
+            "torch": torch.__version__, "machine": platform.platform()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "runs": records}, indent=1))
+    plot(records, Path(args.figure))
+    print(tables(records))
+
+
+if __name__ == "__main__":
+    main()
