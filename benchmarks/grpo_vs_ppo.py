@@ -15,7 +15,8 @@ tokens, T = 1, β = 0.04, lr 2e-4) and reports:
 - seconds per step by phase (the trainer's ``time_*`` metrics, first step excluded as warm-up);
 - learning curves: training accuracy and reward against wall seconds, and held-out greedy accuracy at the
   end, for sizes that have a warm start (the built-in ``small``). Larger sizes start from random weights:
-  their memory and time are real, their curves would be noise, so they run a few steps only.
+  their memory and time are real, their curves would be noise, so they run a few steps only, and never
+  stop before ``max_completion_length`` (a random model's lengths would differ between the two runs).
 
 Writes ``benchmarks/results/grpo_vs_ppo.json`` and ``docs/images/grpo_vs_ppo.png`` and prints the
 Markdown tables for ``docs/benchmarks.md``. Needs matplotlib (``pip install -e .[plot]``). Run it alone.
@@ -148,6 +149,8 @@ def worker(job: dict) -> dict:
                                        "dataset": BUILTIN, "seed": job["seed"], "output_dir": tmp,
                                        "progress_bar": False, "device": job["device"], "log_completions": 0})
         trainer = build_trainer(config, model=model, tokenizer=tokenizer)
+        if not warm:  # a random model stops at random: never stop, so both algorithms do the same work
+            trainer.stop_ids = [-1]
         curve, seconds = [], 0.0
         for _ in range(job["steps"]):
             metrics = trainer.training_step()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one go (CI has none): the CUDA tests, the whole suite on the
+# machine's own torch/transformers versions, and GRPO vs PPO memory and speed at sizes too large for a
+# CPU. Run from the repository root on a GPU machine with torch, transformers, tokenizers, safetensors,
+# tqdm, pyyaml, pytest, hypothesis, numpy and matplotlib installed (no install step: nothing is fetched).
+# Results go to ${OUT:-gpu-check}/.
+set -uo pipefail
+out="${OUT:-gpu-check}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+  | tee -a "$out/gpu.txt"
+python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+# the whole suite, on this machine's library versions (CPU: the tests build CPU generators)
+CUDA_VISIBLE_DEVICES="" python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/suite.log"
+python3 benchmarks/grpo_vs_ppo.py --device cuda --sizes medium large --seeds 0 --threads 8 \
+  --out "$out/grpo_vs_ppo_cuda.json" --figure "$out/grpo_vs_ppo_cuda.png" 2>&1 | tee "$out/grpo_vs_ppo_cuda.log"
