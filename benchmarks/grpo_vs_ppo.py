@@ -252,7 +252,10 @@ def plot(records: list[dict], path: Path) -> None:
         ax.set_xlabel(f"training wall seconds ({', '.join(sorted({r['size'] for r in learned}))} model)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if learned:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "no learning curves:\nrandom-init sizes only", ha="center", transform=ax.transAxes)
 
     # Bars relative to PPO's total at each size, so that sizes of very different scale share an axis.
     labels = [f"{size}\n{algorithm.upper()}" for size in sizes for algorithm in colors]
