@@ -159,14 +159,9 @@ class PPOTrainer(GRPOTrainer):
         super().__init__(config, **kwargs)
         self.loss_beta = 0.0  # the KL is in the per-token reward, not the loss
         self.value_model = ValueModel(self.model).to(self.device)
-        self.value_optimizer = torch.optim.AdamW(
-            self.value_model.parameters(),
-            lr=config.value_learning_rate or config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2),
-            weight_decay=config.weight_decay,
+        self.value_optimizer, self.value_scheduler = self._adamw(
+            self.value_model, config.value_learning_rate or config.learning_rate
         )
-        total_updates = config.max_steps * config.num_iterations * config.num_minibatches
-        self.value_scheduler = torch.optim.lr_scheduler.LambdaLR(self.value_optimizer, self._lr_factor(total_updates))
 
     def training_step(self) -> dict[str, float]:
         config = self.config
@@ -176,9 +171,7 @@ class PPOTrainer(GRPOTrainer):
         batch, sampled, sampling = self._sample_batch()
         rollout = batch.rollout
         sampled_time = time.perf_counter()
-        loss_mask = rollout.completion_mask
-        if config.mask_truncated_completions:
-            loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
+        loss_mask = self._loss_mask(rollout)
 
         # 3. Fixed for the update: π_old and π_ref log-probs, and the value model's estimates.
         old_logp = self._frozen_logprobs(self.model, rollout)
@@ -202,16 +195,13 @@ class PPOTrainer(GRPOTrainer):
 
         # 6. Metrics: GRPO's, with the KL of the rollout policy, and the critic's.
         self.step += 1
-        metrics = self._metrics(batch, sampled, first_update, update)
-        metrics.update(sampling)
+        metrics = self._metrics(batch, sampled, sampling, first_update, update, (start, sampled_time, frozen, updated))
         metrics["kl"] = masked_mean(kl_penalty(old_logp, ref_logp), loss_mask).item() if ref_logp is not None else 0.0
         metrics.update(
             value_loss=update["value_loss"], value_clipfrac=update["value_clipfrac"],
             value_grad_norm=update["value_grad_norm"],
             explained_variance=explained_variance(old_values, returns, loss_mask),
             value_mean=masked_mean(old_values, loss_mask).item(), return_mean=masked_mean(returns, loss_mask).item(),
-            time_frozen_logprobs=frozen - sampled_time, time_update=updated - frozen, time_step=updated - start,
-            tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
         )
         self._log(metrics, batch, advantages)
         return metrics

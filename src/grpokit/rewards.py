@@ -212,25 +212,10 @@ def score_completions(
 
     The total is the weighted sum over the functions that applied; a completion to which none applied
     gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
-    naming the function (and the completion, where one is at fault).
+    naming the function (and the completion, where one is at fault); so does a step list (a process
+    reward), which needs :func:`score_steps`.
     """
-    n = len(completions)
-    per_function: dict[str, torch.Tensor] = {}
-    total = torch.zeros(n)
-    for fn, weight in zip(reward_funcs, weights):
-        name = reward_name(fn)
-        scores = torch.full((n,), float("nan"))
-        for i, value in enumerate(_call(fn, prompts, completions, columns)):
-            if value is None:
-                continue
-            if isinstance(value, (list, tuple)):
-                raise RewardError(
-                    f"reward function {name!r} returned step rewards (a list) for completion {i}: it is a "
-                    "process reward; set supervision: process to use it"
-                )
-            scores[i] = _check_number(name, i, value, prompts, completions)
-        per_function[name] = scores
-        total += weight * torch.nan_to_num(scores, nan=0.0)
+    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=False)
     return total, per_function
 
 
@@ -252,6 +237,10 @@ def score_steps(
     is the function's outcome value or the mean of its step rewards (NaN where it gave none), and
     ``total`` their weighted sum, for logging.
     """
+    return _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=True)
+
+
+def _score(reward_funcs, weights, prompts, completions, columns, *, steps_allowed: bool):
     n = len(completions)
     per_function: dict[str, torch.Tensor] = {}
     total = torch.zeros(n)
@@ -263,6 +252,11 @@ def score_steps(
             if value is None:
                 continue
             if isinstance(value, (list, tuple)):
+                if not steps_allowed:
+                    raise RewardError(
+                        f"reward function {name!r} returned step rewards (a list) for completion {i}: it is a "
+                        "process reward; set supervision: process to use it"
+                    )
                 pairs = _check_steps(name, i, value, prompts, completions)
                 if pairs:
                     scores[i] = sum(r for _, r in pairs) / len(pairs)

@@ -128,14 +128,7 @@ class GRPOTrainer:
         if config.beta != 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2),
-            weight_decay=config.weight_decay,
-        )
-        total_updates = config.max_steps * config.num_iterations * config.num_minibatches
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor(total_updates))
+        self.optimizer, self.scheduler = self._adamw(self.model, config.learning_rate)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self._shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self._order: list[int] = []  # dataset indices left in this epoch
@@ -177,6 +170,16 @@ class GRPOTrainer:
                     f"row {index}: prompt of {length} tokens + max_completion_length "
                     f"{self.config.max_completion_length} exceeds the model's context of {limit} tokens"
                 )
+
+    def _adamw(self, model: torch.nn.Module, lr: float) -> tuple[torch.optim.Optimizer, Any]:
+        """AdamW over the model's trainable parameters, and its warmup + decay schedule over the run."""
+        config = self.config
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
+        )
+        total_updates = config.max_steps * config.num_iterations * config.num_minibatches
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor(total_updates))
 
     def _lr_factor(self, total: int) -> Callable[[int], float]:
         warmup, schedule = self.config.warmup_steps, self.config.lr_schedule
@@ -233,9 +236,7 @@ class GRPOTrainer:
 
         # 3. Advantages relative to the group (§2): (N,) for outcome, (N, T) for process supervision.
         advantages = self._advantages(batch)
-        loss_mask = rollout.completion_mask
-        if config.mask_truncated_completions:
-            loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
+        loss_mask = self._loss_mask(rollout)
 
         # 4. Log-probs that stay fixed during the update: π_ref, and π_old when there are several
         #    optimizer steps (with one, π_old = π_θ and ratio = 1 in value, so no extra pass is
@@ -254,14 +255,15 @@ class GRPOTrainer:
 
         # 6. Metrics.
         self.step += 1
-        metrics = self._metrics(batch, sampled, first_update, update)
-        metrics.update(sampling)
-        metrics.update(
-            time_frozen_logprobs=frozen - sampled_time, time_update=updated - frozen, time_step=updated - start,
-            tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
-        )
+        metrics = self._metrics(batch, sampled, sampling, first_update, update, (start, sampled_time, frozen, updated))
         self._log(metrics, batch, advantages)
         return metrics
+
+    def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
+        """The tokens in the loss: the completions', less truncated completions when they are masked."""
+        if self.config.mask_truncated_completions:
+            return rollout.completion_mask * ~rollout.truncated.unsqueeze(1)
+        return rollout.completion_mask
 
     def _sample_batch(self) -> tuple[Batch, Batch, dict[str, float]]:
         """The step's training batch of B groups, every group sampled this step, and sampling metrics.
@@ -450,9 +452,11 @@ class GRPOTrainer:
 
     # ---- metrics and logging ---------------------------------------------------------------------
 
-    def _metrics(self, batch: Batch, sampled: Batch, first_update, last_update) -> dict[str, float]:
+    def _metrics(self, batch: Batch, sampled: Batch, sampling: dict[str, float], first_update: dict,
+                 last_update: dict, clock: tuple[float, float, float, float]) -> dict[str, float]:
         """Rewards over every completion sampled this step (the policy's score, whatever dynamic
-        sampling kept); lengths and loss diagnostics over the training batch."""
+        sampling kept); lengths and loss diagnostics over the training batch; ``clock``: the times at
+        which the step started, finished sampling, finished its frozen passes, and finished updating."""
         rewards, lengths, rollout = sampled.rewards, batch.rollout.lengths.float(), batch.rollout
         metrics: dict[str, float] = {
             "step": self.step,
@@ -478,6 +482,12 @@ class GRPOTrainer:
         # Diagnostics of the last optimizer step (the only one when μ = 1).
         for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr"):
             metrics[key] = last_update[key]
+        start, sampled_at, frozen, updated = clock
+        metrics.update(sampling)
+        metrics.update(
+            time_frozen_logprobs=frozen - sampled_at, time_update=updated - frozen, time_step=updated - start,
+            tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
+        )
         return metrics
 
     def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
