@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from plotting import mean_band
 from transformers.utils import logging as hf_logging
 
 from grpokit.arithmetic import held_out_rows, warm_started_model_path
@@ -136,11 +137,7 @@ def plot(records: list[dict], names: list[str], path: Path) -> None:
             ax = axes[row][col]
             for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], names):
                 runs = [r[series] for r in records if r["variant"] == name]
-                end = min(run[-1][x_key] for run in runs)
-                grid = np.linspace(0 if series == "evals" else min(run[0][x_key] for run in runs), end, 60)
-                ys = np.array([np.interp(grid, [p[x_key] for p in run], [p[key] for p in run]) for run in runs])
-                ax.plot(grid, ys.mean(axis=0), color=color, label=name)
-                ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.15)
+                mean_band(ax, runs, x_key, key, color=color, label=name)
             ax.set_xlabel("training step" if x_key == "step" else "training wall seconds")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)

@@ -234,6 +234,7 @@ def plot(records: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from plotting import mean_band
 
     colors = {"grpo": "tab:blue", "ppo": "tab:orange"}
     sizes = list(dict.fromkeys(r["size"] for r in records))
@@ -245,10 +246,7 @@ def plot(records: list[dict], path: Path) -> None:
             runs = [r["curve"] for r in learned if r["algorithm"] == algorithm]
             if not runs:
                 continue
-            grid = np.linspace(max(run[0]["seconds"] for run in runs), min(run[-1]["seconds"] for run in runs), 80)
-            ys = np.array([np.interp(grid, [p["seconds"] for p in run], [p[key] for p in run]) for run in runs])
-            ax.plot(grid, ys.mean(axis=0), color=color, label=f"{algorithm.upper()} ({len(runs)} seeds)")
-            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.2)
+            mean_band(ax, runs, "seconds", key, color=color, label=f"{algorithm.upper()} ({len(runs)} seeds)")
         ax.set_xlabel(f"training wall seconds ({', '.join(sorted({r['size'] for r in learned}))} model)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

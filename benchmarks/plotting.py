@@ -1,0 +1,14 @@
+"""Shared by the benchmark scripts: mean-and-spread curves over seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def mean_band(ax, runs: list[list[dict]], x_key: str, y_key: str, *, color: str, label: str, points: int = 80) -> None:
+    """Plot the mean over ``runs`` of ``y_key`` against ``x_key`` and a min–max band, each run
+    interpolated linearly on a common grid over the range that every run covers."""
+    grid = np.linspace(max(run[0][x_key] for run in runs), min(run[-1][x_key] for run in runs), points)
+    ys = np.array([np.interp(grid, [p[x_key] for p in run], [p[y_key] for p in run]) for run in runs])
+    ax.plot(grid, ys.mean(axis=0), color=color, label=label)
+    ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.15)
