@@ -273,28 +273,23 @@ class GRPOTrainer:
         signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
         """
         config, b, g = self.config, self.config.prompts_per_step, self.config.num_generations
-        rounds, timing = [], {"time_generate": 0.0, "time_score": 0.0}
-        kept: list[Batch] = []
+        rounds, no_signal, timing = [], [], {"time_generate": 0.0, "time_score": 0.0}
         while True:
             batch = self._generate_and_score(self._next_rows(), timing)
             rounds.append(batch)
-            if not config.dynamic_sampling:
-                return batch, batch, {**timing, "sampling_rounds": 1, "dropped_groups": 0, "refilled_groups": 0}
-            kept.append(batch.groups(~self._no_signal_groups(batch), g))
-            if sum(len(k.rows) for k in kept) >= b or len(rounds) == config.max_sampling_rounds:
+            no_signal.append(self._no_signal_groups(batch))
+            with_signal = int(sum((~mask).sum() for mask in no_signal))
+            if not config.dynamic_sampling or with_signal >= b or len(rounds) == config.max_sampling_rounds:
                 break
-        sampled = Batch.cat(rounds, self.tokenizer.pad_token_id)
-        no_signal = self._no_signal_groups(sampled)
-        with_signal = Batch.cat(kept, self.tokenizer.pad_token_id)
-        refill = max(0, b - len(with_signal.rows))
-        batch = Batch.cat(
-            [with_signal.groups(torch.arange(min(b, len(with_signal.rows))), g),
-             sampled.groups(no_signal.nonzero().squeeze(1)[:refill], g)],
-            self.tokenizer.pad_token_id,
-        )
-        stats = {"sampling_rounds": len(rounds), "dropped_groups": int(no_signal.sum()) - refill,
-                 "refilled_groups": refill}
-        return batch, sampled, {**timing, **stats}
+        sampled, no_signal = Batch.cat(rounds, self.tokenizer.pad_token_id), torch.cat(no_signal)
+        stats = {"frac_zero_std_groups": no_signal.float().mean().item(), "sampling_rounds": len(rounds)}
+        if not config.dynamic_sampling:
+            return batch, batch, {**timing, **stats, "dropped_groups": 0, "refilled_groups": 0}
+        # The first B groups with signal, then (if the rounds ran out) the first without.
+        refill = max(0, b - with_signal)
+        index = torch.cat([(~no_signal).nonzero().squeeze(1)[:b], no_signal.nonzero().squeeze(1)[:refill]])
+        stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
+        return sampled.groups(index, g), sampled, {**timing, **stats}
 
     def _generate_and_score(self, rows: list[dict[str, Any]], timing: dict[str, float]) -> Batch:
         config, g = self.config, self.config.num_generations
@@ -462,7 +457,6 @@ class GRPOTrainer:
             "step": self.step,
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item(),
-            "frac_zero_std_groups": self._no_signal_groups(sampled).float().mean().item(),
         }
         for name, scores in sampled.per_function.items():
             applied = ~torch.isnan(scores)
