@@ -13,6 +13,7 @@ from pathlib import Path
 
 from grpokit.config import GRPOConfig, load_config, parse_overrides
 from grpokit.data import check_columns, load_jsonl
+from grpokit.trainer import TrainingError
 
 
 def _train_epilog() -> str:
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("config", nargs="?", help="YAML config file (omit to use defaults and overrides)")
+    train.add_argument(
+        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
+        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
+    )
 
     evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
     evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
@@ -77,7 +82,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from grpokit.trainer import build_trainer
 
-    config = load_config(args.config, parse_overrides(extra))
+    overrides = parse_overrides(extra)
+    if args.resume is not None:
+        overrides["resume"] = args.resume
+    config = load_config(args.config, overrides)
     history = build_trainer(config).train()
     last = history[-1]
     summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl")
@@ -125,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # ConfigError, DataError, RewardError and other bad input
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except TrainingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as interrupt:  # TrainingInterrupted says where its checkpoint is
+        print(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", file=sys.stderr)
         return 130

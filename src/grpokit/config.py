@@ -148,6 +148,27 @@ class GRPOConfig:
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
     )
 
+    # ---- reliability -----------------------------------------------------------------------------
+    save_every: int = _field(
+        25, "Write a checkpoint (model, optimizer, RNG states, data position, metrics) every this many steps, "
+        "and always at the end and on SIGINT/SIGTERM; 0: only then.", min=0
+    )
+    keep_checkpoints: int = _field(2, "Keep this many most recent checkpoints in output_dir/checkpoints.", min=1)
+    resume: str | None = _field(
+        None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path."
+    )
+    on_reward_error: str = _field(
+        "raise", "A reward function that raises: 'raise' stops, naming the function, prompt and completion; "
+        "'skip' scores that completion None and counts it (metric reward_errors).", choices=("raise", "skip")
+    )
+    reward_timeout: float | None = _field(
+        None, "Seconds a reward function may take on a step's completions before training stops with an error.",
+        gt=0,
+    )
+    max_nonfinite_updates: int = _field(
+        3, "A non-finite loss or gradient norm skips the update; this many in a row stop training.", min=1
+    )
+
     # ---- logging ---------------------------------------------------------------------------------
     log_completions: int = _field(
         4, "Completions per step written to completions.jsonl (0 disables).", min=0
@@ -174,6 +195,12 @@ class GRPOConfig:
             )
         if self.algorithm == "ppo" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups")
+        updates = self.max_steps * self.num_iterations * self.num_minibatches
+        if self.warmup_steps >= updates:
+            raise ConfigError(
+                f"warmup_steps={self.warmup_steps} leaves no step after warmup: the run makes {updates} optimizer "
+                "steps (max_steps × num_iterations × num_minibatches)"
+            )
 
     @property
     def num_completions(self) -> int:

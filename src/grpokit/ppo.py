@@ -248,12 +248,17 @@ class PPOTrainer(GRPOTrainer):
             (self.config.vf_coef * loss).backward()
             totals["value_loss"] += loss.item()
             totals["value_clipfrac"] += value_stats["value_clipfrac"] * float(loss_mask[idx].sum()) / total_tokens
-        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        totals["value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), max_norm))
-        self.value_optimizer.step()
-        self.value_scheduler.step()
-        self.value_optimizer.zero_grad(set_to_none=True)
-        return {**stats, **totals}
+        totals["value_grad_norm"], skipped = self._step(
+            self.value_model, self.value_optimizer, self.value_scheduler, totals["value_loss"]
+        )
+        return {**stats, **totals, "skipped_updates": stats["skipped_updates"] + skipped}
+
+    def checkpointed_modules(self) -> dict[str, nn.Module]:
+        return {"value_model": self.value_model}
+
+    def checkpointed_state(self) -> dict[str, Any]:
+        return {**super().checkpointed_state(), "value_optimizer": self.value_optimizer,
+                "value_scheduler": self.value_scheduler}
 
     def save(self, path: str | Path) -> None:
         """The policy as GRPO saves it, and the value model beside it in ``value_model/``."""

@@ -15,10 +15,13 @@ frozen (the paper also refreshes it between RL iterations; we do not).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from grpokit.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
@@ -41,6 +45,14 @@ from grpokit.rewards import (
     score_steps,
 )
 from grpokit.rollout import Rollout, generate, sequence_logprobs, step_token_ends, stop_token_ids
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (repeated non-finite updates); the message says why and what was kept."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM stopped training after a checkpoint; the message names it."""
 
 
 @dataclass
@@ -136,6 +148,8 @@ class GRPOTrainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_dir: Path | None = None  # created by the first logged step
+        self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss or gradient
+        self._stop_signal: int | None = None
 
     # ---- set-up helpers --------------------------------------------------------------------------
 
@@ -380,7 +394,10 @@ class GRPOTrainer:
                 picked = {k: None if t is None else t[index.to(t.device)] for k, t in tensors.items()}
                 stats.append(self._update(rollout.select(index), **picked, with_entropy=iteration == 0))
             passes.append({key: sum(s[key] for s in stats) / len(stats) for key in stats[0]})
-        return passes[0], passes[-1]
+            passes[-1]["skipped_updates"] = sum(s["skipped_updates"] for s in stats)
+        last = passes[-1]
+        last["skipped_updates"] = sum(p["skipped_updates"] for p in passes)  # every skip of the step
+        return passes[0], last
 
     def _minibatches(self, rollout: Rollout) -> list[torch.Tensor]:
         """Completion indices of each minibatch: a fresh shuffle per pass when there are several."""
@@ -390,17 +407,37 @@ class GRPOTrainer:
         return list(torch.randperm(n, generator=self._shuffle).tensor_split(k))
 
     def _update(self, rollout, advantages, loss_mask, old_logp, ref_logp, *, with_entropy: bool) -> dict[str, float]:
-        """One optimizer step on the whole batch."""
+        """One optimizer step on the (mini)batch."""
         stats = self.accumulate_gradients(
             rollout, advantages, old_logp, ref_logp, loss_mask=loss_mask, with_entropy=with_entropy
         )
-        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         stats["lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stats["grad_norm"], stats["skipped_updates"] = self._step(
+            self.model, self.optimizer, self.scheduler, stats["loss"]
+        )
         return stats
+
+    def _step(self, model, optimizer, scheduler, loss: float) -> tuple[float, int]:
+        """Clip and apply the accumulated gradient; returns (grad norm, 1 if skipped else 0). A non-finite
+        loss or gradient norm skips the step (weights, optimizer and schedule untouched) and, after
+        ``max_nonfinite_updates`` in a row, stops training."""
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            optimizer.step()
+            scheduler.step()
+            self.nonfinite_streak = 0
+        optimizer.zero_grad(set_to_none=True)
+        if not finite:
+            self.nonfinite_streak += 1
+            if self.nonfinite_streak >= self.config.max_nonfinite_updates:
+                raise TrainingError(
+                    f"step {self.step + 1}: {self.nonfinite_streak} updates in a row had a non-finite loss or "
+                    f"gradient norm (last: loss {loss}, grad norm {grad_norm}); stopped with the weights of the "
+                    f"last good update (max_nonfinite_updates={self.config.max_nonfinite_updates})"
+                )
+        return grad_norm, int(not finite)
 
     def accumulate_gradients(
         self, rollout: Rollout, advantages: torch.Tensor, old_logp: torch.Tensor | None,
@@ -474,7 +511,8 @@ class GRPOTrainer:
             entropy=first_update["entropy"],
         )
         # Diagnostics of the last optimizer step (the only one when μ = 1).
-        for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr"):
+        for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr",
+                    "skipped_updates"):
             metrics[key] = last_update[key]
         start, sampled_at, frozen, updated = clock
         metrics.update(sampling)
@@ -508,30 +546,83 @@ class GRPOTrainer:
                     handle.write(json.dumps(record) + "\n")
 
     def _start_run_dir(self) -> Path:
+        """Write config.yaml; start metrics.jsonl and completions.jsonl afresh, or, when resuming, cut
+        them back to the checkpoint's step so that each step appears once."""
         out = Path(self.config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         config = self.config.to_dict()
         config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
         (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        for name in ("metrics.jsonl", "completions.jsonl"):
-            (out / name).write_text("")
+        (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in self.history))
+        kept = []
+        if self.step and (out / "completions.jsonl").is_file():
+            lines = (out / "completions.jsonl").read_text().splitlines(keepends=True)
+            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= self.step]
+        (out / "completions.jsonl").write_text("".join(kept))
         self.run_dir = out
         return out
 
+    def resume(self, which: str = "latest") -> Path:
+        """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
+        path = find_checkpoint(self.config.output_dir, which)
+        load_checkpoint(self, path)
+        return path
+
+    def checkpointed_modules(self) -> dict[str, torch.nn.Module]:
+        """Trained modules a checkpoint holds besides the policy (PPO adds its value model)."""
+        return {}
+
+    def checkpointed_state(self) -> dict[str, Any]:
+        """Objects with ``state_dict``/``load_state_dict`` a checkpoint holds."""
+        return {"optimizer": self.optimizer, "scheduler": self.scheduler}
+
     def train(self) -> list[dict[str, float]]:
-        """Run ``max_steps`` steps, then save the model and tokenizer to ``output_dir/model``."""
+        """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint
+        every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model and tokenizer
+        to ``output_dir/model``."""
         config = self.config
+        if config.resume:
+            self.resume(config.resume)
         out = self._start_run_dir()
-        bar = tqdm(range(config.max_steps), desc=config.algorithm.upper(), disable=not config.progress_bar,
-                   dynamic_ncols=True)
-        for _ in bar:
-            metrics = self.training_step()
-            postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
-            if metrics.get("accuracy") is not None:
-                postfix["acc"] = f"{metrics['accuracy']:.2f}"
-            bar.set_postfix(postfix)
+        bar = tqdm(range(self.step, config.max_steps), desc=config.algorithm.upper(),
+                   disable=not config.progress_bar, dynamic_ncols=True)
+        saved_at = None
+        with self._stop_on_signals():
+            for _ in bar:
+                metrics = self.training_step()
+                postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
+                if metrics.get("accuracy") is not None:
+                    postfix["acc"] = f"{metrics['accuracy']:.2f}"
+                bar.set_postfix(postfix)
+                if config.save_every and self.step % config.save_every == 0 or self._stop_signal is not None:
+                    saved_at = save_checkpoint(self)
+                if self._stop_signal is not None:
+                    raise TrainingInterrupted(
+                        f"stopped by {signal.Signals(self._stop_signal).name} after step {self.step}; checkpoint "
+                        f"{saved_at}; continue with --resume latest"
+                    )
+        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
+            save_checkpoint(self)
         self.save(out / "model")
         return self.history
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGINT/SIGTERM finish the current step, write a checkpoint and stop; a second one stops at once."""
+
+        def handle(signum, frame):
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def save(self, path: str | Path) -> None:
         """``save_pretrained`` (safetensors) for the model and the tokenizer."""
