@@ -52,7 +52,7 @@ def test_each_option_changes_the_loss_as_the_formula_says(tokenizer, tiny_model,
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_scale_rewards_reaches_the_advantages(tokenizer, tiny_model, tmp_path, scale):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, scale_rewards=scale)
-    batch = trainer._generate_and_score(ROWS[:4], {"time_generate": 0.0, "time_score": 0.0})
+    batch = trainer._generate_and_score(ROWS[:4])
     assert torch.equal(trainer._advantages(batch), group_advantages(batch.rewards, 8, scale=scale))
 
 
@@ -169,7 +169,7 @@ def each_one(prompts, completions, **kw):
 def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(each_one, ones),
                            reward_weights=[1.0, 0.5], supervision="process")
-    batch = trainer._generate_and_score(ROWS[:4], {"time_generate": 0.0, "time_score": 0.0})
+    batch = trainer._generate_and_score(ROWS[:4])
     # each character's step ends on the token that holds it; the outcome reward `ones` ends with the EOS
     for i, (text, steps) in enumerate(zip(batch.completions, batch.steps)):
         ids = batch.rollout.completion_ids[i, : int(batch.rollout.lengths[i])].tolist()

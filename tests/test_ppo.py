@@ -144,7 +144,7 @@ def make_ppo(tokenizer, model, tmp_path, **overrides):
 
 def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.5)
-    batch = trainer._generate_and_score(ROWS[:4], {"time_generate": 0.0, "time_score": 0.0})
+    batch = trainer._generate_and_score(ROWS[:4])
     mask = batch.rollout.completion_mask
     logp = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
     ref = logp + 0.25
@@ -160,7 +160,7 @@ def test_token_rewards_process_steps(tokenizer, tiny_model, tmp_path):
 
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.0, supervision="process", reward_funcs=["format"])
     trainer.reward_funcs, trainer.reward_weights = [each_one], [1.0]
-    batch = trainer._generate_and_score(ROWS[:4], {"time_generate": 0.0, "time_score": 0.0})
+    batch = trainer._generate_and_score(ROWS[:4])
     rewards = trainer.token_rewards(batch, None, None)
     for i, steps in enumerate(batch.steps):
         expected = torch.zeros(rewards.shape[1])

@@ -128,7 +128,7 @@ def gives_scalar(prompts, completions, **kw):
 @pytest.mark.parametrize(
     "fn, match",
     [
-        (raises, r"reward function 'raises' raised KeyError: 'boom'.*first prompt 'q0'"),
+        (raises, r"reward function 'raises' raised KeyError: 'boom' on completion 0 \(prompt 'q0', completion 'c0'\)"),
         (too_few, r"reward function 'too_few' returned 1 values for 2 completions"),
         (gives_nan, r"reward function 'gives_nan' returned nan for completion 1 \(prompt 'q1', completion 'c1'\)"),
         (gives_inf, r"reward function 'gives_inf' returned inf for completion 0"),

@@ -15,6 +15,7 @@ import inspect
 import math
 import numbers
 import re
+import threading
 from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -150,16 +151,73 @@ def required_columns(fn: RewardFunction) -> list[str]:
     ]
 
 
-def _call(fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list:
-    """Call one reward function on the batch; any exception or a wrong length is a RewardError."""
+def _short(text: str, limit: int = 120) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text)} characters)"
+
+
+def _invoke(fn: RewardFunction, name: str, args: tuple, kwargs: dict, timeout: float | None, what: str) -> Any:
+    """``fn(*args, **kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns."""
+    if timeout is None:
+        return fn(*args, **kwargs)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except Exception as error:  # handed to the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True, name=f"reward {name}")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise RewardError(f"reward function {name!r} took longer than reward_timeout={timeout} s {what}")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _call(
+    fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list], *,
+    timeout: float | None = None, on_error: str = "raise", errors: list[dict[str, Any]] | None = None,
+) -> list:
+    """Call one reward function on the batch. If it raises, call it on one completion at a time to find
+    the culprit: ``on_error="raise"`` stops with an error naming the function, prompt and completion;
+    ``"skip"`` scores the failing completions None and appends a record of each to ``errors``. A wrong
+    length, or a call longer than ``timeout`` seconds, is always an error."""
     name, n = reward_name(fn), len(completions)
     try:
-        values = fn(prompts, completions, **columns)
-    except Exception as error:
-        raise RewardError(
-            f"reward function {name!r} raised {type(error).__name__}: {error} "
-            f"(batch of {n} completions; first prompt {prompts[0]!r})"
-        ) from error
+        values = _invoke(fn, name, (prompts, completions), columns, timeout, f"on a batch of {n} completions")
+    except RewardError:
+        raise
+    except Exception as batch_error:
+        values = []
+        for i in range(n):
+            single = {key: [column[i]] for key, column in columns.items()}
+            try:
+                value = _invoke(fn, name, ([prompts[i]], [completions[i]]), single, timeout, f"on completion {i}")
+            except RewardError:
+                raise
+            except Exception as error:
+                if on_error == "raise":
+                    raise RewardError(
+                        f"reward function {name!r} raised {type(error).__name__}: {error} on completion {i} "
+                        f"(prompt {_short(prompts[i])}, completion {_short(completions[i])})"
+                    ) from error
+                if errors is not None:
+                    errors.append({"function": name, "completion": i, "error": f"{type(error).__name__}: {error}"})
+                values.append(None)
+                continue
+            if not isinstance(value, (list, tuple)) or len(value) != 1:
+                raise RewardError(
+                    f"reward function {name!r} returned {value!r} for 1 completion; expected a list of 1"
+                ) from batch_error
+            values.append(value[0])
+        if on_error == "raise":  # every completion scores alone: the batch call itself is at fault
+            raise RewardError(
+                f"reward function {name!r} raised {type(batch_error).__name__}: {batch_error} on the batch of {n} "
+                "completions, though each completion alone scores"
+            ) from batch_error
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
         raise RewardError(f"reward function {name!r} returned {got} for {n} completions; expected a list of {n}")
@@ -206,6 +264,7 @@ def score_completions(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, list],
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Outcome supervision: call each reward function once on the batch; return the weighted total
     (N,) and, per function, its raw scores (N,) with NaN where it returned None.
@@ -213,9 +272,11 @@ def score_completions(
     The total is the weighted sum over the functions that applied; a completion to which none applied
     gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
     naming the function (and the completion, where one is at fault); so does a step list (a process
-    reward), which needs :func:`score_steps`.
+    reward), which needs :func:`score_steps`. ``options``: ``timeout``, ``on_error`` and ``errors`` of
+    :func:`_call`.
     """
-    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=False)
+    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=False,
+                                    **options)
     return total, per_function
 
 
@@ -225,6 +286,7 @@ def score_steps(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, list],
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
     """Process supervision: every reward function's output as weighted steps per completion.
 
@@ -237,10 +299,10 @@ def score_steps(
     is the function's outcome value or the mean of its step rewards (NaN where it gave none), and
     ``total`` their weighted sum, for logging.
     """
-    return _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=True)
+    return _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=True, **options)
 
 
-def _score(reward_funcs, weights, prompts, completions, columns, *, steps_allowed: bool):
+def _score(reward_funcs, weights, prompts, completions, columns, *, steps_allowed: bool, **options: Any):
     n = len(completions)
     per_function: dict[str, torch.Tensor] = {}
     total = torch.zeros(n)
@@ -248,7 +310,7 @@ def _score(reward_funcs, weights, prompts, completions, columns, *, steps_allowe
     for fn, weight in zip(reward_funcs, weights):
         name = reward_name(fn)
         scores = torch.full((n,), float("nan"))
-        for i, value in enumerate(_call(fn, prompts, completions, columns)):
+        for i, value in enumerate(_call(fn, prompts, completions, columns, **options)):
             if value is None:
                 continue
             if isinstance(value, (list, tuple)):

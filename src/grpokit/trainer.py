@@ -287,7 +287,7 @@ class GRPOTrainer:
         signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
         """
         config, b, g = self.config, self.config.prompts_per_step, self.config.num_generations
-        rounds, no_signal, timing = [], [], {"time_generate": 0.0, "time_score": 0.0}
+        rounds, no_signal, timing = [], [], {}
         while True:
             batch = self._generate_and_score(self._next_rows(), timing)
             rounds.append(batch)
@@ -305,7 +305,9 @@ class GRPOTrainer:
         stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
         return sampled.groups(index, g), sampled, {**timing, **stats}
 
-    def _generate_and_score(self, rows: list[dict[str, Any]], timing: dict[str, float]) -> Batch:
+    def _generate_and_score(self, rows: list[dict[str, Any]], timing: dict[str, float] | None = None) -> Batch:
+        """Sample and score one round of prompts; add its seconds and reward errors to ``timing``."""
+        timing = {} if timing is None else timing
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
         prompts = [row[config.prompt_column] for row in rows]
@@ -325,18 +327,21 @@ class GRPOTrainer:
         completions = rollout.decode(self.tokenizer)
         repeated_prompts = [p for p in prompts for _ in range(g)]
         columns = self._reward_columns(rows)
+        errors: list[dict[str, Any]] = []
+        options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
         steps = None
         if config.supervision == "outcome":
             rewards, per_function = score_completions(
-                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns
+                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
             )
         else:
             rewards, per_function, char_steps = score_steps(
-                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns
+                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
             )
             steps = [self._token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
-        timing["time_generate"] += generated - start
-        timing["time_score"] += time.perf_counter() - generated
+        for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
+                           ("reward_errors", len(errors))):
+            timing[key] = timing.get(key, 0) + value
         return Batch(rows, rollout, completions, rewards, per_function, steps)
 
     def _token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
@@ -503,7 +508,10 @@ class GRPOTrainer:
                 metrics["accuracy"] = metrics[f"rewards/{name}"]
             if name == "format_reward":
                 metrics["format_rate"] = metrics[f"rewards/{name}"]
+        scored = torch.stack([~torch.isnan(scores) for scores in sampled.per_function.values()]).any(dim=0)  # (N,)
         metrics.update(
+            empty_frac=sum(not c.strip() for c in sampled.completions) / len(sampled.completions),
+            unscored_groups=int((~scored.view(-1, self.config.num_generations)).all(dim=1).sum()),
             completion_length_mean=lengths.mean().item(),
             completion_length_max=lengths.max().item(),
             completion_length_min=lengths.min().item(),
