@@ -5,6 +5,7 @@ Errors name the file, the line (1-based) and the column at fault.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,17 +45,26 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def check_columns(
     rows: Sequence[dict[str, Any]], required: Sequence[str], *, source: str = "dataset"
 ) -> None:
-    """Every row has every required column, and the prompt column holds non-empty text."""
+    """Every row has every required column (a near miss is suggested), the prompt column holds
+    non-empty text, and an ``id`` column, if any, has no duplicates."""
     if not rows:
         raise DataError(f"{source} has no rows")
+    seen_ids: dict[Any, int] = {}
     for index, row in enumerate(rows):
         for column in required:
             if column not in row:
+                close = difflib.get_close_matches(column, [str(k) for k in row], n=1)
+                hint = f"; did you mean {close[0]!r}? (set the config's column name)" if close else ""
                 raise DataError(
-                    f"{source}: row {index} has no column {column!r} (its columns: {sorted(row)})"
+                    f"{source}: row {index} has no column {column!r} (its columns: {sorted(row)}){hint}"
                 )
             if row[column] is None:
                 raise DataError(f"{source}: row {index} column {column!r} is null")
         prompt = row[required[0]]
         if not isinstance(prompt, str) or not prompt:
             raise DataError(f"{source}: row {index} column {required[0]!r} must be a non-empty string")
+        if "id" in row:  # an id column, when there is one, must identify rows
+            key = json.dumps(row["id"], sort_keys=True)
+            if key in seen_ids:
+                raise DataError(f"{source}: rows {seen_ids[key]} and {index} share id {row['id']!r}")
+            seen_ids[key] = index

@@ -176,12 +176,22 @@ class GRPOTrainer:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is None:
             return
+        room = limit - self.config.max_completion_length
         prompts = [row[self.config.prompt_column] for row in self.rows]
-        lengths = [len(ids) for ids in self.tokenizer(prompts)["input_ids"]]
-        for index, length in enumerate(lengths):
-            if length + self.config.max_completion_length > limit:
+        # A prompt longer in characters than `room` tokens of the longest token could hold is too long
+        # without tokenizing it (a 10 MB line would take seconds).
+        widest = max(map(len, self.tokenizer.get_vocab()), default=1)
+        for index, prompt in enumerate(prompts):
+            if len(prompt) > room * widest:
                 raise DataError(
-                    f"row {index}: prompt of {length} tokens + max_completion_length "
+                    f"row {index}: prompt of {len(prompt)} characters (at least {len(prompt) // widest} tokens) + "
+                    f"max_completion_length {self.config.max_completion_length} exceeds the model's context of "
+                    f"{limit} tokens"
+                )
+        for index, ids in enumerate(self.tokenizer(prompts)["input_ids"]):
+            if len(ids) > room:
+                raise DataError(
+                    f"row {index}: prompt of {len(ids)} tokens + max_completion_length "
                     f"{self.config.max_completion_length} exceeds the model's context of {limit} tokens"
                 )
 
