@@ -113,3 +113,14 @@ def test_readme_python_examples_run(tmp_path, tiny_model_dir, monkeypatch):
         assert len((tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()) == 2
     steps = json.loads((tmp_path / "runs" / "steps" / "completions.jsonl").read_text().splitlines()[0])["steps"]
     assert steps
+
+
+def test_resume_through_the_cli(tmp_path, tiny_model_dir, data_file, capsys):
+    path = write_config(tmp_path, tiny_model_dir, data_file, save_every=1)
+    assert main(["train", str(path)]) == 0
+    assert main(["train", str(path), "--resume", "--max_steps", "3"]) == 0
+    assert "done: 3 steps" in capsys.readouterr().out
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    assert main(["train", str(path), "--resume", str(tmp_path / "nowhere")]) == 2
+    assert f"error: resume: {tmp_path / 'nowhere'} is not a directory" in capsys.readouterr().err
