@@ -13,7 +13,7 @@ from test_trainer import ROWS, make_trainer, ones
 
 
 def fixed_rollout(trainer, tokenizer, max_new_tokens=8) -> Rollout:
-    prompt_ids, prompt_mask = trainer._tokenize_prompts([row["prompt"] for row in ROWS[:4]])
+    prompt_ids, prompt_mask = trainer.sampler.tokenize_prompts([row["prompt"] for row in ROWS[:4]])
     return generate(trainer.model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=max_new_tokens,
                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                     generator=torch.Generator().manual_seed(0))
@@ -52,8 +52,8 @@ def test_each_option_changes_the_loss_as_the_formula_says(tokenizer, tiny_model,
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_scale_rewards_reaches_the_advantages(tokenizer, tiny_model, tmp_path, scale):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, scale_rewards=scale)
-    batch = trainer._generate_and_score(ROWS[:4])
-    assert torch.equal(trainer._advantages(batch), group_advantages(batch.rewards, 8, scale=scale))
+    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
+    assert torch.equal(trainer.sampler.advantages(batch), group_advantages(batch.rewards, 8, scale=scale))
 
 
 def test_several_iterations_compute_old_logprobs_once_per_batch(tokenizer, tiny_model, tmp_path, monkeypatch):
@@ -129,10 +129,10 @@ def test_dynamic_sampling_drops_groups_without_signal_and_keeps_the_batch_size(t
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, rows=DYNAMIC_ROWS, reward_funcs=(half_constant,),
                            dynamic_sampling=True, max_sampling_rounds=5)
     for _ in range(3):
-        batch, sampled, stats = trainer._sample_batch()
+        batch, sampled, stats = trainer.sampler.sample(trainer.model)
         assert len(batch.rows) == 4 and batch.rollout.completion_ids.shape[0] == 32 and len(batch.completions) == 32
         assert not any(row["constant"] for row in batch.rows)  # every group kept carries signal
-        assert not trainer._no_signal_groups(batch).any()
+        assert not trainer.sampler.no_signal_groups(batch).any()
         assert stats["refilled_groups"] == 0 and stats["sampling_rounds"] >= 2
         assert stats["dropped_groups"] == sum(row["constant"] for row in sampled.rows)
         assert len(sampled.rows) == 4 * stats["sampling_rounds"]
@@ -169,7 +169,7 @@ def each_one(prompts, completions, **kw):
 def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(each_one, ones),
                            reward_weights=[1.0, 0.5], supervision="process")
-    batch = trainer._generate_and_score(ROWS[:4])
+    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
     # each character's step ends on the token that holds it; the outcome reward `ones` ends with the EOS
     for i, (text, steps) in enumerate(zip(batch.completions, batch.steps)):
         ids = batch.rollout.completion_ids[i, : int(batch.rollout.lengths[i])].tolist()
@@ -179,7 +179,7 @@ def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny
         for end, reward in zip(ends, rewards):
             expected[end] = expected.get(end, 0.0) + reward
         assert steps == sorted(expected.items())
-    advantages = trainer._advantages(batch)
+    advantages = trainer.sampler.advantages(batch)
     assert advantages.shape == batch.rollout.completion_ids.shape
     assert torch.equal(advantages, process_advantages(
         [[r for _, r in s] for s in batch.steps], [[e for e, _ in s] for s in batch.steps],

@@ -144,7 +144,7 @@ def make_ppo(tokenizer, model, tmp_path, **overrides):
 
 def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.5)
-    batch = trainer._generate_and_score(ROWS[:4])
+    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
     mask = batch.rollout.completion_mask
     logp = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
     ref = logp + 0.25
@@ -158,10 +158,10 @@ def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
 def test_token_rewards_process_steps(tokenizer, tiny_model, tmp_path):
     from test_options import each_one
 
-    trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.0, supervision="process", reward_funcs=["format"])
-    trainer.reward_funcs, trainer.reward_weights = [each_one], [1.0]
-    batch = trainer._generate_and_score(ROWS[:4])
+    trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.0, supervision="process", reward_funcs=(each_one,))
+    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
     rewards = trainer.token_rewards(batch, None, None)
+    assert any(len(steps) > 1 for steps in batch.steps)  # a step per character
     for i, steps in enumerate(batch.steps):
         expected = torch.zeros(rewards.shape[1])
         for end, reward in steps:

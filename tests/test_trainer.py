@@ -81,7 +81,7 @@ def test_run_directory_outputs(tokenizer, tiny_model, tmp_path):
 def test_gradient_does_not_depend_on_micro_batch_size(tokenizer, tiny_model, tmp_path, aggregation):
     """Whole-batch normalisers: gradients accumulated over micro-batches of 5 equal one pass over all 32."""
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, aggregation=aggregation)
-    prompt_ids, prompt_mask = trainer._tokenize_prompts([row["prompt"] for row in ROWS[:4]])
+    prompt_ids, prompt_mask = trainer.sampler.tokenize_prompts([row["prompt"] for row in ROWS[:4]])
     rollout = generate(tiny_model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=8,
                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                        generator=torch.Generator().manual_seed(0))

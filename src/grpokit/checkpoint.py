@@ -73,7 +73,7 @@ def save_checkpoint(trainer: Any) -> Path:
     state = {
         "format": FORMAT,
         "step": trainer.step,
-        "data": {"order": trainer._order, "epoch": trainer._epoch},
+        "data": {"order": trainer.sampler.order, "epoch": trainer.sampler.epoch},
         "python_rng": _jsonable(random.getstate()),
         "numpy_rng": _jsonable(np.random.get_state()),
         "nonfinite_streak": trainer.nonfinite_streak,
@@ -177,7 +177,7 @@ def load_checkpoint(trainer: Any, path: str | Path) -> None:
     numpy_state = state["numpy_rng"]
     np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
     trainer.step = state["step"]
-    trainer._order, trainer._epoch = list(state["data"]["order"]), state["data"]["epoch"]
+    trainer.sampler.order, trainer.sampler.epoch = list(state["data"]["order"]), state["data"]["epoch"]
     trainer.nonfinite_streak = state["nonfinite_streak"]
     trainer.history = state["history"]
 
@@ -219,7 +219,7 @@ def _check_config(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
 
 
 def _torch_rng_states(trainer: Any) -> dict[str, torch.Tensor]:
-    states = {"torch": torch.get_rng_state(), "sampling": trainer.generator.get_state(),
+    states = {"torch": torch.get_rng_state(), "sampling": trainer.sampler.generator.get_state(),
               "minibatches": trainer._shuffle.get_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
@@ -228,7 +228,7 @@ def _torch_rng_states(trainer: Any) -> dict[str, torch.Tensor]:
 
 def _restore_torch_rng(trainer: Any, states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
-    trainer.generator.set_state(states["sampling"])
+    trainer.sampler.generator.set_state(states["sampling"])
     trainer._shuffle.set_state(states["minibatches"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

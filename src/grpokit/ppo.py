@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from grpokit.config import ConfigError
 from grpokit.objective import kl_penalty, masked_mean
 from grpokit.rollout import Rollout, sequence_inputs
-from grpokit.trainer import Batch, GRPOTrainer
+from grpokit.sampling import Batch
+from grpokit.trainer import GRPOTrainer
 
 # --------------------------------------------------------------------------------------------------
 # The math: pure functions on tensors. Shapes: (N, T) completion tokens, right-padded, mask 1 on real
@@ -168,7 +169,7 @@ class PPOTrainer(GRPOTrainer):
         start = time.perf_counter()
 
         # 1-2. Sample B prompts × G completions from π_old and score them (as GRPO).
-        batch, sampled, sampling = self._sample_batch()
+        batch, sampled, sampling = self.sampler.sample(self.model)
         rollout = batch.rollout
         sampled_time = time.perf_counter()
         loss_mask = self._loss_mask(rollout)

@@ -19,12 +19,10 @@ import contextlib
 import copy
 import json
 import math
-import random
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +34,14 @@ from grpokit.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
-from grpokit.objective import group_advantages, grpo_loss, masked_mean, process_advantages
+from grpokit.objective import grpo_loss, masked_mean
 from grpokit.rewards import (
     required_columns,
     resolve_reward_functions,
     reward_name,
-    score_completions,
-    score_steps,
 )
-from grpokit.rollout import Rollout, generate, sequence_logprobs, step_token_ends, stop_token_ids
+from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
+from grpokit.sampling import Batch, Sampler
 
 
 class TrainingError(RuntimeError):
@@ -53,42 +50,6 @@ class TrainingError(RuntimeError):
 
 class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT/SIGTERM stopped training after a checkpoint; the message names it."""
-
-
-@dataclass
-class Batch:
-    """B groups of G sampled completions with their rewards; each group's G rows contiguous."""
-
-    rows: list[dict[str, Any]]  # B dataset rows
-    rollout: Rollout  # N = B × G completions
-    completions: list[str]  # N decoded completions
-    rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
-    per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
-    steps: list[list[tuple[int, float]]] | None = None  # process supervision: per completion (end token, reward)
-
-    def groups(self, index: torch.Tensor, group_size: int) -> Batch:
-        """The groups at ``index`` (a bool mask or indices over B)."""
-        index = torch.arange(len(self.rows))[index]
-        rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # their completions
-        return Batch(
-            rows=[self.rows[i] for i in index.tolist()],
-            rollout=self.rollout.select(rows.to(self.rollout.completion_ids.device)),
-            completions=[self.completions[i] for i in rows.tolist()],
-            rewards=self.rewards[rows],
-            per_function={name: scores[rows] for name, scores in self.per_function.items()},
-            steps=None if self.steps is None else [self.steps[i] for i in rows.tolist()],
-        )
-
-    @staticmethod
-    def cat(batches: list[Batch], pad_token_id: int) -> Batch:
-        return Batch(
-            rows=[row for b in batches for row in b.rows],
-            rollout=Rollout.cat([b.rollout for b in batches], pad_token_id),
-            completions=[c for b in batches for c in b.completions],
-            rewards=torch.cat([b.rewards for b in batches]),
-            per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
-            steps=None if batches[0].steps is None else [s for b in batches for s in b.steps],
-        )
 
 
 class GRPOTrainer:
@@ -141,10 +102,9 @@ class GRPOTrainer:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
         self.optimizer, self.scheduler = self._adamw(self.model, config.learning_rate)
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.sampler = Sampler(config, tokenizer, self.rows, self.reward_funcs, self.reward_weights, self.stop_ids,
+                               self.device)
         self._shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
-        self._order: list[int] = []  # dataset indices left in this epoch
-        self._epoch = 0
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_dir: Path | None = None  # created by the first logged step
@@ -220,32 +180,6 @@ class GRPOTrainer:
 
         return factor
 
-    def _next_rows(self) -> list[dict[str, Any]]:
-        """B rows, walking seeded permutations of the dataset without repeats within an epoch."""
-        rows = []
-        while len(rows) < self.config.prompts_per_step:
-            if not self._order:
-                order = list(range(len(self.rows)))
-                random.Random(self.config.seed + self._epoch * 7919).shuffle(order)
-                self._order, self._epoch = order, self._epoch + 1
-            rows.append(self.rows[self._order.pop()])
-        return rows
-
-    def _tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        encoded = self.tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
-        return encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device)
-
-    def _reward_columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
-        """The rows' columns except the prompt, repeated G times; the answer column is ``answer``."""
-        g, config = self.config.num_generations, self.config
-        columns: dict[str, list] = {}
-        for key in dict.fromkeys(key for row in rows for key in row):  # every column, in first-seen order
-            if key == config.prompt_column:
-                continue
-            name = "answer" if key == config.answer_column else key
-            columns[name] = [row.get(key) for row in rows for _ in range(g)]
-        return columns
-
     # ---- the step --------------------------------------------------------------------------------
 
     def training_step(self) -> dict[str, float]:
@@ -254,12 +188,12 @@ class GRPOTrainer:
 
         # 1-2. Sample G completions for each of B prompts from π_old and score them; with dynamic
         #      sampling, groups without signal are replaced by groups from further rounds.
-        batch, sampled, sampling = self._sample_batch()
+        batch, sampled, sampling = self.sampler.sample(self.model)
         rollout = batch.rollout
         sampled_time = time.perf_counter()
 
         # 3. Advantages relative to the group (§2): (N,) for outcome, (N, T) for process supervision.
-        advantages = self._advantages(batch)
+        advantages = self.sampler.advantages(batch)
         loss_mask = self._loss_mask(rollout)
 
         # 4. Log-probs that stay fixed during the update: π_ref, and π_old when there are several
@@ -288,95 +222,6 @@ class GRPOTrainer:
         if self.config.mask_truncated_completions:
             return rollout.completion_mask * ~rollout.truncated.unsqueeze(1)
         return rollout.completion_mask
-
-    def _sample_batch(self) -> tuple[Batch, Batch, dict[str, float]]:
-        """The step's training batch of B groups, every group sampled this step, and sampling metrics.
-
-        Without dynamic sampling both batches are one round of B prompts. With it, groups whose
-        advantages are all 0 are dropped and rounds of B more prompts are sampled until B groups carry
-        signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
-        """
-        config, b, g = self.config, self.config.prompts_per_step, self.config.num_generations
-        rounds, no_signal, timing = [], [], {}
-        while True:
-            batch = self._generate_and_score(self._next_rows(), timing)
-            rounds.append(batch)
-            no_signal.append(self._no_signal_groups(batch))
-            with_signal = int(sum((~mask).sum() for mask in no_signal))
-            if not config.dynamic_sampling or with_signal >= b or len(rounds) == config.max_sampling_rounds:
-                break
-        sampled, no_signal = Batch.cat(rounds, self.tokenizer.pad_token_id), torch.cat(no_signal)
-        stats = {"frac_zero_std_groups": no_signal.float().mean().item(), "sampling_rounds": len(rounds)}
-        if not config.dynamic_sampling:
-            return batch, batch, {**timing, **stats, "dropped_groups": 0, "refilled_groups": 0}
-        # The first B groups with signal, then (if the rounds ran out) the first without.
-        refill = max(0, b - with_signal)
-        index = torch.cat([(~no_signal).nonzero().squeeze(1)[:b], no_signal.nonzero().squeeze(1)[:refill]])
-        stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
-        return sampled.groups(index, g), sampled, {**timing, **stats}
-
-    def _generate_and_score(self, rows: list[dict[str, Any]], timing: dict[str, float] | None = None) -> Batch:
-        """Sample and score one round of prompts; add its seconds and reward errors to ``timing``."""
-        timing = {} if timing is None else timing
-        config, g = self.config, self.config.num_generations
-        start = time.perf_counter()
-        prompts = [row[config.prompt_column] for row in rows]
-        prompt_ids, prompt_mask = self._tokenize_prompts(prompts)
-        self.model.eval()
-        rollout = generate(
-            self.model, prompt_ids, prompt_mask,
-            num_generations=g, max_new_tokens=config.max_completion_length,
-            temperature=config.temperature, top_p=config.top_p,
-            eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
-            generator=self.generator,
-        )
-        generated = time.perf_counter()
-
-        # Weighted sum of the reward functions, each kept for logging; for process supervision, the
-        # weighted steps, their character offsets mapped to the tokens that end them.
-        completions = rollout.decode(self.tokenizer)
-        repeated_prompts = [p for p in prompts for _ in range(g)]
-        columns = self._reward_columns(rows)
-        errors: list[dict[str, Any]] = []
-        options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
-        steps = None
-        if config.supervision == "outcome":
-            rewards, per_function = score_completions(
-                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
-            )
-        else:
-            rewards, per_function, char_steps = score_steps(
-                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
-            )
-            steps = [self._token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
-        for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
-                           ("reward_errors", len(errors))):
-            timing[key] = timing.get(key, 0) + value
-        return Batch(rows, rollout, completions, rewards, per_function, steps)
-
-    def _token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
-        """(character offset, reward) steps → (token index, reward), summing steps that share a token."""
-        ids = rollout.completion_ids[i, : int(rollout.lengths[i])].tolist()
-        ends = step_token_ends(self.tokenizer, ids, text, [offset for offset, _ in steps])
-        merged: dict[int, float] = {}
-        for end, (_, reward) in zip(ends, steps):
-            merged[end] = merged.get(end, 0.0) + reward
-        return sorted(merged.items())
-
-    def _advantages(self, batch: Batch) -> torch.Tensor:
-        config, g = self.config, self.config.num_generations
-        if config.supervision == "outcome":
-            return group_advantages(batch.rewards, g, scale=config.scale_rewards).to(self.device)  # (N,)
-        return process_advantages(  # (N, T)
-            [[reward for _, reward in steps] for steps in batch.steps],
-            [[end for end, _ in steps] for steps in batch.steps],
-            batch.rollout.completion_mask, g, scale=config.scale_rewards,
-        ).to(self.device)
-
-    def _no_signal_groups(self, batch: Batch) -> torch.Tensor:
-        """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing."""
-        advantages = self._advantages(batch)
-        return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
 
     @torch.no_grad()
     def _frozen_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:

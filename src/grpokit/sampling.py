@@ -1,0 +1,189 @@
+"""Steps 1–3 of the loop (GRPO.md §1): B prompts from the data, G completions each, their rewards,
+and the group-relative advantages — with dynamic sampling when asked.
+
+``Sampler`` owns what decides *which* completions a step trains on: the data order, the sampling
+generator, the reward functions. The trainer owns the models and the update.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.config import GRPOConfig
+from grpokit.objective import group_advantages, process_advantages
+from grpokit.rewards import score_completions, score_steps
+from grpokit.rollout import Rollout, generate, step_token_ends
+
+
+@dataclass
+class Batch:
+    """B groups of G sampled completions with their rewards; each group's G rows contiguous."""
+
+    rows: list[dict[str, Any]]  # B dataset rows
+    rollout: Rollout  # N = B × G completions
+    completions: list[str]  # N decoded completions
+    rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
+    per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
+    steps: list[list[tuple[int, float]]] | None = None  # process supervision: per completion (end token, reward)
+
+    def groups(self, index: torch.Tensor, group_size: int) -> Batch:
+        """The groups at ``index`` (a bool mask or indices over B)."""
+        index = torch.arange(len(self.rows))[index]
+        rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # their completions
+        return Batch(
+            rows=[self.rows[i] for i in index.tolist()],
+            rollout=self.rollout.select(rows.to(self.rollout.completion_ids.device)),
+            completions=[self.completions[i] for i in rows.tolist()],
+            rewards=self.rewards[rows],
+            per_function={name: scores[rows] for name, scores in self.per_function.items()},
+            steps=None if self.steps is None else [self.steps[i] for i in rows.tolist()],
+        )
+
+    @staticmethod
+    def cat(batches: list[Batch], pad_token_id: int) -> Batch:
+        return Batch(
+            rows=[row for b in batches for row in b.rows],
+            rollout=Rollout.cat([b.rollout for b in batches], pad_token_id),
+            completions=[c for b in batches for c in b.completions],
+            rewards=torch.cat([b.rewards for b in batches]),
+            per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
+            steps=None if batches[0].steps is None else [s for b in batches for s in b.steps],
+        )
+
+
+class Sampler:
+    """Samples and scores the groups of each step. ``rows``: the dataset; ``stop_ids``: the tokens that
+    end a completion."""
+
+    def __init__(
+        self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], reward_funcs: Sequence[Callable],
+        reward_weights: Sequence[float], stop_ids: list[int], device: torch.device,
+    ):
+        self.config, self.tokenizer, self.rows, self.device = config, tokenizer, rows, device
+        self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.order: list[int] = []  # dataset indices left in this epoch
+        self.epoch = 0
+
+    def next_rows(self) -> list[dict[str, Any]]:
+        """B rows, walking seeded permutations of the dataset without repeats within an epoch."""
+        rows = []
+        while len(rows) < self.config.prompts_per_step:
+            if not self.order:
+                order = list(range(len(self.rows)))
+                random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
+                self.order, self.epoch = order, self.epoch + 1
+            rows.append(self.rows[self.order.pop()])
+        return rows
+
+    def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+        return encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device)
+
+    def reward_columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
+        """The rows' columns except the prompt, repeated G times; the answer column is ``answer``."""
+        g, config = self.config.num_generations, self.config
+        columns: dict[str, list] = {}
+        for key in dict.fromkeys(key for row in rows for key in row):  # every column, in first-seen order
+            if key == config.prompt_column:
+                continue
+            name = "answer" if key == config.answer_column else key
+            columns[name] = [row.get(key) for row in rows for _ in range(g)]
+        return columns
+
+    def sample(self, model: torch.nn.Module) -> tuple[Batch, Batch, dict[str, float]]:
+        """The step's training batch of B groups, every group sampled this step, and sampling metrics.
+
+        Without dynamic sampling both batches are one round of B prompts. With it, groups whose
+        advantages are all 0 are dropped and rounds of B more prompts are sampled until B groups carry
+        signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
+        """
+        config, b, g = self.config, self.config.prompts_per_step, self.config.num_generations
+        rounds, no_signal, timing = [], [], {}
+        while True:
+            batch = self.generate_and_score(model, self.next_rows(), timing)
+            rounds.append(batch)
+            no_signal.append(self.no_signal_groups(batch))
+            with_signal = int(sum((~mask).sum() for mask in no_signal))
+            if not config.dynamic_sampling or with_signal >= b or len(rounds) == config.max_sampling_rounds:
+                break
+        sampled, no_signal = Batch.cat(rounds, self.tokenizer.pad_token_id), torch.cat(no_signal)
+        stats = {"frac_zero_std_groups": no_signal.float().mean().item(), "sampling_rounds": len(rounds)}
+        if not config.dynamic_sampling:
+            return batch, batch, {**timing, **stats, "dropped_groups": 0, "refilled_groups": 0}
+        # The first B groups with signal, then (if the rounds ran out) the first without.
+        refill = max(0, b - with_signal)
+        index = torch.cat([(~no_signal).nonzero().squeeze(1)[:b], no_signal.nonzero().squeeze(1)[:refill]])
+        stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
+        return sampled.groups(index, g), sampled, {**timing, **stats}
+
+    def generate_and_score(
+        self, model: torch.nn.Module, rows: list[dict[str, Any]], timing: dict[str, float] | None = None
+    ) -> Batch:
+        """Sample and score one round of prompts; add its seconds and reward errors to ``timing``."""
+        timing = {} if timing is None else timing
+        config, g = self.config, self.config.num_generations
+        start = time.perf_counter()
+        prompts = [row[config.prompt_column] for row in rows]
+        prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
+        model.eval()
+        rollout = generate(
+            model, prompt_ids, prompt_mask,
+            num_generations=g, max_new_tokens=config.max_completion_length,
+            temperature=config.temperature, top_p=config.top_p,
+            eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
+            generator=self.generator,
+        )
+        generated = time.perf_counter()
+
+        # Weighted sum of the reward functions, each kept for logging; for process supervision, the
+        # weighted steps, their character offsets mapped to the tokens that end them.
+        completions = rollout.decode(self.tokenizer)
+        repeated_prompts = [p for p in prompts for _ in range(g)]
+        columns = self.reward_columns(rows)
+        errors: list[dict[str, Any]] = []
+        options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
+        steps = None
+        if config.supervision == "outcome":
+            rewards, per_function = score_completions(
+                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
+            )
+        else:
+            rewards, per_function, char_steps = score_steps(
+                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
+            )
+            steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
+        for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
+                           ("reward_errors", len(errors))):
+            timing[key] = timing.get(key, 0) + value
+        return Batch(rows, rollout, completions, rewards, per_function, steps)
+
+    def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
+        """(character offset, reward) steps → (token index, reward), summing steps that share a token."""
+        ids = rollout.completion_ids[i, : int(rollout.lengths[i])].tolist()
+        ends = step_token_ends(self.tokenizer, ids, text, [offset for offset, _ in steps])
+        merged: dict[int, float] = {}
+        for end, (_, reward) in zip(ends, steps):
+            merged[end] = merged.get(end, 0.0) + reward
+        return sorted(merged.items())
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        config, g = self.config, self.config.num_generations
+        if config.supervision == "outcome":
+            return group_advantages(batch.rewards, g, scale=config.scale_rewards).to(self.device)  # (N,)
+        return process_advantages(  # (N, T)
+            [[reward for _, reward in steps] for steps in batch.steps],
+            [[end for end, _ in steps] for steps in batch.steps],
+            batch.rollout.completion_mask, g, scale=config.scale_rewards,
+        ).to(self.device)
+
+    def no_signal_groups(self, batch: Batch) -> torch.Tensor:
+        """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing."""
+        advantages = self.advantages(batch)
+        return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
