@@ -68,3 +68,26 @@ def check_columns(
             if key in seen_ids:
                 raise DataError(f"{source}: rows {seen_ids[key]} and {index} share id {row['id']!r}")
             seen_ids[key] = index
+
+
+def check_prompt_lengths(prompts: Sequence[str], tokenizer: Any, max_completion_length: int,
+                         context: int | None) -> None:
+    """Every prompt leaves room for ``max_completion_length`` new tokens in the model's ``context``."""
+    if context is None:
+        return
+    room = context - max_completion_length
+    # A prompt longer in characters than `room` tokens of the widest token could hold is too long
+    # without tokenizing it (a 10 MB line would take seconds).
+    widest = max(map(len, tokenizer.get_vocab()), default=1)
+    for index, prompt in enumerate(prompts):
+        if len(prompt) > room * widest:
+            raise DataError(
+                f"row {index}: prompt of {len(prompt)} characters (at least {len(prompt) // widest} tokens) + "
+                f"max_completion_length {max_completion_length} exceeds the model's context of {context} tokens"
+            )
+    for index, ids in enumerate(tokenizer(list(prompts))["input_ids"]):
+        if len(ids) > room:
+            raise DataError(
+                f"row {index}: prompt of {len(ids)} tokens + max_completion_length {max_completion_length} "
+                f"exceeds the model's context of {context} tokens"
+            )

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from grpokit.config import ConfigError
 from grpokit.objective import kl_penalty, masked_mean
 from grpokit.rollout import Rollout, sequence_inputs
+from grpokit.runlog import step_metrics
 from grpokit.sampling import Batch
 from grpokit.trainer import GRPOTrainer
 
@@ -196,7 +197,8 @@ class PPOTrainer(GRPOTrainer):
 
         # 6. Metrics: GRPO's, with the KL of the rollout policy, and the critic's.
         self.step += 1
-        metrics = self._metrics(batch, sampled, sampling, first_update, update, (start, sampled_time, frozen, updated))
+        metrics = step_metrics(self.step, batch, sampled, sampling, first_update, update,
+                               (start, sampled_time, frozen, updated))
         metrics["kl"] = masked_mean(kl_penalty(old_logp, ref_logp), loss_mask).item() if ref_logp is not None else 0.0
         metrics.update(
             value_loss=update["value_loss"], value_clipfrac=update["value_clipfrac"],

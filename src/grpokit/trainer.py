@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import signal
 import threading
@@ -27,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from grpokit.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.data import DataError, check_columns, load_jsonl
+from grpokit.data import check_columns, check_prompt_lengths, load_jsonl
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.rewards import (
@@ -41,6 +39,7 @@ from grpokit.rewards import (
     reward_name,
 )
 from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
+from grpokit.runlog import RunLog, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler
 
 
@@ -93,7 +92,10 @@ class GRPOTrainer:
         self.model, self.tokenizer = model.to(self.device), tokenizer
         self.stop_ids = stop_token_ids(self.model, tokenizer)
 
-        self._check_prompt_lengths()
+        check_prompt_lengths(
+            [row[config.prompt_column] for row in self.rows], tokenizer, config.max_completion_length,
+            getattr(self.model.config, "max_position_embeddings", None),
+        )
 
         # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3).
         self.loss_beta = config.beta  # the KL term's weight in the loss (PPO puts it in the reward instead)
@@ -107,7 +109,7 @@ class GRPOTrainer:
         self._shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self.step = 0
         self.history: list[dict[str, float]] = []
-        self.run_dir: Path | None = None  # created by the first logged step
+        self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
         self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss or gradient
         self._stop_signal: int | None = None
 
@@ -131,29 +133,6 @@ class GRPOTrainer:
                     needed.append(column)
         check_columns(rows, needed, source=source)
         return rows
-
-    def _check_prompt_lengths(self) -> None:
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit is None:
-            return
-        room = limit - self.config.max_completion_length
-        prompts = [row[self.config.prompt_column] for row in self.rows]
-        # A prompt longer in characters than `room` tokens of the longest token could hold is too long
-        # without tokenizing it (a 10 MB line would take seconds).
-        widest = max(map(len, self.tokenizer.get_vocab()), default=1)
-        for index, prompt in enumerate(prompts):
-            if len(prompt) > room * widest:
-                raise DataError(
-                    f"row {index}: prompt of {len(prompt)} characters (at least {len(prompt) // widest} tokens) + "
-                    f"max_completion_length {self.config.max_completion_length} exceeds the model's context of "
-                    f"{limit} tokens"
-                )
-        for index, ids in enumerate(self.tokenizer(prompts)["input_ids"]):
-            if len(ids) > room:
-                raise DataError(
-                    f"row {index}: prompt of {len(ids)} tokens + max_completion_length "
-                    f"{self.config.max_completion_length} exceeds the model's context of {limit} tokens"
-                )
 
     def _adamw(self, model: torch.nn.Module, lr: float) -> tuple[torch.optim.Optimizer, Any]:
         """AdamW over the model's trainable parameters, and its warmup + decay schedule over the run."""
@@ -213,7 +192,8 @@ class GRPOTrainer:
 
         # 6. Metrics.
         self.step += 1
-        metrics = self._metrics(batch, sampled, sampling, first_update, update, (start, sampled_time, frozen, updated))
+        metrics = step_metrics(self.step, batch, sampled, sampling, first_update, update,
+                               (start, sampled_time, frozen, updated))
         self._log(metrics, batch, advantages)
         return metrics
 
@@ -344,86 +324,21 @@ class GRPOTrainer:
 
     # ---- metrics and logging ---------------------------------------------------------------------
 
-    def _metrics(self, batch: Batch, sampled: Batch, sampling: dict[str, float], first_update: dict,
-                 last_update: dict, clock: tuple[float, float, float, float]) -> dict[str, float]:
-        """Rewards over every completion sampled this step (the policy's score, whatever dynamic
-        sampling kept); lengths and loss diagnostics over the training batch; ``clock``: the times at
-        which the step started, finished sampling, finished its frozen passes, and finished updating."""
-        rewards, lengths, rollout = sampled.rewards, batch.rollout.lengths.float(), batch.rollout
-        metrics: dict[str, float] = {
-            "step": self.step,
-            "reward": rewards.mean().item(),
-            "reward_std": rewards.std().item(),
-        }
-        for name, scores in sampled.per_function.items():
-            applied = ~torch.isnan(scores)
-            # None (JSON null) when the function applied to no completion of the batch
-            metrics[f"rewards/{name}"] = scores[applied].mean().item() if applied.any() else None
-            if name == "accuracy_reward":
-                metrics["accuracy"] = metrics[f"rewards/{name}"]
-            if name == "format_reward":
-                metrics["format_rate"] = metrics[f"rewards/{name}"]
-        scored = torch.stack([~torch.isnan(scores) for scores in sampled.per_function.values()]).any(dim=0)  # (N,)
-        metrics.update(
-            empty_frac=sum(not c.strip() for c in sampled.completions) / len(sampled.completions),
-            unscored_groups=int((~scored.view(-1, self.config.num_generations)).all(dim=1).sum()),
-            completion_length_mean=lengths.mean().item(),
-            completion_length_max=lengths.max().item(),
-            completion_length_min=lengths.min().item(),
-            truncated_frac=rollout.truncated.float().mean().item(),
-            entropy=first_update["entropy"],
-        )
-        # Diagnostics of the last optimizer step (the only one when μ = 1).
-        for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr",
-                    "skipped_updates"):
-            metrics[key] = last_update[key]
-        start, sampled_at, frozen, updated = clock
-        metrics.update(sampling)
-        metrics.update(
-            time_frozen_logprobs=frozen - sampled_at, time_update=updated - frozen, time_step=updated - start,
-            tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
-        )
-        return metrics
-
     def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
         self.history.append(metrics)
-        out = self.run_dir or self._start_run_dir()
-        with (out / "metrics.jsonl").open("a") as handle:
-            handle.write(json.dumps(metrics) + "\n")
-        k = self.config.log_completions
-        if k:
-            g = self.config.num_generations
-            with (out / "completions.jsonl").open("a") as handle:
-                for i in range(min(k, len(batch.completions))):
-                    record = {
-                        "step": self.step,
-                        "prompt": batch.rows[i // g][self.config.prompt_column],
-                        "completion": batch.completions[i],
-                        "reward": batch.rewards[i].item(),
-                        # for process supervision: the first token's, the sum of all its normalised steps
-                        "advantage": advantages[i].view(-1)[0].item(),
-                        **{name: (None if math.isnan(s[i]) else s[i].item()) for name, s in batch.per_function.items()},
-                    }
-                    if batch.steps is not None:
-                        record["steps"] = [[end, reward] for end, reward in batch.steps[i]]
-                    handle.write(json.dumps(record) + "\n")
+        if self.run_log is None:
+            self._start_run_log()
+        self.run_log.write(metrics, completion_records(
+            self.step, batch, advantages, self.config.prompt_column, self.config.num_generations,
+            self.config.log_completions,
+        ))
 
-    def _start_run_dir(self) -> Path:
-        """Write config.yaml; start metrics.jsonl and completions.jsonl afresh, or, when resuming, cut
-        them back to the checkpoint's step so that each step appears once."""
-        out = Path(self.config.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    def _start_run_log(self) -> RunLog:
         config = self.config.to_dict()
         config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
-        (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in self.history))
-        kept = []
-        if self.step and (out / "completions.jsonl").is_file():
-            lines = (out / "completions.jsonl").read_text().splitlines(keepends=True)
-            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= self.step]
-        (out / "completions.jsonl").write_text("".join(kept))
-        self.run_dir = out
-        return out
+        self.run_log = RunLog(self.config.output_dir)
+        self.run_log.start(config, self.history, self.step)
+        return self.run_log
 
     def resume(self, which: str = "latest") -> Path:
         """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
@@ -446,7 +361,7 @@ class GRPOTrainer:
         config = self.config
         if config.resume:
             self.resume(config.resume)
-        out = self._start_run_dir()
+        out = self._start_run_log().dir
         bar = tqdm(range(self.step, config.max_steps), desc=config.algorithm.upper(),
                    disable=not config.progress_bar, dynamic_ncols=True)
         saved_at = None
