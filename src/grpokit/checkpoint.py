@@ -4,9 +4,10 @@ A checkpoint is a directory ``output_dir/checkpoints/step-NNNNNN/`` holding:
 
 - ``model/``: the policy and tokenizer, ``save_pretrained`` (safetensors): loadable by plain transformers;
 - ``value_model.safetensors`` (PPO): the value model;
-- ``trainer_state.pt``: optimizer and scheduler state dicts and the torch RNG states — tensors and
-  plain containers only, read back with ``torch.load(weights_only=True)``;
-- ``state.json``: step, data position, Python and NumPy RNG states, the config and every metric so far;
+- ``trainer_state.pt``: optimizer and scheduler state dicts and each process's torch RNG states —
+  tensors and plain containers only, read back with ``torch.load(weights_only=True)``;
+- ``state.json``: step, data position, each process's Python and NumPy RNG states, the config and
+  every metric so far;
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
 
 It is written into a temporary directory beside its final place and renamed into place, so a crash
@@ -33,6 +34,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
+from grpokit.distributed import barrier, gather
+
 FORMAT = 1
 # Keys that may change between a checkpoint and the run that resumes it: they do not change the math.
 RESUMABLE_CHANGES = {
@@ -50,10 +53,21 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
 
 
 def save_checkpoint(trainer: Any) -> Path:
-    """Write the trainer's state as ``checkpoints/step-NNNNNN`` (atomically) and prune old ones."""
+    """Write the trainer's state as ``checkpoints/step-NNNNNN`` (atomically) and prune old ones. With
+    several processes every one calls this (each one's RNG states are saved) and the first writes."""
+    world = trainer.world
     root = checkpoints_dir(trainer.config.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{trainer.step:06d}"
+    rng = gather({"torch": _torch_rng_states(trainer), "python": _jsonable(random.getstate()),
+                  "numpy": _jsonable(np.random.get_state())}, world)
+    if world.main:
+        _write(trainer, root, final, rng)
+    barrier(world)
+    return final
+
+
+def _write(trainer: Any, root: Path, final: Path, rng: list[dict[str, Any]]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
     staging = root / f".tmp-{final.name}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
@@ -66,7 +80,7 @@ def save_checkpoint(trainer: Any) -> Path:
     torch.save(
         {
             **{name: obj.state_dict() for name, obj in trainer.checkpointed_state().items()},
-            "rng": _torch_rng_states(trainer),
+            "rng": [per_rank["torch"] for per_rank in rng],
         },
         staging / "trainer_state.pt",
     )
@@ -74,8 +88,9 @@ def save_checkpoint(trainer: Any) -> Path:
         "format": FORMAT,
         "step": trainer.step,
         "data": {"order": trainer.sampler.order, "epoch": trainer.sampler.epoch},
-        "python_rng": _jsonable(random.getstate()),
-        "numpy_rng": _jsonable(np.random.get_state()),
+        "world_size": len(rng),
+        "python_rng": [per_rank["python"] for per_rank in rng],
+        "numpy_rng": [per_rank["numpy"] for per_rank in rng],
         "nonfinite_streak": trainer.nonfinite_streak,
         "config": trainer.config.to_dict(),
         "history": trainer.history,
@@ -87,7 +102,6 @@ def save_checkpoint(trainer: Any) -> Path:
         shutil.rmtree(final)
     os.replace(staging, final)
     _prune(root, trainer.config.keep_checkpoints)
-    return final
 
 
 def _write_manifest(directory: Path) -> None:
@@ -159,6 +173,10 @@ def load_checkpoint(trainer: Any, path: str | Path) -> None:
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: format {state.get('format')!r}, this grpokit reads {FORMAT}")
     _check_config(path, state["config"], trainer.config.to_dict())
+    rank, size = trainer.world.rank, trainer.world.size
+    if state["world_size"] != size:
+        raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} processes; resume it with "
+                              f"the same number (now {size}): each one's random streams are in it")
 
     load_weights(trainer.model, sorted((path / "model").glob("*.safetensors")), f"checkpoint {path}: model")
     for name, module in trainer.checkpointed_modules().items():
@@ -172,9 +190,9 @@ def load_checkpoint(trainer: Any, path: str | Path) -> None:
             obj.load_state_dict(saved[name])
         except (KeyError, ValueError, RuntimeError) as error:
             raise CheckpointError(f"checkpoint {path}: {name} state does not fit ({error})") from None
-    _restore_torch_rng(trainer, saved["rng"])
-    random.setstate(_tuples(state["python_rng"]))
-    numpy_state = state["numpy_rng"]
+    _restore_torch_rng(trainer, saved["rng"][rank])
+    random.setstate(_tuples(state["python_rng"][rank]))
+    numpy_state = state["numpy_rng"][rank]
     np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
     trainer.step = state["step"]
     trainer.sampler.order, trainer.sampler.epoch = list(state["data"]["order"]), state["data"]["epoch"]

@@ -41,13 +41,16 @@ def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
     return (grouped == grouped[:, :1]).all(dim=1)
 
 
-def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(
+    rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4, batch_std: float | None = None
+) -> Tensor:
     """Outcome-supervision advantages ``A_i = (r_i − mean(group)) / (std + eps)``, one per completion.
 
     ``rewards``: (N,), each group of ``group_size`` completions contiguous. ``scale``: ``"group"``
     divides by the group's std (the paper), ``"batch"`` by the std of all N rewards, ``"none"`` only
     subtracts the group mean (Dr. GRPO). Std is the unbiased sample std. A group whose rewards are all
-    equal carries no signal and gets exactly 0.
+    equal carries no signal and gets exactly 0. ``batch_std`` replaces the std of ``rewards`` for
+    ``"batch"`` (a data-parallel caller passes the std of the whole batch across processes).
 
     >>> group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2).tolist()
     [0.7070..., -0.7070..., 0.0, 0.0]
@@ -70,7 +73,7 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
     if scale == "group":
         advantages = centered / (grouped.std(dim=1, keepdim=True) + eps)
     elif scale == "batch":
-        advantages = centered / (rewards.float().std() + eps)
+        advantages = centered / ((rewards.float().std() if batch_std is None else batch_std) + eps)
     else:  # "none"
         advantages = centered
     # Exactly 0, not a rounding residue of the mean.
@@ -87,6 +90,7 @@ def process_advantages(
     *,
     scale: str = "group",
     eps: float = 1e-4,
+    batch_std: float | None = None,
 ) -> Tensor:
     """Process-supervision advantages (GRPO.md §2), one per token: (N, T).
 
@@ -98,7 +102,8 @@ def process_advantages(
     whose step rewards are all equal gets 0; a completion with no steps gets 0 everywhere.
 
     ``scale``: ``"group"`` as above, ``"batch"`` divides by the std of all the batch's step rewards,
-    ``"none"`` only subtracts the group mean — the same choices as :func:`group_advantages`.
+    ``"none"`` only subtracts the group mean — the same choices as :func:`group_advantages`, and the
+    same ``batch_std`` override.
 
     >>> mask = torch.ones(2, 3)
     >>> process_advantages([[1.0, 0.0], [1.0]], [[0, 2], [1]], mask, 2, scale="none").tolist()
@@ -142,7 +147,8 @@ def process_advantages(
         var = torch.zeros(num_groups).index_add_(0, group, centered**2) / (count - 1).clamp(min=1)
         normalized = centered / (var.sqrt()[group] + eps)
     elif scale == "batch":
-        normalized = centered / ((rewards.std() if rewards.numel() > 1 else 0.0) + eps)
+        std = (rewards.std() if rewards.numel() > 1 else 0.0) if batch_std is None else batch_std
+        normalized = centered / (std + eps)
     else:  # "none"
         normalized = centered
     # Exactly 0 for a group whose step rewards are all equal, not a rounding residue of the mean.

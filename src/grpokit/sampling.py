@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
+from grpokit.distributed import SINGLE, World, gather
 from grpokit.objective import group_advantages, process_advantages
 from grpokit.rewards import score_completions, score_steps
 from grpokit.rollout import Rollout, generate, step_token_ends
@@ -63,16 +64,20 @@ class Sampler:
 
     def __init__(
         self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], reward_funcs: Sequence[Callable],
-        reward_weights: Sequence[float], stop_ids: list[int], device: torch.device,
+        reward_weights: Sequence[float], stop_ids: list[int], device: torch.device, world: World = SINGLE,
     ):
         self.config, self.tokenizer, self.rows, self.device = config, tokenizer, rows, device
         self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
-        self.generator = torch.Generator(device=device).manual_seed(config.seed)
-        self.order: list[int] = []  # dataset indices left in this epoch
+        self.world = world
+        # Each process samples with its own stream (docs/distributed.md); one process: seeded by `seed`.
+        self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
+        self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
         self.epoch = 0
+        self.groups_per_process = config.prompts_per_step // world.size
 
     def next_rows(self) -> list[dict[str, Any]]:
-        """B rows, walking seeded permutations of the dataset without repeats within an epoch."""
+        """This process's share of the next B rows (all of them in a world of one), walking seeded
+        permutations of the dataset without repeats within an epoch."""
         rows = []
         while len(rows) < self.config.prompts_per_step:
             if not self.order:
@@ -80,7 +85,8 @@ class Sampler:
                 random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
                 self.order, self.epoch = order, self.epoch + 1
             rows.append(self.rows[self.order.pop()])
-        return rows
+        start = self.world.rank * self.groups_per_process
+        return rows[start : start + self.groups_per_process]
 
     def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         encoded = self.tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
@@ -104,7 +110,7 @@ class Sampler:
         advantages are all 0 are dropped and rounds of B more prompts are sampled until B groups carry
         signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
         """
-        config, b, g = self.config, self.config.prompts_per_step, self.config.num_generations
+        config, b, g = self.config, self.groups_per_process, self.config.num_generations
         rounds, no_signal, timing = [], [], {}
         while True:
             batch = self.generate_and_score(model, self.next_rows(), timing)
@@ -173,17 +179,26 @@ class Sampler:
             merged[end] = merged.get(end, 0.0) + reward
         return sorted(merged.items())
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch, scale: str | None = None) -> torch.Tensor:
+        """(N,) for outcome, (N, T) for process supervision. With ``scale="batch"`` over several
+        processes, the std is that of the whole batch's rewards (a collective: every process calls it)."""
         config, g = self.config, self.config.num_generations
+        scale = scale or config.scale_rewards
+        batch_std = None
+        if scale == "batch" and self.world.distributed:
+            pooled = batch.rewards.tolist() if batch.steps is None else [r for s in batch.steps for _, r in s]
+            everything = torch.tensor([r for part in gather(pooled, self.world) for r in part])
+            batch_std = everything.std().item() if everything.numel() > 1 else 0.0
         if config.supervision == "outcome":
-            return group_advantages(batch.rewards, g, scale=config.scale_rewards).to(self.device)  # (N,)
-        return process_advantages(  # (N, T)
+            return group_advantages(batch.rewards, g, scale=scale, batch_std=batch_std).to(self.device)
+        return process_advantages(
             [[reward for _, reward in steps] for steps in batch.steps],
             [[end for end, _ in steps] for steps in batch.steps],
-            batch.rollout.completion_mask, g, scale=config.scale_rewards,
+            batch.rollout.completion_mask, g, scale=scale, batch_std=batch_std,
         ).to(self.device)
 
     def no_signal_groups(self, batch: Batch) -> torch.Tensor:
-        """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing."""
-        advantages = self.advantages(batch)
+        """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing. Whether an
+        advantage is 0 does not depend on the scale, so this stays local to the process."""
+        advantages = self.advantages(batch, scale="none")
         return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()

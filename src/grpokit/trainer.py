@@ -31,6 +31,16 @@ from tqdm.auto import tqdm
 from grpokit.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data import check_columns, check_prompt_lengths, load_jsonl
+from grpokit.distributed import (
+    all_max,
+    all_sum,
+    all_sum_dict,
+    data_parallel,
+    device_for,
+    gather,
+    gradient_sync,
+    init_world,
+)
 from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.rewards import (
@@ -67,7 +77,9 @@ class GRPOTrainer:
             raise ConfigError(f"algorithm: {config.algorithm} needs its own trainer: use build_trainer(config)")
         self.config = config
         seed_everything(config.seed)
-        self.device = resolve_device(config.device)
+        # Bad launcher settings fail here, before any work (docs/distributed.md).
+        self.world = init_world(config.device, config.prompts_per_step)
+        self.device = device_for(self.world, resolve_device(config.device))
 
         self.reward_funcs = resolve_reward_functions(reward_funcs or config.reward_funcs)
         names = [reward_name(fn) for fn in self.reward_funcs]
@@ -103,9 +115,10 @@ class GRPOTrainer:
         if config.beta != 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
+        self.train_model = data_parallel(self.model, self.world)  # the training passes go through this
         self.optimizer, self.scheduler = self._adamw(self.model, config.learning_rate)
         self.sampler = Sampler(config, tokenizer, self.rows, self.reward_funcs, self.reward_weights, self.stop_ids,
-                               self.device)
+                               self.device, self.world)
         self._shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self.step = 0
         self.history: list[dict[str, float]] = []
@@ -190,12 +203,24 @@ class GRPOTrainer:
         )
         updated = time.perf_counter()
 
-        # 6. Metrics.
+        # 6. Metrics, over every process's completions.
         self.step += 1
-        metrics = step_metrics(self.step, batch, sampled, sampling, first_update, update,
+        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), first_update, update,
                                (start, sampled_time, frozen, updated))
         self._log(metrics, batch, advantages)
         return metrics
+
+    def _whole(self, batch: Batch, sampled: Batch, sampling: dict[str, float]) -> tuple[Batch, Batch, dict]:
+        """The step's batches and sampling counts over all processes (as they are, in a world of one)."""
+        world = self.world
+        if not world.distributed:
+            return batch, sampled, sampling
+        pad = self.tokenizer.pad_token_id
+        batch, sampled = (Batch.cat(gather(b, world), pad) for b in (batch, sampled))
+        slowest = ("sampling_rounds", "time_generate", "time_score")
+        sampling = {k: all_max(v, world) if k in slowest else all_sum(v, world) for k, v in sampling.items()}
+        sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
+        return batch, sampled, sampling
 
     def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
         """The tokens in the loss: the completions', less truncated completions when they are masked."""
@@ -226,7 +251,7 @@ class GRPOTrainer:
         """μ passes over the batch, each one optimizer step per minibatch (``_update``); ``tensors``
         are per-completion and follow the minibatch. Returns the mean diagnostics of the first pass
         and of the last."""
-        self.model.train()
+        self.train_model.train()
         passes = []
         for iteration in range(self.config.num_iterations):
             stats = []
@@ -290,42 +315,47 @@ class GRPOTrainer:
         gradient does not depend on ``micro_batch_size``. Returns the loss and the token-weighted means
         of the diagnostics.
         """
-        config = self.config
+        config, world = self.config, self.world
         mask = rollout.completion_mask if loss_mask is None else loss_mask
-        total_tokens = float(mask.sum().clamp(min=1))
-        # Completions left with no token in the loss (masked truncations) are out of the batch.
-        sequences = float((mask.sum(dim=1) > 0).sum().clamp(min=1))
+        # Counts over the whole batch, every process's share included; completions left with no token
+        # in the loss (masked truncations) are out of the batch.
+        total_tokens = max(1.0, all_sum(float(mask.sum()), world))
+        sequences = max(1.0, all_sum(float((mask.sum(dim=1) > 0).sum()), world))
         normalizer = total_tokens if config.aggregation == "token" else sequences
         totals: dict[str, float] = {"loss": 0.0}
-        for idx in self._micro_batches(rollout):
-            logp, entropy = sequence_logprobs(
-                self.model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                rollout.completion_ids[idx], rollout.completion_mask[idx],
-                temperature=config.temperature, with_entropy=with_entropy,
-            )
-            loss, stats = grpo_loss(
-                logp,
-                None if old_logp is None else old_logp[idx],
-                None if ref_logp is None else ref_logp[idx],
-                advantages[idx], mask[idx],
-                epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=self.loss_beta,
-                aggregation=config.aggregation, ratio_level=config.ratio_level,
-                max_completion_length=config.max_completion_length, kl_kind=config.kl_kind,
-                normalizer=normalizer,
-            )
-            loss.backward()
+        micro_batches = self._micro_batches(rollout)
+        for k, idx in enumerate(micro_batches):
+            with gradient_sync(self.train_model, enabled=k == len(micro_batches) - 1):
+                logp, entropy = sequence_logprobs(
+                    self.train_model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                    rollout.completion_ids[idx], rollout.completion_mask[idx],
+                    temperature=config.temperature, with_entropy=with_entropy,
+                )
+                loss, stats = grpo_loss(
+                    logp,
+                    None if old_logp is None else old_logp[idx],
+                    None if ref_logp is None else ref_logp[idx],
+                    advantages[idx], mask[idx],
+                    epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=self.loss_beta,
+                    aggregation=config.aggregation, ratio_level=config.ratio_level,
+                    max_completion_length=config.max_completion_length, kl_kind=config.kl_kind,
+                    normalizer=normalizer,
+                )
+                (loss * world.size).backward()  # DDP averages over processes; the shares must add up
             totals["loss"] += loss.item()
             if entropy is not None:
                 stats["entropy"] = masked_mean(entropy, mask[idx]).item()
             share = float(mask[idx].sum()) / total_tokens
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value * share
-        return totals
+        return all_sum_dict(totals, world)  # shares of the whole batch: their sums are its totals and means
 
     # ---- metrics and logging ---------------------------------------------------------------------
 
     def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
         self.history.append(metrics)
+        if not self.world.main:  # one process writes the run directory
+            return
         if self.run_log is None:
             self._start_run_log()
         self.run_log.write(metrics, completion_records(
@@ -358,12 +388,13 @@ class GRPOTrainer:
         """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint
         every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model and tokenizer
         to ``output_dir/model``."""
-        config = self.config
+        config, world = self.config, self.world
         if config.resume:
             self.resume(config.resume)
-        out = self._start_run_log().dir
+        if world.main:
+            self._start_run_log()
         bar = tqdm(range(self.step, config.max_steps), desc=config.algorithm.upper(),
-                   disable=not config.progress_bar, dynamic_ncols=True)
+                   disable=not (config.progress_bar and world.main), dynamic_ncols=True)
         saved_at = None
         with self._stop_on_signals():
             for _ in bar:
@@ -372,16 +403,19 @@ class GRPOTrainer:
                 if metrics.get("accuracy") is not None:
                     postfix["acc"] = f"{metrics['accuracy']:.2f}"
                 bar.set_postfix(postfix)
-                if config.save_every and self.step % config.save_every == 0 or self._stop_signal is not None:
+                # Every process stops after the same step, whichever got the signal.
+                stop = all_max(float(self._stop_signal or 0), world)
+                if config.save_every and self.step % config.save_every == 0 or stop:
                     saved_at = save_checkpoint(self)
-                if self._stop_signal is not None:
+                if stop:
                     raise TrainingInterrupted(
-                        f"stopped by {signal.Signals(self._stop_signal).name} after step {self.step}; checkpoint "
+                        f"stopped by {signal.Signals(int(stop)).name} after step {self.step}; checkpoint "
                         f"{saved_at}; continue with --resume latest"
                     )
         if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
             save_checkpoint(self)
-        self.save(out / "model")
+        if world.main:
+            self.save(Path(config.output_dir) / "model")
         return self.history
 
     @contextlib.contextmanager
