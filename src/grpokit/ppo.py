@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from grpokit.config import ConfigError
+from grpokit.distributed import all_sum, all_sum_dict, data_parallel, gradient_sync
 from grpokit.objective import kl_penalty, masked_mean
 from grpokit.rollout import Rollout, sequence_inputs
 from grpokit.runlog import step_metrics
@@ -67,10 +68,14 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     return advantages, torch.where(valid, advantages + values, 0.0)
 
 
-def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """``(x − mean) / std`` over the unmasked entries (biased std, as PPO implementations use); masked → 0."""
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean) ** 2, mask)
+def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, *, moments: tuple[float, float] | None = None) -> Tensor:
+    """``(x − mean) / std`` over the unmasked entries (biased std, as PPO implementations use); masked → 0.
+    ``moments``: ``(mean, variance)`` to use instead (a data-parallel caller passes the whole batch's)."""
+    if moments is None:
+        mean = masked_mean(values, mask)
+        var = masked_mean((values - mean) ** 2, mask)
+    else:
+        mean, var = (torch.tensor(m, dtype=values.dtype, device=values.device) for m in moments)
     return torch.where(mask.bool(), (values - mean) * torch.rsqrt(var + eps), 0.0)
 
 
@@ -129,7 +134,7 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
         self.backbone.requires_grad_(True)
 
-    def completion_values(
+    def forward(
         self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor
     ) -> Tensor:
         """``V(s_t)`` (N, T) float32 for each completion token: the state before the token, i.e. the
@@ -139,6 +144,8 @@ class ValueModel(nn.Module):
             **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False
         ).last_hidden_state[:, -width - 1 : -1]  # (N, T, H)
         return self.head(hidden).squeeze(-1).float()
+
+    completion_values = forward  # the name that says what it returns
 
     def save(self, path: str | Path) -> None:
         """The backbone with ``save_pretrained`` (safetensors) and the head in ``value_head.safetensors``."""
@@ -161,6 +168,7 @@ class PPOTrainer(GRPOTrainer):
         super().__init__(config, **kwargs)
         self.loss_beta = 0.0  # the KL is in the per-token reward, not the loss
         self.value_model = ValueModel(self.model).to(self.device)
+        self.train_value_model = data_parallel(self.value_model, self.world)
         self.value_optimizer, self.value_scheduler = self._adamw(
             self.value_model, config.value_learning_rate or config.learning_rate
         )
@@ -185,10 +193,11 @@ class PPOTrainer(GRPOTrainer):
         rewards = self.token_rewards(batch, old_logp, ref_logp)
         advantages, returns = gae(rewards, old_values, loss_mask, config.gamma, config.lam)
         if config.whiten_advantages:
-            advantages = whiten(advantages, loss_mask)
+            moments = self._moments({"a": advantages}, loss_mask)
+            advantages = whiten(advantages, loss_mask, moments=(moments["a"], moments["a²"] - moments["a"] ** 2))
 
         # 5. PPO epochs (μ) over minibatches: the clipped surrogate for the policy, the clipped value loss.
-        self.value_model.train()
+        self.train_value_model.train()
         first_update, update = self._optimize(
             rollout, advantages=advantages, loss_mask=loss_mask, old_logp=old_logp, ref_logp=ref_logp,
             returns=returns, old_values=old_values,
@@ -197,17 +206,31 @@ class PPOTrainer(GRPOTrainer):
 
         # 6. Metrics: GRPO's, with the KL of the rollout policy, and the critic's.
         self.step += 1
-        metrics = step_metrics(self.step, batch, sampled, sampling, first_update, update,
+        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), first_update, update,
                                (start, sampled_time, frozen, updated))
-        metrics["kl"] = masked_mean(kl_penalty(old_logp, ref_logp), loss_mask).item() if ref_logp is not None else 0.0
+        kl = kl_penalty(old_logp, ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)
+        m = self._moments({"kl": kl, "V": old_values, "R": returns, "R-V": returns - old_values}, loss_mask)
+        var_returns = m["R²"] - m["R"] ** 2
         metrics.update(
-            value_loss=update["value_loss"], value_clipfrac=update["value_clipfrac"],
+            kl=m["kl"], value_loss=update["value_loss"], value_clipfrac=update["value_clipfrac"],
             value_grad_norm=update["value_grad_norm"],
-            explained_variance=explained_variance(old_values, returns, loss_mask),
-            value_mean=masked_mean(old_values, loss_mask).item(), return_mean=masked_mean(returns, loss_mask).item(),
+            explained_variance=float("nan") if var_returns <= 0 else 1 - (m["R-V²"] - m["R-V"] ** 2) / var_returns,
+            value_mean=m["V"], return_mean=m["R"],
         )
         self._log(metrics, batch, advantages)
         return metrics
+
+    def _moments(self, tensors: dict[str, Tensor], mask: Tensor) -> dict[str, float]:
+        """Means of each tensor and of its square over the unmasked tokens of the whole batch (every
+        process's): ``{"x": E[x], "x²": E[x²]}``."""
+        valid = mask.bool()
+        sums = {"n": float(valid.sum())}
+        for name, tensor in tensors.items():
+            picked = tensor[valid].double()
+            sums[name], sums[name + "²"] = picked.sum().item(), (picked**2).sum().item()
+        sums = all_sum_dict(sums, self.world)
+        n = max(sums.pop("n"), 1.0)
+        return {name: value / n for name, value in sums.items()}
 
     def token_rewards(self, batch: Batch, old_logp: Tensor, ref_logp: Tensor | None) -> Tensor:
         """(N, T): ``−β (logp − ref_logp)`` per token, plus the rule-based reward at the last token
@@ -239,18 +262,22 @@ class PPOTrainer(GRPOTrainer):
                 with_entropy: bool) -> dict[str, float]:
         """One optimizer step of the policy and one of the value model, on a minibatch."""
         stats = super()._update(rollout, advantages, loss_mask, old_logp, ref_logp, with_entropy=with_entropy)
-        total_tokens = float(loss_mask.sum().clamp(min=1))
+        world = self.world
+        total_tokens = max(1.0, all_sum(float(loss_mask.sum()), world))  # every process's tokens
         totals = {"value_loss": 0.0, "value_clipfrac": 0.0}
-        for idx in self._micro_batches(rollout):
-            values = self.value_model.completion_values(
-                rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                rollout.completion_mask[idx],
-            )
-            loss, value_stats = value_loss(values, old_values[idx], returns[idx], loss_mask[idx],
-                                           clip_range=self.config.cliprange_value, normalizer=total_tokens)
-            (self.config.vf_coef * loss).backward()
+        micro_batches = self._micro_batches(rollout)
+        for k, idx in enumerate(micro_batches):
+            with gradient_sync(self.train_value_model, enabled=k == len(micro_batches) - 1):
+                values = self.train_value_model(
+                    rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+                    rollout.completion_mask[idx],
+                )
+                loss, value_stats = value_loss(values, old_values[idx], returns[idx], loss_mask[idx],
+                                               clip_range=self.config.cliprange_value, normalizer=total_tokens)
+                (self.config.vf_coef * world.size * loss).backward()  # DDP averages over processes
             totals["value_loss"] += loss.item()
             totals["value_clipfrac"] += value_stats["value_clipfrac"] * float(loss_mask[idx].sum()) / total_tokens
+        totals = all_sum_dict(totals, world)
         totals["value_grad_norm"], skipped = self._step(
             self.value_model, self.value_optimizer, self.value_scheduler, totals["value_loss"]
         )

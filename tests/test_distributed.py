@@ -1,0 +1,150 @@
+"""Data parallelism: 2 CPU processes (gloo, launched by torchrun) and 1 process train on the same global
+batches and end with the same parameters and the same metrics; only rank 0 writes; bad launches fail
+early with a clear error."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpokit.config import ConfigError
+from grpokit.distributed import init_world
+
+TESTS = Path(__file__).parent
+STEPS = 3
+VARIANTS = {"sequence": {}, "token": {"aggregation": "token", "scale_rewards": "batch"},
+            "ppo": {"algorithm": "ppo"}}
+
+# Rollouts are a function of each prompt's text and the completion's index in its group (not of the
+# process layout), so both layouts train on the same completions: the update path is what is compared.
+SCRIPT = textwrap.dedent(f"""
+    import os, sys, zlib
+    sys.path.insert(0, {str(TESTS)!r})
+    import torch
+    torch.set_num_threads(1)
+    import grpokit.sampling, grpokit.runlog
+    from conftest import TINY
+    from grpokit import GRPOConfig, build_trainer
+    from grpokit.arithmetic import build_model, build_tokenizer
+    from grpokit.rollout import Rollout
+    from test_trainer import ROWS, ones
+
+    def fake_generate(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, eos_token_id,
+                      pad_token_id, **kw):
+        rows, lengths = [], []
+        for p in range(prompt_ids.shape[0]):
+            key = zlib.crc32(bytes(prompt_ids[p][prompt_mask[p].bool()].tolist()))
+            for g in range(num_generations):
+                gen = torch.Generator().manual_seed(key * 31 + g)
+                n = int(torch.randint(1, max_new_tokens + 1, (1,), generator=gen))
+                ids = torch.randint(3, 99, (max_new_tokens,), generator=gen)
+                if n < max_new_tokens:
+                    ids[n - 1] = eos_token_id[0]
+                ids[n:] = pad_token_id
+                rows.append(ids)
+                lengths.append(n)
+        ids, lengths = torch.stack(rows), torch.tensor(lengths)
+        mask = (torch.arange(max_new_tokens) < lengths.unsqueeze(1)).long()
+        repeat = lambda t: t.repeat_interleave(num_generations, 0)
+        return Rollout(repeat(prompt_ids), repeat(prompt_mask), ids, mask, torch.zeros(ids.shape),
+                       lengths == max_new_tokens)
+
+    grpokit.sampling.generate = fake_generate
+    rank = int(os.environ.get("RANK", 0))
+    if rank != 0:  # only rank 0 may touch the run directory
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"rank {{rank}} wrote to the run directory")
+        grpokit.runlog.RunLog.__init__ = refuse
+
+    variants = {VARIANTS!r}
+    for name, overrides in variants.items():
+        tokenizer = build_tokenizer()
+        config = GRPOConfig(output_dir=os.path.join(sys.argv[1], name), prompts_per_step=4, num_generations=4,
+                            max_completion_length=6, max_steps={STEPS}, learning_rate=1e-2, progress_bar=False,
+                            micro_batch_size=3, save_every=0, **overrides)
+        trainer = build_trainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
+                                train_dataset=ROWS, reward_funcs=[ones])
+        if rank != 0:
+            trainer.save = refuse
+        trainer.train()
+""")
+
+
+def launch(tmp_path: Path, out: Path, processes: int) -> None:
+    script = tmp_path / "dp.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, str(script), str(out)]
+    if processes > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+                   *command[1:]]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dp")
+    launch(tmp, tmp / "one", 1)
+    launch(tmp, tmp / "two", 2)
+    return tmp / "one", tmp / "two"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_and_two_processes_end_with_the_same_parameters(runs, variant):
+    from conftest import TINY
+    from grpokit.arithmetic import build_model, build_tokenizer
+
+    one, two = (load_file(str(run / variant / "model" / "model.safetensors")) for run in runs)
+    start = build_model(build_tokenizer(), TINY, seed=0).state_dict()
+    assert one.keys() == two.keys()
+    assert all(not torch.equal(one[k], start[k]) for k in one if k.endswith("proj.weight"))  # training moved them
+    for key in one:
+        assert torch.allclose(one[key], two[key], atol=1e-5, rtol=1e-4), key
+    if variant == "ppo":
+        values = [load_file(str(run / variant / "checkpoints" / f"step-{STEPS:06d}" / "value_model.safetensors"))
+                  for run in runs]
+        for key in values[0]:
+            assert torch.allclose(values[0][key], values[1][key], atol=1e-5, rtol=1e-4), key
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_metrics_equal_the_single_process_ones(runs, variant):
+    one, two = ([json.loads(line) for line in (run / variant / "metrics.jsonl").read_text().splitlines()]
+                for run in runs)
+    assert [m["step"] for m in one] == [m["step"] for m in two] == list(range(1, STEPS + 1))
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        for key in a:
+            if key.startswith("time_") or key == "tokens_per_sec":
+                continue
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (variant, a["step"], key)
+
+
+def test_rank_zero_alone_writes(runs):
+    two = runs[1]
+    state = json.loads((two / "sequence" / "checkpoints" / f"step-{STEPS:06d}" / "state.json").read_text())
+    assert state["world_size"] == 2 and len(state["python_rng"]) == 2  # every process's streams, one writer
+    assert len((two / "sequence" / "metrics.jsonl").read_text().splitlines()) == STEPS
+
+
+def test_missing_rendezvous_variables_are_named():
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set"):
+        init_world("cpu", 16, {"WORLD_SIZE": "2"})
+
+
+def test_prompt_batch_not_divisible_by_the_world_is_refused_before_any_work():
+    env = {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"}
+    with pytest.raises(ConfigError, match=r"prompts_per_step=16 is not divisible by the world size 3"):
+        init_world("cpu", 16, env)
+
+
+def test_a_world_of_one_needs_no_launcher():
+    assert init_world("cpu", 16, {}).size == 1 and init_world("cpu", 16, {"WORLD_SIZE": "1"}).main
