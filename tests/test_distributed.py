@@ -19,7 +19,8 @@ from grpokit.distributed import init_world
 TESTS = Path(__file__).parent
 STEPS = 3
 VARIANTS = {"sequence": {}, "token": {"aggregation": "token", "scale_rewards": "batch"},
-            "ppo": {"algorithm": "ppo"}}
+            "ppo": {"algorithm": "ppo"}, "fsdp": {"parallelism": "fsdp"},
+            "ppo-fsdp": {"algorithm": "ppo", "parallelism": "fsdp"}}
 
 # Rollouts are a function of each prompt's text and the completion's index in its group (not of the
 # process layout), so both layouts train on the same completions: the update path is what is compared.
@@ -71,7 +72,7 @@ SCRIPT = textwrap.dedent(f"""
         trainer = build_trainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
                                 train_dataset=ROWS, reward_funcs=[ones])
         if rank != 0:
-            trainer.save = refuse
+            trainer.model.save_pretrained = trainer.tokenizer.save_pretrained = refuse
         trainer.train()
 """)
 

@@ -86,7 +86,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.resume is not None:
         overrides["resume"] = args.resume
     config = load_config(args.config, overrides)
-    history = build_trainer(config).train()
+    trainer = build_trainer(config)
+    history = trainer.train()
+    if not trainer.world.main:  # under torchrun, one process reports
+        return 0
     last = history[-1]
     summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl")
                         if last.get(k) is not None)

@@ -148,6 +148,13 @@ class GRPOConfig:
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
     )
 
+    # ---- scale-out (torchrun; docs/distributed.md) ----------------------------------------------
+    parallelism: str = _field(
+        "ddp", "With several processes: 'ddp' (each holds the whole model; gradients all-reduced) or 'fsdp' "
+        "(FSDP2 fully_shard per decoder layer: parameters, gradients and optimizer states sharded).",
+        choices=("ddp", "fsdp"),
+    )
+
     # ---- reliability -----------------------------------------------------------------------------
     save_every: int = _field(
         25, "Write a checkpoint (model, optimizer, RNG states, data position, metrics) every this many steps, "
@@ -195,6 +202,9 @@ class GRPOConfig:
             )
         if self.algorithm == "ppo" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups")
+        if self.parallelism == "fsdp" and self.dynamic_sampling:
+            raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
+                              "sharded passes; use ddp")
         updates = self.max_steps * self.num_iterations * self.num_minibatches
         if self.warmup_steps >= updates:
             raise ConfigError(

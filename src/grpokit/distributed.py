@@ -124,10 +124,19 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def data_parallel(module: torch.nn.Module, world: World) -> torch.nn.Module:
-    """The module to run training passes through: DDP around it when there are several processes
-    (gradients averaged over processes in backward), the module itself otherwise."""
+def data_parallel(module: torch.nn.Module, world: World, parallelism: str = "ddp") -> torch.nn.Module:
+    """The module to run training passes through, with several processes: DDP around it (gradients
+    averaged over processes in backward), or FSDP2 applied in place (``fully_shard`` on every decoder
+    layer, then the root: each process keeps a shard of the parameters, gradients and optimizer states,
+    and gathers a layer's parameters for its passes). The module itself in a world of one."""
     if not world.distributed:
+        return module
+    if parallelism == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in [m for m in module.modules() if type(m).__name__.endswith("DecoderLayer")]:
+            fully_shard(layer)
+        fully_shard(module)
         return module
     from torch.nn.parallel import DistributedDataParallel
 
@@ -137,12 +146,37 @@ def data_parallel(module: torch.nn.Module, world: World) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Skip DDP's gradient all-reduce in this forward/backward (all micro-batches but the last)."""
-    if enabled or not hasattr(module, "no_sync"):
+    """Skip the gradient reduction in this forward/backward (all micro-batches but the last)."""
+    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+        module.set_requires_gradient_sync(enabled)
+        yield
+    elif enabled or not hasattr(module, "no_sync"):
         yield
     else:
         with module.no_sync():
             yield
+
+
+def full_state_dict(module: torch.nn.Module, world: World) -> dict[str, torch.Tensor] | None:
+    """The unsharded state dict (on CPU, on rank 0; None elsewhere) of a module sharded by FSDP2;
+    the plain state dict otherwise. A collective when sharded: every process calls it."""
+    if not hasattr(module, "set_requires_gradient_sync"):
+        return module.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not world.main:
+        return None
+    # A tied parameter (e.g. the LM head sharing the embedding) is saved once, as save_pretrained does.
+    first: dict[int, str] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(parameter), name) != name:
+            state.pop(name, None)
+    return state
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    return hasattr(module, "set_requires_gradient_sync")
 
 
 def all_sum_dict(values: dict[str, float], world: World) -> dict[str, float]:

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from grpokit.config import ConfigError
-from grpokit.distributed import all_sum, all_sum_dict, data_parallel, gradient_sync
+from grpokit.distributed import all_sum, all_sum_dict, data_parallel, full_state_dict, gradient_sync
 from grpokit.objective import kl_penalty, masked_mean
 from grpokit.rollout import Rollout, sequence_inputs
 from grpokit.runlog import step_metrics
@@ -145,14 +145,19 @@ class ValueModel(nn.Module):
         ).last_hidden_state[:, -width - 1 : -1]  # (N, T, H)
         return self.head(hidden).squeeze(-1).float()
 
-    completion_values = forward  # the name that says what it returns
+    def completion_values(self, *inputs: Tensor) -> Tensor:
+        """``self(*inputs)``, under the name that says what it returns (through ``__call__``, so that
+        wrappers' hooks, FSDP2's included, run)."""
+        return self(*inputs)
 
-    def save(self, path: str | Path) -> None:
-        """The backbone with ``save_pretrained`` (safetensors) and the head in ``value_head.safetensors``."""
-        path = Path(path)
-        self.backbone.save_pretrained(path, safe_serialization=True)
-        head = {name: tensor.detach().contiguous() for name, tensor in self.head.state_dict().items()}
-        save_file(head, path / "value_head.safetensors")
+    def save(self, path: str | Path, state_dict: dict[str, Tensor] | None = None) -> None:
+        """The backbone with ``save_pretrained`` (safetensors) and the head in ``value_head.safetensors``;
+        ``state_dict``: this module's full state when its own parameters are shards."""
+        path, state = Path(path), self.state_dict() if state_dict is None else state_dict
+        part = lambda prefix: {k[len(prefix):]: v.detach().contiguous() for k, v in state.items()  # noqa: E731
+                               if k.startswith(prefix)}
+        self.backbone.save_pretrained(path, state_dict=part("backbone."), safe_serialization=True)
+        save_file(part("head."), path / "value_head.safetensors")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -167,11 +172,13 @@ class PPOTrainer(GRPOTrainer):
             raise ConfigError(f"PPOTrainer needs algorithm: ppo, got {config.algorithm!r}")
         super().__init__(config, **kwargs)
         self.loss_beta = 0.0  # the KL is in the per-token reward, not the loss
-        self.value_model = ValueModel(self.model).to(self.device)
-        self.train_value_model = data_parallel(self.value_model, self.world)
+        self.train_value_model = data_parallel(self.value_model, self.world, config.parallelism)
         self.value_optimizer, self.value_scheduler = self._adamw(
             self.value_model, config.value_learning_rate or config.learning_rate
         )
+
+    def _copy_models(self) -> None:
+        self.value_model = ValueModel(self.model).to(self.device)
 
     def training_step(self) -> dict[str, float]:
         config = self.config
@@ -293,4 +300,6 @@ class PPOTrainer(GRPOTrainer):
     def save(self, path: str | Path) -> None:
         """The policy as GRPO saves it, and the value model beside it in ``value_model/``."""
         super().save(path)
-        self.value_model.save(Path(path).parent / "value_model")
+        state = full_state_dict(self.value_model, self.world)  # every process: a collective when sharded
+        if self.world.main:
+            self.value_model.save(Path(path).parent / "value_model", state)

@@ -184,12 +184,15 @@ def generate(
     top_p: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    stop_early: bool = True,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
     Each group of G completions of one prompt is contiguous in the output. A completion stops at the
     first token in ``eos_token_id`` (one id or several, as chat models often have). With ``greedy=True`` the
-    argmax is taken (and ``logp`` is still reported at ``temperature``).
+    argmax is taken (and ``logp`` is still reported at ``temperature``). ``stop_early=False`` runs all
+    ``max_new_tokens`` decode steps even when every completion has stopped (sharded models need every
+    process to run the same passes); the result is the same.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -237,7 +240,7 @@ def generate(
         just_stopped = ~finished & torch.isin(next_tokens, stop_ids)
         lengths = torch.where(just_stopped, torch.full_like(lengths, t + 1), lengths)
         finished |= just_stopped
-        if finished.all():
+        if stop_early and finished.all():
             break
         input_ids = next_tokens.unsqueeze(1)
         attention_mask = torch.cat([attention_mask, torch.ones_like(input_ids)], dim=1)

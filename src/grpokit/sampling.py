@@ -144,7 +144,7 @@ class Sampler:
             num_generations=g, max_new_tokens=config.max_completion_length,
             temperature=config.temperature, top_p=config.top_p,
             eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
-            generator=self.generator,
+            generator=self.generator, stop_early=not (config.parallelism == "fsdp" and self.world.distributed),
         )
         generated = time.perf_counter()
 

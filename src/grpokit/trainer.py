@@ -37,6 +37,7 @@ from grpokit.distributed import (
     all_sum_dict,
     data_parallel,
     device_for,
+    full_state_dict,
     gather,
     gradient_sync,
     init_world,
@@ -115,7 +116,9 @@ class GRPOTrainer:
         if config.beta != 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
-        self.train_model = data_parallel(self.model, self.world)  # the training passes go through this
+        self._copy_models()
+        # The training passes go through this: DDP or FSDP2 with several processes, the model otherwise.
+        self.train_model = data_parallel(self.model, self.world, config.parallelism)
         self.optimizer, self.scheduler = self._adamw(self.model, config.learning_rate)
         self.sampler = Sampler(config, tokenizer, self.rows, self.reward_funcs, self.reward_weights, self.stop_ids,
                                self.device, self.world)
@@ -146,6 +149,9 @@ class GRPOTrainer:
                     needed.append(column)
         check_columns(rows, needed, source=source)
         return rows
+
+    def _copy_models(self) -> None:
+        """Models copied from the policy before it is sharded (PPO's value model)."""
 
     def _adamw(self, model: torch.nn.Module, lr: float) -> tuple[torch.optim.Optimizer, Any]:
         """AdamW over the model's trainable parameters, and its warmup + decay schedule over the run."""
@@ -287,7 +293,8 @@ class GRPOTrainer:
         loss or gradient norm skips the step (weights, optimizer and schedule untouched) and, after
         ``max_nonfinite_updates`` in a row, stops training."""
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if finite:
             optimizer.step()
@@ -414,8 +421,7 @@ class GRPOTrainer:
                     )
         if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
             save_checkpoint(self)
-        if world.main:
-            self.save(Path(config.output_dir) / "model")
+        self.save(Path(config.output_dir) / "model")
         return self.history
 
     @contextlib.contextmanager
@@ -437,9 +443,12 @@ class GRPOTrainer:
                 signal.signal(sig, handler)
 
     def save(self, path: str | Path) -> None:
-        """``save_pretrained`` (safetensors) for the model and the tokenizer."""
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        """``save_pretrained`` (safetensors) for the model and the tokenizer, by the first process (every
+        process calls it: a sharded model is gathered first)."""
+        state = full_state_dict(self.model, self.world)
+        if self.world.main:
+            self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(path)
 
 
 def build_trainer(config: GRPOConfig, **kwargs: Any) -> GRPOTrainer:
