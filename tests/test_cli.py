@@ -65,7 +65,16 @@ def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
                  "--output", str(out), "--quiet"]) == 0
     summary = json.loads(out.read_text())
     assert summary["num_prompts"] == 10
-    assert {"greedy_correct", "sampled_correct", "greedy_format", "sampled_format"} <= set(summary)
+    assert {"greedy_correct", "sampled_correct", "greedy_format", "sampled_format", "pass@1", "pass@2"} <= set(summary)
+    assert summary["pass@1"] == pytest.approx(summary["sampled_correct"])  # pass@1 is the mean accuracy
+    assert summary["pass@2"] >= summary["pass@1"]
+    assert "pass@2" in capsys.readouterr().out
+
+
+def test_eval_pass_k_larger_than_the_samples_is_refused(tmp_path, tiny_model_dir, data_file, capsys):
+    assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--samples", "2", "--pass-k", "3",
+                 "--max-new-tokens", "4", "--quiet"]) == 2
+    assert "pass@3 needs 1 <= k <= samples_per_prompt=2" in capsys.readouterr().err
 
 
 def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):

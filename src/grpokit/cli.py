@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--prompt-column", default="prompt")
     evaluate.add_argument("--answer-column", default="answer")
     evaluate.add_argument("--samples", type=int, default=4, help="samples per prompt for sampled accuracy")
+    evaluate.add_argument("--pass-k", type=int, nargs="+", default=None, metavar="K",
+                          help="report pass@K for each K (unbiased estimator over the samples; "
+                          "default: 1 and --samples)")
     evaluate.add_argument("--temperature", type=float, default=1.0)
     evaluate.add_argument("--max-new-tokens", type=int, default=64)
     evaluate.add_argument("--seed", type=int, default=0)
@@ -113,10 +116,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tokenizer, rows, prompt_column=args.prompt_column, answer_column=args.answer_column,
         samples_per_prompt=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         seed=args.seed, progress=not args.quiet,
+        pass_ks=args.pass_k if args.pass_k is not None else sorted({1, args.samples}),
     )
-    summary = {"model": args.model, "data": args.data, "num_prompts": len(rows), **summarize(scores)}
-    for key in ("greedy_correct", "sampled_correct", "greedy_format", "sampled_format"):
-        print(f"{key:<16} {summary[key]:.3f}")
+    summary = {"model": args.model, "data": args.data, "num_prompts": len(rows), "samples": args.samples,
+               **summarize(scores)}
+    for key, value in summary.items():
+        if key.endswith(("_correct", "_format")) or key.startswith("pass@"):
+            print(f"{key:<16} {value:.3f}")
     if args.output:
         Path(args.output).write_text(json.dumps(summary, indent=2))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,10 +27,12 @@ def evaluate(
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = True,
+    pass_ks: Sequence[int] | None = None,
 ) -> dict[str, list[float]]:
     """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
-    ``samples_per_prompt`` is 0)."""
+    ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
+    the samples)."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -37,6 +40,11 @@ def evaluate(
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
     scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in ("correct", "format")}
+    pass_ks = [k for k in (pass_ks or []) if samples_per_prompt]
+    for k in pass_ks:
+        if not 1 <= k <= samples_per_prompt:
+            raise ValueError(f"pass@{k} needs 1 <= k <= samples_per_prompt={samples_per_prompt}")
+        scores[f"pass@{k}"] = []
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
         batch = rows[start : start + batch_size]
@@ -54,7 +62,25 @@ def evaluate(
             formatted = torch.tensor(format_reward(prompts, completions)).view(-1, k)
             scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
             scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
+            if mode == "sampled":
+                for k in pass_ks:
+                    scores[f"pass@{k}"] += [pass_at_k(samples_per_prompt, int(c), k)
+                                            for c in correct.sum(dim=1).tolist()]
     return scores
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: ``1 − C(n−c, k) / C(n, k)``, the
+    chance that at least one of k samples drawn without replacement is correct (Chen et al., 2021).
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 3, 2)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n samples, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def summarize(scores: dict[str, list[float]], keep: Sequence[bool] | None = None) -> dict[str, float]:
