@@ -133,3 +133,18 @@ def test_resume_through_the_cli(tmp_path, tiny_model_dir, data_file, capsys):
     assert steps == [1, 2, 3]
     assert main(["train", str(path), "--resume", str(tmp_path / "nowhere")]) == 2
     assert f"error: resume: {tmp_path / 'nowhere'} is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_plot_writes_the_learning_curves(tmp_path, tiny_model_dir, data_file, capsys, algorithm):
+    path = write_config(tmp_path, tiny_model_dir, data_file, algorithm=algorithm)
+    assert main(["train", str(path)]) == 0
+    assert main(["plot", str(tmp_path / "run")]) == 0
+    png = tmp_path / "run" / "plots" / "curves.png"
+    assert capsys.readouterr().out.strip().endswith(str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_plot_of_a_directory_without_metrics_is_one_line(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "no metrics.jsonl (is it a grpokit run directory?)" in capsys.readouterr().err

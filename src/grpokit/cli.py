@@ -1,4 +1,4 @@
-"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``eval MODEL``.
+"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``eval MODEL``, ``plot RUN_DIR``.
 
 Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
 exit status 2, not a traceback.
@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
         help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
     )
+
+    plot = commands.add_parser("plot", help="learning curves of a run directory as PNG (needs matplotlib)")
+    plot.add_argument("run_dir", help="a run's output_dir (holds metrics.jsonl)")
+    plot.add_argument("--output", help="folder for the PNG (default: RUN_DIR/plots)")
 
     evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
     evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
@@ -138,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(args)
         if args.command == "train":
             return cmd_train(args, extra)
+        if args.command == "plot":
+            from grpokit.plots import plot_run
+
+            print(plot_run(args.run_dir, args.output))
+            return 0
         return cmd_eval(args)
     except ValueError as error:  # ConfigError, DataError, RewardError and other bad input
         print(f"error: {error}", file=sys.stderr)
