@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from grpokit.config import GRPOConfig, load_config, parse_overrides
-from grpokit.data import check_columns, load_jsonl
+from grpokit.data import check_columns, load_gsm8k, load_jsonl
 from grpokit.trainer import TrainingError
 
 
@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
     evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
     evaluate.add_argument(
-        "--data", default="builtin:arithmetic", help="JSONL file, or builtin:arithmetic (held-out set)"
+        "--data", default="builtin:arithmetic",
+        help="JSONL file, gsm8k:FILE (GSM8K-style JSONL), or builtin:arithmetic (held-out set)"
     )
     evaluate.add_argument("--prompt-column", default="prompt")
     evaluate.add_argument("--answer-column", default="answer")
@@ -112,6 +113,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from grpokit.arithmetic import held_out_rows
 
         rows = held_out_rows()
+    elif args.data.startswith("gsm8k:"):
+        rows = load_gsm8k(args.data.removeprefix("gsm8k:"))
     else:
         rows = load_jsonl(args.data)
     check_columns(rows, [args.prompt_column, args.answer_column], source=args.data)

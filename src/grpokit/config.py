@@ -41,7 +41,8 @@ class GRPOConfig:
     dataset: str = _field(
         "builtin:arithmetic",
         "A JSONL file with one JSON object per line (a prompt column, an answer column, and any "
-        "other columns, which reward functions receive as keyword lists), or 'builtin:arithmetic'.",
+        "other columns, which reward functions receive as keyword lists); 'gsm8k:FILE' for GSM8K-style "
+        "JSONL (question, answer ending '#### N'); or 'builtin:arithmetic'.",
     )
     prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
     answer_column: str = _field(
@@ -54,8 +55,8 @@ class GRPOConfig:
     # ---- rewards ---------------------------------------------------------------------------------
     reward_funcs: list[str] = _field(
         ["accuracy", "format"],
-        "Reward functions by name (built-in: 'accuracy', 'format', and the process reward "
-        "'arithmetic_steps'); the Python API also takes callables.",
+        "Reward functions by name (built-in: 'accuracy', 'math_accuracy' (math-verify when installed), "
+        "'format', and the process reward 'arithmetic_steps'); the Python API also takes callables.",
     )
     reward_weights: list[float] | None = _field(
         None, "Weight of each reward function in the total reward; None means 1.0 each."

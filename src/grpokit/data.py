@@ -91,3 +91,18 @@ def check_prompt_lengths(prompts: Sequence[str], tokenizer: Any, max_completion_
                 f"row {index}: prompt of {len(ids)} tokens + max_completion_length {max_completion_length} "
                 f"exceeds the model's context of {context} tokens"
             )
+
+
+def load_gsm8k(path: str | Path) -> list[dict[str, Any]]:
+    """GSM8K-style rows (``question``; ``answer`` = worked solution ending ``#### 72``) as
+    ``{"prompt": question, "answer": "72", "solution": worked solution}``; errors name the line."""
+    rows = []
+    for index, row in enumerate(load_jsonl(path)):
+        for column in ("question", "answer"):
+            if not isinstance(row.get(column), str):
+                raise DataError(f"{path}: row {index} needs a text column {column!r} (GSM8K format)")
+        solution, marker, final = row["answer"].rpartition("####")
+        if not marker or not final.strip():
+            raise DataError(f"{path}: row {index} answer has no '#### <final answer>' line (GSM8K format)")
+        rows.append({"prompt": row["question"], "answer": final.strip().replace(",", ""), "solution": solution.strip()})
+    return rows

@@ -106,11 +106,48 @@ def accuracy_reward(
     return scores
 
 
+def math_accuracy_reward(
+    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any], **columns: Any
+) -> list[float]:
+    """1.0 when the single ``<answer>`` is mathematically equal to the row's ``answer``.
+
+    Plain numbers are compared exactly by the strict parser (as :func:`accuracy_reward`). Anything else
+    (``\\frac{1}{2}`` for 0.5, ``\\boxed{72}``) is checked with HF's ``math-verify`` when it is installed
+    (``pip install 'grpokit[math]'``), reading the model's answer as LaTeX only — its plain-expression
+    reader runs sympy's ``parse_expr``, an ``eval``, which model output never reaches. Without
+    math-verify those answers score 0.
+
+    >>> math_accuracy_reward(["q"] * 3, ["<answer>72</answer>", "<answer>71</answer>", "72"], answer=["72"] * 3)
+    [1.0, 0.0, 0.0]
+    """
+    scores = []
+    for completion, reference in zip(completions, answer):
+        predicted = extract_answer(completion)
+        if predicted is None or not predicted.strip():
+            scores.append(0.0)
+        elif parse_number(predicted) is not None and parse_number(str(reference)) is not None:
+            scores.append(1.0 if answers_match(predicted, reference) else 0.0)
+        else:
+            scores.append(1.0 if _math_verify(predicted, str(reference)) else 0.0)
+    return scores
+
+
+def _math_verify(predicted: str, reference: str) -> bool:
+    try:
+        from math_verify import LatexExtractionConfig, parse, verify
+    except ImportError:
+        return False
+    gold = parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
+    guess = parse(f"${predicted.strip().strip('$')}$", extraction_config=[LatexExtractionConfig()])
+    return bool(gold and guess and verify(gold, guess))
+
+
 def builtin_rewards() -> dict[str, RewardFunction]:
     """Reward functions available by name in a config."""
     from grpokit.arithmetic import arithmetic_steps_reward  # imported here: the task module imports this one
 
-    return {"accuracy": accuracy_reward, "format": format_reward, "arithmetic_steps": arithmetic_steps_reward}
+    return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
+            "arithmetic_steps": arithmetic_steps_reward}
 
 
 class RewardError(ValueError):
