@@ -45,3 +45,24 @@ def test_missing_column_names_row_and_column():
 def test_bad_values(row, match):
     with pytest.raises(DataError, match=match):
         check_columns([row], ["prompt", "answer"])
+
+
+def test_load_csv_and_its_errors(tmp_path):
+    from grpokit.data import load_rows
+
+    good = tmp_path / "d.csv"
+    good.write_text('prompt,answer,topic\n"What is 1, 2?",3,sums\nQ2,4,\n')
+    assert load_rows(good) == [{"prompt": "What is 1, 2?", "answer": "3", "topic": "sums"},
+                               {"prompt": "Q2", "answer": "4", "topic": ""}]
+    extra = tmp_path / "extra.csv"
+    extra.write_text("prompt,answer\na,1\nb,2,oops\n")
+    with pytest.raises(DataError, match=r"extra.csv: line 3 has more cells than the header's 2 columns"):
+        load_rows(extra)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"prompt,answer\ncaf\xe9,1\n")
+    with pytest.raises(DataError, match=r"latin.csv: not valid UTF-8"):
+        load_rows(latin)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("prompt,answer\n")
+    with pytest.raises(DataError, match="has no rows"):
+        load_rows(empty)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from grpokit.config import GRPOConfig, load_config, parse_overrides
-from grpokit.data import check_columns, load_gsm8k, load_jsonl
+from grpokit.data import check_columns, load_rows
 from grpokit.trainer import TrainingError
 
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
     evaluate.add_argument(
         "--data", default="builtin:arithmetic",
-        help="JSONL file, gsm8k:FILE (GSM8K-style JSONL), or builtin:arithmetic (held-out set)"
+        help="JSONL or CSV file, gsm8k:FILE (GSM8K-style JSONL), or builtin:arithmetic (held-out set)"
     )
     evaluate.add_argument("--prompt-column", default="prompt")
     evaluate.add_argument("--answer-column", default="answer")
@@ -113,10 +113,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from grpokit.arithmetic import held_out_rows
 
         rows = held_out_rows()
-    elif args.data.startswith("gsm8k:"):
-        rows = load_gsm8k(args.data.removeprefix("gsm8k:"))
     else:
-        rows = load_jsonl(args.data)
+        rows = load_rows(args.data)
     check_columns(rows, [args.prompt_column, args.answer_column], source=args.data)
     model, tokenizer = load_model_and_tokenizer(args.model, progress=not args.quiet)
     scores = evaluate(

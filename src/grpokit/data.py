@@ -5,6 +5,7 @@ Errors name the file, the line (1-based) and the column at fault.
 
 from __future__ import annotations
 
+import csv
 import difflib
 import json
 from collections.abc import Sequence
@@ -40,6 +41,39 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise DataError(f"dataset file {str(path)!r} has no rows")
     return rows
+
+
+def load_csv(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a CSV file with a header line (UTF-8); every value is text. Errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset file {str(path)!r} does not exist")
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            rows = []
+            for row in reader:
+                if None in row:  # more cells than header columns
+                    raise DataError(f"{path}: line {reader.line_num} has more cells than the header's "
+                                    f"{len(reader.fieldnames or [])} columns")
+                rows.append(row)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not valid UTF-8 ({error.reason} at byte {error.start})") from None
+    except csv.Error as error:
+        raise DataError(f"{path}: line {reader.line_num}: {error}") from None
+    if not rows:
+        raise DataError(f"dataset file {str(path)!r} has no rows")
+    return rows
+
+
+def load_rows(source: str | Path) -> list[dict[str, Any]]:
+    """A dataset by file type: ``.csv``, ``gsm8k:FILE``, else JSON lines."""
+    source = str(source)
+    if source.startswith("gsm8k:"):
+        return load_gsm8k(source.removeprefix("gsm8k:"))
+    if source.lower().endswith(".csv"):
+        return load_csv(source)
+    return load_jsonl(source)
 
 
 def check_columns(

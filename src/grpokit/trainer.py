@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from grpokit.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.data import check_columns, check_prompt_lengths, load_gsm8k, load_jsonl
+from grpokit.data import check_columns, check_prompt_lengths, load_rows
 from grpokit.distributed import (
     all_max,
     all_sum,
@@ -139,10 +139,8 @@ class GRPOTrainer:
             from grpokit.arithmetic import train_rows
 
             rows, source = train_rows(4096, config.seed), BUILTIN
-        elif config.dataset.startswith("gsm8k:"):
-            rows, source = load_gsm8k(config.dataset.removeprefix("gsm8k:")), config.dataset
         else:
-            rows, source = load_jsonl(config.dataset), config.dataset
+            rows, source = load_rows(config.dataset), config.dataset
         needed = [config.prompt_column]
         for fn in self.reward_funcs:
             for column in required_columns(fn):
