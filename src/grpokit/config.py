@@ -51,6 +51,19 @@ class GRPOConfig:
     output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.")
     seed: int = _field(0, "Seed for data order, sampling and initialisation.")
     device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
+    dtype: str = _field(
+        "auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
+        "Log-probabilities and the loss are computed in float32 whatever it is.",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    system_prompt: str | None = _field(
+        None, "A system message put before every prompt (e.g. asking for <think>…</think><answer>…</answer>, "
+        "R1-Zero style): in the chat template when the tokenizer has one, else as a first line."
+    )
+    chat_template: bool | None = _field(
+        None, "Render prompts with the tokenizer's chat template (with the generation prompt): None = when it "
+        "has one. Rows whose prompt is a list of {role, content} messages always need one."
+    )
 
     # ---- rewards ---------------------------------------------------------------------------------
     reward_funcs: list[str] = _field(

@@ -95,8 +95,14 @@ def check_columns(
             if row[column] is None:
                 raise DataError(f"{source}: row {index} column {column!r} is null")
         prompt = row[required[0]]
-        if not isinstance(prompt, str) or not prompt:
-            raise DataError(f"{source}: row {index} column {required[0]!r} must be a non-empty string")
+        if isinstance(prompt, list):  # chat messages
+            if not prompt or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                     and isinstance(m.get("content"), str) for m in prompt):
+                raise DataError(f"{source}: row {index} column {required[0]!r} must be text or a non-empty list "
+                                "of {\"role\": ..., \"content\": ...} messages")
+        elif not isinstance(prompt, str) or not prompt:
+            raise DataError(f"{source}: row {index} column {required[0]!r} must be a non-empty string (or a list "
+                            "of chat messages)")
         if "id" in row:  # an id column, when there is one, must identify rows
             key = json.dumps(row["id"], sort_keys=True)
             if key in seen_ids:

@@ -28,8 +28,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
-    """A local HF causal LM directory, or the built-in warm-started arithmetic model."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dtype: str = "auto"):
+    """A local HF causal LM directory, or the built-in warm-started arithmetic model; ``dtype``:
+    ``"auto"`` (as saved) or one of ``DTYPES``, applied while loading (no float32 copy first)."""
+    import transformers
+    from packaging.version import Version
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -41,7 +47,10 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True):
         name = str(warm_started_model_path(seed=seed, progress=progress))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name)
+        # transformers renamed `torch_dtype` to `dtype` in 4.56
+        keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+        options = {} if dtype == "auto" else {keyword: DTYPES[dtype]}
+        model = AutoModelForCausalLM.from_pretrained(name, **options)
     except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
         raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
     return model, tokenizer

@@ -58,6 +58,25 @@ class Batch:
         )
 
 
+def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_prompt: str | None = None,
+                  chat_template: bool | None = None) -> str:
+    """The text a prompt is sampled from: a plain prompt as is (after ``system_prompt`` on its own line), or
+    rendered with the tokenizer's chat template and its generation prompt — always for a list of
+    ``{role, content}`` messages, for plain text when ``chat_template`` is True or None and the
+    tokenizer has one."""
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) or (chat_template is not False and has_template):
+        if not has_template:
+            raise ValueError("a prompt is a list of chat messages but the tokenizer has no chat template")
+        if system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if chat_template:
+        raise ValueError("chat_template is true but the tokenizer has no chat template")
+    return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
+
+
 class Sampler:
     """Samples and scores the groups of each step. ``rows``: the dataset; ``stop_ids``: the tokens that
     end a completion."""
@@ -87,6 +106,10 @@ class Sampler:
             rows.append(self.rows[self.order.pop()])
         start = self.world.rank * self.groups_per_process
         return rows[start : start + self.groups_per_process]
+
+    def prompt_text(self, row: dict[str, Any]) -> str:
+        return render_prompt(self.tokenizer, row[self.config.prompt_column], system_prompt=self.config.system_prompt,
+                             chat_template=self.config.chat_template)
 
     def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         encoded = self.tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
@@ -136,7 +159,7 @@ class Sampler:
         timing = {} if timing is None else timing
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
-        prompts = [row[config.prompt_column] for row in rows]
+        prompts = [self.prompt_text(row) for row in rows]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         model.eval()
         rollout = generate(

@@ -51,7 +51,7 @@ from grpokit.rewards import (
 )
 from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
 from grpokit.runlog import RunLog, completion_records, step_metrics
-from grpokit.sampling import Batch, Sampler
+from grpokit.sampling import Batch, Sampler, render_prompt
 
 
 class TrainingError(RuntimeError):
@@ -96,7 +96,7 @@ class GRPOTrainer:
         self.rows = self._load_rows(train_dataset)
 
         if model is None:
-            model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar)
+            model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
         elif tokenizer is None:
             raise ValueError("a tokenizer is required when a model is passed")
         if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
@@ -105,10 +105,10 @@ class GRPOTrainer:
         self.model, self.tokenizer = model.to(self.device), tokenizer
         self.stop_ids = stop_token_ids(self.model, tokenizer)
 
-        check_prompt_lengths(
-            [row[config.prompt_column] for row in self.rows], tokenizer, config.max_completion_length,
-            getattr(self.model.config, "max_position_embeddings", None),
-        )
+        prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
+                                 chat_template=config.chat_template) for row in self.rows]
+        check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
+                             getattr(self.model.config, "max_position_embeddings", None))
 
         # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3).
         self.loss_beta = config.beta  # the KL term's weight in the loss (PPO puts it in the reward instead)
