@@ -102,7 +102,7 @@ def counted_memory(trainer, prompt_length: int) -> dict[str, float]:
         completion_mask=torch.ones(n, width, dtype=torch.long, device=device),
         logp=torch.zeros(n, width, device=device), truncated=torch.zeros(n, dtype=torch.bool, device=device),
     )
-    ref_logp = None if trainer.ref_model is None else trainer._frozen_logprobs(trainer.ref_model, rollout)
+    ref_logp = trainer._reference_logprobs(rollout)
     advantages = torch.randn(n, width).to(device)
     policy = saved_for_backward(lambda: trainer.accumulate_gradients(rollout, advantages, None, ref_logp))
     value = 0.0

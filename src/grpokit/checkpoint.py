@@ -188,7 +188,10 @@ def load_checkpoint(trainer: Any, path: str | Path) -> None:
         raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} processes; resume it with "
                               f"the same number (now {size}): each one's random streams are in it")
 
-    load_weights(trainer.model, sorted((path / "model").glob("*.safetensors")), f"checkpoint {path}: model")
+    if trainer.config.lora_rank:
+        _load_adapter(trainer.model, path / "model" / "adapter_model.safetensors", f"checkpoint {path}: model")
+    else:
+        load_weights(trainer.model, sorted((path / "model").glob("*.safetensors")), f"checkpoint {path}: model")
     for name, module in trainer.checkpointed_modules().items():
         load_weights(module, [path / f"{name}.safetensors"], f"checkpoint {path}: {name}")
     try:
@@ -236,6 +239,19 @@ def load_weights(module: torch.nn.Module, files: list[Path], source: str) -> Non
             raise CheckpointError(f"{source}: {name} has shape {tuple(tensor.shape)} in the checkpoint but "
                                   f"{tuple(expected[name].shape)} in the model; was it written for another model?")
     module.load_state_dict(state, strict=False)
+
+
+def _load_adapter(model: torch.nn.Module, file: Path, source: str) -> None:
+    """A LoRA adapter saved by peft's save_pretrained, loaded into the model's adapter."""
+    from peft import set_peft_model_state_dict
+
+    try:
+        result = set_peft_model_state_dict(model, load_file(str(file)))
+    except (SafetensorError, OSError, RuntimeError) as error:  # unreadable, or shapes of another rank
+        raise CheckpointError(f"{source}: the LoRA adapter does not fit ({error})") from None
+    if result.unexpected_keys:
+        raise CheckpointError(f"{source}: the LoRA adapter does not fit the model (unexpected "
+                              f"{result.unexpected_keys[:3]})")
 
 
 def _check_config(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:

@@ -162,6 +162,16 @@ class GRPOConfig:
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
     )
 
+    # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
+    lora_rank: int = _field(0, "LoRA rank r (peft); 0 trains every weight. With LoRA the reference policy is the "
+                            "base model with the adapter disabled: no second copy of the weights.", min=0)
+    lora_alpha: float = _field(16.0, "LoRA scaling α (the update is scaled by α / r).", gt=0)
+    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch.", min=0, lt=1)
+    lora_target_modules: list[str] | None = _field(
+        None, "Module names to adapt (e.g. [q_proj, v_proj]); None: peft's default for the architecture."
+    )
+    merge_lora: bool = _field(False, "Also save the adapter merged into the base weights, in output_dir/model_merged.")
+
     # ---- scale-out (torchrun; docs/distributed.md) ----------------------------------------------
     parallelism: str = _field(
         "ddp", "With several processes: 'ddp' (each holds the whole model; gradients all-reduced) or 'fsdp' "
@@ -216,6 +226,9 @@ class GRPOConfig:
             )
         if self.algorithm == "ppo" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups")
+        if self.lora_rank and self.algorithm == "ppo":
+            raise ConfigError("lora_rank with algorithm: ppo is not supported yet: the value model copies the full "
+                              "policy; use GRPO, or lora_rank: 0")
         if self.parallelism == "fsdp" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
                               "sharded passes; use ddp")

@@ -192,7 +192,7 @@ class PPOTrainer(GRPOTrainer):
 
         # 3. Fixed for the update: π_old and π_ref log-probs, and the value model's estimates.
         old_logp = self._frozen_logprobs(self.model, rollout)
-        ref_logp = self._frozen_logprobs(self.ref_model, rollout) if self.ref_model is not None else None
+        ref_logp = self._reference_logprobs(rollout)
         old_values = self._frozen_values(rollout)
         frozen = time.perf_counter()
 

@@ -102,7 +102,7 @@ class GRPOTrainer:
         if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
             # The completion mask never looks at pad ids, so pad may safely equal EOS.
             tokenizer.pad_token = tokenizer.eos_token
-        self.model, self.tokenizer = model.to(self.device), tokenizer
+        self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
         self.stop_ids = stop_token_ids(self.model, tokenizer)
 
         prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
@@ -110,10 +110,11 @@ class GRPOTrainer:
         check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
                              getattr(self.model.config, "max_position_embeddings", None))
 
-        # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3).
+        # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3). With LoRA
+        # the reference is the policy with its adapter disabled, so no copy is held.
         self.loss_beta = config.beta  # the KL term's weight in the loss (PPO puts it in the reward instead)
         self.ref_model = None
-        if config.beta != 0:
+        if config.beta != 0 and not config.lora_rank:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
         self._copy_models()
@@ -197,7 +198,7 @@ class GRPOTrainer:
         # 4. Log-probs that stay fixed during the update: π_ref, and π_old when there are several
         #    optimizer steps (with one, π_old = π_θ and ratio = 1 in value, so no extra pass is
         #    needed: GRPO.md §1.4).
-        ref_logp = self._frozen_logprobs(self.ref_model, rollout) if self.ref_model is not None else None
+        ref_logp = self._reference_logprobs(rollout)
         several_updates = config.num_iterations > 1 or config.num_minibatches > 1
         old_logp = self._frozen_logprobs(self.model, rollout) if several_updates else None
         frozen = time.perf_counter()
@@ -233,6 +234,15 @@ class GRPOTrainer:
         if self.config.mask_truncated_completions:
             return rollout.completion_mask * ~rollout.truncated.unsqueeze(1)
         return rollout.completion_mask
+
+    def _reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        """π_ref's log-probs: the frozen copy's, the policy's with its LoRA adapter disabled, or None (β = 0)."""
+        if self.config.beta == 0:
+            return None
+        if self.ref_model is not None:
+            return self._frozen_logprobs(self.ref_model, rollout)
+        with self.model.disable_adapter():
+            return self._frozen_logprobs(self.model, rollout)
 
     @torch.no_grad()
     def _frozen_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
@@ -447,8 +457,30 @@ class GRPOTrainer:
         process calls it: a sharded model is gathered first)."""
         state = full_state_dict(self.model, self.world)
         if self.world.main:
-            self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            # a LoRA model saves its adapter alone (adapter_model.safetensors + adapter_config.json)
+            self.model.save_pretrained(path, state_dict=None if self.config.lora_rank else state,
+                                       safe_serialization=True)
             self.tokenizer.save_pretrained(path)
+            if self.config.lora_rank and self.config.merge_lora:
+                merged = Path(path).parent / "model_merged"
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(merged, safe_serialization=True)
+                self.tokenizer.save_pretrained(merged)
+
+
+def with_lora(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
+    """The model with a LoRA adapter (peft) when ``config.lora_rank`` > 0: only the adapter trains."""
+    if not config.lora_rank:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("lora_rank needs peft: pip install 'grpokit[lora]'") from None
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as error:  # e.g. no default target modules for this architecture
+        raise ConfigError(f"lora_target_modules: {error}") from None
 
 
 def build_trainer(config: GRPOConfig, **kwargs: Any) -> GRPOTrainer:
