@@ -166,8 +166,10 @@ def stop_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
 
 
 def _cache_argument(model: torch.nn.Module) -> str:
-    # transformers 5.2x renamed ``past_key_values`` to ``cache``; older versions and wrappers use the old name.
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # transformers 5.2x renamed ``past_key_values`` to ``cache``; older versions use the old name. Wrappers
+    # (peft) forward keyword arguments: ask the model they wrap.
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
