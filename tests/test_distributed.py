@@ -4,6 +4,7 @@ early with a clear error."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -77,6 +78,15 @@ SCRIPT = textwrap.dedent(f"""
 """)
 
 
+def torchrun(processes: int) -> list[str]:
+    """torchrun on a free port of its own (back-to-back launches on a fixed port can collide)."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}"]
+
+
 def launch(tmp_path: Path, out: Path, processes: int) -> None:
     script = tmp_path / "dp.py"
     script.write_text(SCRIPT)
@@ -84,8 +94,7 @@ def launch(tmp_path: Path, out: Path, processes: int) -> None:
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, str(script), str(out)]
     if processes > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                   *command[1:]]
+        command = [*torchrun(processes), *command[1:]]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -179,15 +188,14 @@ def test_two_processes_resume_bit_exact(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
 
-    def torchrun(out: Path, steps: int, resume: str = "") -> None:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               str(script), str(out), str(steps), resume], env=env, capture_output=True, text=True,
-                              timeout=600)
+    def run(out: Path, steps: int, resume: str = "") -> None:
+        done = subprocess.run([*torchrun(2), str(script), str(out), str(steps), resume], env=env, capture_output=True,
+                              text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
 
-    torchrun(tmp_path / "straight", 4)
-    torchrun(tmp_path / "resumed", 2)
-    torchrun(tmp_path / "resumed", 4, "latest")
+    run(tmp_path / "straight", 4)
+    run(tmp_path / "resumed", 2)
+    run(tmp_path / "resumed", 4, "latest")
     a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
