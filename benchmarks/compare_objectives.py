@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plotting import mean_band
+from common import mean_band
 from transformers.utils import logging as hf_logging
 
 from grpokit.arithmetic import held_out_rows, warm_started_model_path

@@ -28,14 +28,13 @@ import argparse
 import json
 import platform
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from common import run_worker
 
 SIZES = {  # name → TinyModelSpec fields, warm-started?, steps (None = --steps)
     "small": (dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512), True, None),
@@ -234,7 +233,7 @@ def plot(records: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from plotting import mean_band
+    from common import mean_band
 
     colors = {"grpo": "tab:blue", "ppo": "tab:orange"}
     sizes = list(dict.fromkeys(r["size"] for r in records))
@@ -305,11 +304,7 @@ def main() -> None:
                 job = {"size": size, "algorithm": algorithm, "seed": seed, "steps": steps or args.steps,
                        "device": args.device, "threads": args.threads}
                 start = time.perf_counter()
-                done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
-                                      text=True)
-                if done.returncode != 0:
-                    sys.exit(f"worker {job} failed:\n{done.stderr[-3000:]}")
-                record = json.loads(done.stdout.strip().splitlines()[-1])
+                record = run_worker(__file__, job)
                 records.append(record)
                 print(f"{size} {algorithm} seed {seed}: {time.perf_counter() - start:.0f} s, counted "
                       f"{record['counted_mb']['total']:.1f} MB, peak RSS {record['peak_rss_mb']:.0f} MB", flush=True)

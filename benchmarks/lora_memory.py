@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from common import run_worker
 from grpo_vs_ppo import SIZES, counted_memory, rss_mb
 
 LORA = dict(lora_rank=8, lora_alpha=16.0,
@@ -65,11 +64,7 @@ def main() -> None:
     records = []
     for size in args.sizes:
         for mode in ("full", "lora"):
-            done = subprocess.run([sys.executable, __file__, "--worker", json.dumps({"size": size, "mode": mode})],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(done.stderr[-3000:])
-            records.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            records.append(run_worker(__file__, {"size": size, "mode": mode}))
             print(f"{size} {mode}: {records[-1]['counted_mb']['total']:.1f} MB counted", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(records, indent=1))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
+
+from grpokit.config import ConfigError
 
 BUILTIN = "builtin:arithmetic"
 
@@ -54,3 +57,19 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
     except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
         raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
     return model, tokenizer
+
+
+def with_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
+    """The model with a LoRA adapter (peft) when ``config.lora_rank`` > 0: only the adapter trains."""
+    if not config.lora_rank:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("lora_rank needs peft: pip install 'grpokit[lora]'") from None
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as error:  # e.g. no default target modules for this architecture
+        raise ConfigError(f"lora_target_modules: {error}") from None

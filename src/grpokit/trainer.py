@@ -42,7 +42,7 @@ from grpokit.distributed import (
     gradient_sync,
     init_world,
 )
-from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything
+from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything, with_lora
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.rewards import (
     required_columns,
@@ -465,22 +465,6 @@ class GRPOTrainer:
                 merged = Path(path).parent / "model_merged"
                 copy.deepcopy(self.model).merge_and_unload().save_pretrained(merged, safe_serialization=True)
                 self.tokenizer.save_pretrained(merged)
-
-
-def with_lora(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
-    """The model with a LoRA adapter (peft) when ``config.lora_rank`` > 0: only the adapter trains."""
-    if not config.lora_rank:
-        return model
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise ConfigError("lora_rank needs peft: pip install 'grpokit[lora]'") from None
-    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
-    try:
-        return get_peft_model(model, lora)
-    except ValueError as error:  # e.g. no default target modules for this architecture
-        raise ConfigError(f"lora_target_modules: {error}") from None
 
 
 def build_trainer(config: GRPOConfig, **kwargs: Any) -> GRPOTrainer:

@@ -1,6 +1,11 @@
-"""Shared by the benchmark scripts: mean-and-spread curves over seeds."""
+"""Shared by the benchmark scripts: measurement workers in fresh processes, mean-and-spread curves."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
 
 import numpy as np
 
@@ -12,3 +17,12 @@ def mean_band(ax, runs: list[list[dict]], x_key: str, y_key: str, *, color: str,
     ys = np.array([np.interp(grid, [p[x_key] for p in run], [p[y_key] for p in run]) for run in runs])
     ax.plot(grid, ys.mean(axis=0), color=color, label=label)
     ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.15)
+
+
+def run_worker(script: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Run ``script --worker JOB`` in a fresh Python process (so that its peak RSS is its own) and return
+    the JSON record it prints last; a failing worker stops the benchmark with its stderr."""
+    done = subprocess.run([sys.executable, script, "--worker", json.dumps(job)], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"worker {job} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
