@@ -148,3 +148,16 @@ def test_plot_writes_the_learning_curves(tmp_path, tiny_model_dir, data_file, ca
 def test_plot_of_a_directory_without_metrics_is_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     assert "no metrics.jsonl (is it a grpokit run directory?)" in capsys.readouterr().err
+
+
+def test_tensorboard_events(tmp_path, tiny_model_dir, data_file):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    path = write_config(tmp_path, tiny_model_dir, data_file, tensorboard=True)
+    assert main(["train", str(path)]) == 0
+    events = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    rewards = events.Scalars("reward")
+    logged = [json.loads(line)["reward"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e.step for e in rewards] == [1, 2]
+    assert [e.value for e in rewards] == pytest.approx(logged)
+    assert "kl" in events.Tags()["scalars"] and "time_generate" in events.Tags()["scalars"]

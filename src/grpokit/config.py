@@ -201,6 +201,9 @@ class GRPOConfig:
     )
 
     # ---- logging ---------------------------------------------------------------------------------
+    tensorboard: bool = _field(
+        False, "Also write every metric to output_dir/tensorboard for TensorBoard (pip install 'grpokit[tensorboard]')."
+    )
     log_completions: int = _field(
         4, "Completions per step written to completions.jsonl (0 disables).", min=0
     )

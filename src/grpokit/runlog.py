@@ -78,10 +78,11 @@ def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt
 
 
 class RunLog:
-    """The run directory's files."""
+    """The run directory's files, and TensorBoard events when asked."""
 
-    def __init__(self, output_dir: str | Path):
+    def __init__(self, output_dir: str | Path, tensorboard: bool = False):
         self.dir = Path(output_dir)
+        self.writer = tensorboard_writer(self.dir / "tensorboard") if tensorboard else None
 
     def start(self, config: dict[str, Any], history: list[dict[str, float]], step: int) -> None:
         """Write config.yaml; start metrics.jsonl and completions.jsonl afresh, or, when resuming at
@@ -98,6 +99,21 @@ class RunLog:
     def write(self, metrics: dict[str, float], completions: list[dict[str, Any]]) -> None:
         with (self.dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(metrics) + "\n")
+        if self.writer is not None:
+            for key, value in metrics.items():
+                if key != "step" and value is not None:
+                    self.writer.add_scalar(key, value, metrics["step"])
+            self.writer.flush()
         if completions:
             with (self.dir / "completions.jsonl").open("a") as handle:
                 handle.writelines(json.dumps(record) + "\n" for record in completions)
+
+
+def tensorboard_writer(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ValueError(
+            "tensorboard: true needs the tensorboard package: pip install 'grpokit[tensorboard]'"
+        ) from None
+    return SummaryWriter(log_dir=str(log_dir))

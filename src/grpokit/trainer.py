@@ -92,6 +92,12 @@ class GRPOTrainer:
                 f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions"
             )
 
+        if config.tensorboard:  # a missing package fails now, not after the model load
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ConfigError("tensorboard: true needs the tensorboard package: pip install 'grpokit[tensorboard]'")
+
         # Data and rewards are checked before the (possibly slow) model load.
         self.rows = self._load_rows(train_dataset)
 
@@ -383,7 +389,7 @@ class GRPOTrainer:
     def _start_run_log(self) -> RunLog:
         config = self.config.to_dict()
         config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
-        self.run_log = RunLog(self.config.output_dir)
+        self.run_log = RunLog(self.config.output_dir, tensorboard=self.config.tensorboard)
         self.run_log.start(config, self.history, self.step)
         return self.run_log
 
