@@ -144,3 +144,14 @@ def test_bad_reward_functions_are_named(fn, match):
 def test_unknown_reward_name():
     with pytest.raises(ValueError, match="unknown reward 'acuracy'"):
         resolve_reward_functions(["acuracy"])
+
+
+def test_the_reward_examples_in_the_docs_run():
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "data_and_rewards.md").read_text()
+    namespace: dict = {}
+    exec(doc.split("```python\n")[1].split("```")[0], namespace)
+    assert namespace["length_penalty"](["q", "q"], ["x" * 100, "x" * 600]) == [0.0, -0.5]
+    assert namespace["answer_in_units"](["q"] * 2, ["it is 5 kg", "5 g"], answer=["5", "5"], unit=["kg", "kg"]) == [
+        1.0, 0.0]
