@@ -66,3 +66,26 @@ def test_load_csv_and_its_errors(tmp_path):
     empty.write_text("prompt,answer\n")
     with pytest.raises(DataError, match="has no rows"):
         load_rows(empty)
+
+
+def test_parquet_and_saved_datasets(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from grpokit.data import load_rows
+
+    rows = [{"prompt": "What is 1 + 1?", "answer": "2", "level": 1}, {"prompt": "Q2", "answer": "4", "level": 2}]
+    table = datasets.Dataset.from_list(rows)
+    table.to_parquet(str(tmp_path / "train.parquet"))
+    assert load_rows(tmp_path / "train.parquet") == rows
+    table.save_to_disk(str(tmp_path / "saved"))
+    assert load_rows(tmp_path / "saved") == rows
+    datasets.DatasetDict({"train": table, "test": table}).save_to_disk(str(tmp_path / "splits"))
+    assert load_rows(tmp_path / "splits") == rows  # the train split
+    datasets.DatasetDict({"test": table}).save_to_disk(str(tmp_path / "no_train"))
+    with pytest.raises(DataError, match=r"no_train: a DatasetDict without a 'train' split \(its splits: \['test'\]\)"):
+        load_rows(tmp_path / "no_train")
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match=r"junk.parquet: not a readable Parquet file"):
+        load_rows(tmp_path / "junk.parquet")
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(DataError, match=r"empty_dir: not a directory written by save_to_disk"):
+        load_rows(tmp_path / "empty_dir")

@@ -40,9 +40,10 @@ class GRPOConfig:
     )
     dataset: str = _field(
         "builtin:arithmetic",
-        "A JSONL file with one JSON object per line, or a CSV file with a header (a prompt column, an "
-        "answer column, and any other columns, which reward functions receive as keyword lists); "
-        "'gsm8k:FILE' for GSM8K-style JSONL (question, answer ending '#### N'); or 'builtin:arithmetic'.",
+        "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, or a directory "
+        "written by datasets' save_to_disk (its 'train' split) — with a prompt column, an answer column, and "
+        "any other columns, which reward functions receive as keyword lists; 'gsm8k:FILE' for GSM8K-style "
+        "JSONL (question, answer ending '#### N'); or 'builtin:arithmetic'.",
     )
     prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
     answer_column: str = _field(

@@ -66,13 +66,54 @@ def load_csv(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def load_parquet(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a Parquet file (needs pyarrow: ``pip install 'grpokit[data]'``)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'grpokit[data]'") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: not a readable Parquet file ({error})") from None
+    if not rows:
+        raise DataError(f"dataset file {str(path)!r} has no rows")
+    return rows
+
+
+def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
+    """Rows of a directory written by ``datasets``' ``save_to_disk`` (a Dataset, or a DatasetDict's
+    ``split``); needs ``pip install 'grpokit[data]'``."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading a saved `datasets` directory needs it: pip install 'grpokit[data]'") from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as error:
+        raise DataError(f"{path}: not a directory written by save_to_disk ({error})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DataError(f"{path}: a DatasetDict without a {split!r} split (its splits: {sorted(loaded)})")
+        loaded = loaded[split]
+    rows = loaded.to_list()
+    if not rows:
+        raise DataError(f"{path}: the dataset has no rows")
+    return rows
+
+
 def load_rows(source: str | Path) -> list[dict[str, Any]]:
-    """A dataset by file type: ``.csv``, ``gsm8k:FILE``, else JSON lines."""
+    """A dataset by its kind: ``gsm8k:FILE``, a ``save_to_disk`` directory, ``.csv``, ``.parquet``, else JSON
+    lines."""
     source = str(source)
     if source.startswith("gsm8k:"):
         return load_gsm8k(source.removeprefix("gsm8k:"))
+    if Path(source).is_dir():
+        return load_saved_dataset(source)
     if source.lower().endswith(".csv"):
         return load_csv(source)
+    if source.lower().endswith(".parquet"):
+        return load_parquet(source)
     return load_jsonl(source)
 
 
