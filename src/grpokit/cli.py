@@ -1,4 +1,5 @@
-"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``eval MODEL``, ``plot RUN_DIR``.
+"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``eval MODEL``, ``plot RUN_DIR``,
+``report RUN_DIR``.
 
 Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
 exit status 2, not a traceback.
@@ -48,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="learning curves of a run directory as PNG (needs matplotlib)")
     plot.add_argument("run_dir", help="a run's output_dir (holds metrics.jsonl)")
     plot.add_argument("--output", help="folder for the PNG (default: RUN_DIR/plots)")
+
+    report = commands.add_parser("report", help="one self-contained HTML page: config, curves, completions")
+    report.add_argument("run_dir", help="a run's output_dir")
+    report.add_argument("--output", help="the HTML file (default: RUN_DIR/report.html)")
 
     evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
     evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
@@ -143,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(args)
         if args.command == "train":
             return cmd_train(args, extra)
+        if args.command == "report":
+            from grpokit.report import write_report
+
+            print(write_report(args.run_dir, args.output))
+            return 0
         if args.command == "plot":
             from grpokit.plots import plot_run
 
