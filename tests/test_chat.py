@@ -64,3 +64,31 @@ def test_a_bfloat16_run_trains(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model.to(torch.bfloat16), tmp_path, max_steps=2, reward_funcs=(ones,))
     history = trainer.train()
     assert all(torch.isfinite(torch.tensor([m["loss"], m["grad_norm"]])).all() for m in history)
+
+
+def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatch):
+    import json
+    import shutil
+
+    import grpokit.evaluate
+    from grpokit.arithmetic import build_tokenizer
+    from grpokit.cli import main
+
+    model_dir = tmp_path / "chat_model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    chat = build_tokenizer()
+    chat.chat_template = TEMPLATE
+    chat.save_pretrained(model_dir)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "Q", "answer": "1"}) + "\n")
+    seen = []
+    real = grpokit.evaluate.evaluate
+
+    def spy(model, tokenizer, rows, **kwargs):
+        seen.extend(rows)
+        return real(model, tokenizer, rows, **kwargs)
+
+    monkeypatch.setattr(grpokit.evaluate, "evaluate", spy)
+    assert main(["eval", str(model_dir), "--data", str(data), "--samples", "1", "--max-new-tokens", "2",
+                 "--system-prompt", "S", "--quiet"]) == 0
+    assert seen[0]["prompt"] == "[system] S\n[user] Q\n[assistant] "

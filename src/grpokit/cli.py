@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--pass-k", type=int, nargs="+", default=None, metavar="K",
                           help="report pass@K for each K (unbiased estimator over the samples; "
                           "default: 1 and --samples)")
+    evaluate.add_argument("--system-prompt", default=None,
+                          help="system message before each prompt (as the training config's system_prompt)")
     evaluate.add_argument("--temperature", type=float, default=1.0)
     evaluate.add_argument("--max-new-tokens", type=int, default=64)
     evaluate.add_argument("--seed", type=int, default=0)
@@ -113,6 +115,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.evaluate import evaluate, summarize
     from grpokit.models import load_model_and_tokenizer
+    from grpokit.sampling import render_prompt
 
     if args.data == "builtin:arithmetic":
         from grpokit.arithmetic import held_out_rows
@@ -122,6 +125,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rows = load_rows(args.data)
     check_columns(rows, [args.prompt_column, args.answer_column], source=args.data)
     model, tokenizer = load_model_and_tokenizer(args.model, progress=not args.quiet)
+    # the prompts as training renders them: through the chat template when the tokenizer has one
+    rows = [{**row, args.prompt_column: render_prompt(tokenizer, row[args.prompt_column],
+                                                      system_prompt=args.system_prompt)} for row in rows]
     scores = evaluate(
         model, tokenizer, rows, prompt_column=args.prompt_column, answer_column=args.answer_column,
         samples_per_prompt=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
