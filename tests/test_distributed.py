@@ -96,6 +96,10 @@ def launch(tmp_path: Path, out: Path, processes: int) -> None:
     if processes > 1:
         command = [*torchrun(processes), *command[1:]]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+        # A gloo thread aborting at interpreter exit, after the work (seen twice in ~10 suite runs before the
+        # process group was destroyed at exit): launch once more rather than fail on teardown.
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -189,8 +193,10 @@ def test_two_processes_resume_bit_exact(tmp_path):
     env.pop("WORLD_SIZE", None)
 
     def run(out: Path, steps: int, resume: str = "") -> None:
-        done = subprocess.run([*torchrun(2), str(script), str(out), str(steps), resume], env=env, capture_output=True,
-                              text=True, timeout=600)
+        command = [*torchrun(2), str(script), str(out), str(steps), resume]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)  # as in launch()
         assert done.returncode == 0, done.stderr[-4000:]
 
     run(tmp_path / "straight", 4)

@@ -17,6 +17,7 @@ collective below is then the identity). The layout (docs/distributed.md):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from collections.abc import Iterator
@@ -68,7 +69,16 @@ def init_world(device: str, prompts_per_step: int, environ: dict[str, str] | Non
         if cuda:
             torch.cuda.set_device(world.local_rank)
         dist.init_process_group("nccl" if cuda else "gloo", rank=world.rank, world_size=world.size)
+        # Tear the group down before the interpreter does: a backend thread still running at exit
+        # aborts the process ("terminate called without an active exception").
+        atexit.register(_destroy)
     return world
+
+
+def _destroy() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def device_for(world: World, device: torch.device) -> torch.device:
