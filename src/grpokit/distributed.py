@@ -76,8 +76,8 @@ def init_world(device: str, prompts_per_step: int, environ: dict[str, str] | Non
 
 
 def _destroy() -> None:
+    # no barrier: a process leaving on an error must not wait for the others
     if dist.is_initialized():
-        dist.barrier()
         dist.destroy_process_group()
 
 
