@@ -95,6 +95,10 @@ def launch(tmp_path: Path, out: Path, processes: int) -> None:
     command = [sys.executable, str(script), str(out)]
     if processes > 1:
         command = [*torchrun(processes), *command[1:]]
+    run_to_success(command, env)
+
+
+def run_to_success(command: list[str], env: dict[str, str]) -> None:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
         # A gloo thread aborting at interpreter exit, after the work (seen twice in ~10 suite runs before the
@@ -193,11 +197,7 @@ def test_two_processes_resume_bit_exact(tmp_path):
     env.pop("WORLD_SIZE", None)
 
     def run(out: Path, steps: int, resume: str = "") -> None:
-        command = [*torchrun(2), str(script), str(out), str(steps), resume]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)  # as in launch()
-        assert done.returncode == 0, done.stderr[-4000:]
+        run_to_success([*torchrun(2), str(script), str(out), str(steps), resume], env)
 
     run(tmp_path / "straight", 4)
     run(tmp_path / "resumed", 2)

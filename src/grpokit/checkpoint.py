@@ -60,8 +60,7 @@ def save_checkpoint(trainer: Any) -> Path:
     root = checkpoints_dir(trainer.config.output_dir)
     final = root / f"step-{trainer.step:06d}"
     if is_sharded(trainer.model):
-        raise_once = not getattr(trainer, "_warned_fsdp", False)
-        if raise_once and world.main:
+        if world.main and not getattr(trainer, "_warned_fsdp", False):
             warnings.warn("parallelism: fsdp writes no checkpoints yet (the final model is saved); see "
                           "docs/distributed.md", stacklevel=2)
         trainer._warned_fsdp = True
