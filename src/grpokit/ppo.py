@@ -108,10 +108,17 @@ def value_loss(
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     """``1 − Var(R − V) / Var(R)`` over unmasked tokens: 1 is a perfect critic, ≤ 0 no better than a constant."""
-    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    residual = returns - values
-    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-    return float("nan") if var_returns == 0 else (1 - var_residual / var_returns).item()
+    valid = mask.bool()
+    r, d = returns[valid].double(), (returns - values)[valid].double()
+    return explained_variance_from_moments(r.mean().item(), (r**2).mean().item(), d.mean().item(),
+                                           (d**2).mean().item())
+
+
+def explained_variance_from_moments(mean_r: float, mean_r2: float, mean_d: float, mean_d2: float) -> float:
+    """The same from ``E[R], E[R²], E[R − V], E[(R − V)²]`` — which add up across processes; NaN when the
+    returns do not vary."""
+    var_returns = mean_r2 - mean_r**2
+    return float("nan") if var_returns <= 0 else 1 - (mean_d2 - mean_d**2) / var_returns
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,11 +224,10 @@ class PPOTrainer(GRPOTrainer):
                                (start, sampled_time, frozen, updated))
         kl = kl_penalty(old_logp, ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)
         m = self._moments({"kl": kl, "V": old_values, "R": returns, "R-V": returns - old_values}, loss_mask)
-        var_returns = m["R²"] - m["R"] ** 2
         metrics.update(
             kl=m["kl"], value_loss=update["value_loss"], value_clipfrac=update["value_clipfrac"],
             value_grad_norm=update["value_grad_norm"],
-            explained_variance=float("nan") if var_returns <= 0 else 1 - (m["R-V²"] - m["R-V"] ** 2) / var_returns,
+            explained_variance=explained_variance_from_moments(m["R"], m["R²"], m["R-V"], m["R-V²"]),
             value_mean=m["V"], return_mean=m["R"],
         )
         self._log(metrics, batch, advantages)
