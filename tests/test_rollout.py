@@ -51,21 +51,22 @@ def test_stops_early_when_all_finished():
     assert rollout.completion_ids.shape == (2, 2)
 
 
-def test_generation_logprobs_match_a_full_forward_pass(tiny_model, tokenizer):
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "hf-forward"])
+def test_generation_logprobs_match_a_full_forward_pass(tiny_model, tokenizer, fast):
     """KV-cached, left-padded sampling reports the same log-probs as one forward pass over the
-    whole sequence, at the sampling temperature."""
+    whole sequence (the model's own), at the sampling temperature."""
     tiny_model.eval()
     enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think."], padding=True, padding_side="left",
                     return_tensors="pt")
     gen = torch.Generator().manual_seed(0)
     rollout = generate(tiny_model, enc["input_ids"], enc["attention_mask"], num_generations=3, max_new_tokens=12,
                        temperature=0.7, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                       generator=gen)
+                       generator=gen, fast=fast)
     assert rollout.completion_ids.shape[0] == 9
     assert rollout.logp.dtype == torch.float32
     with torch.no_grad():
         logp, entropy = sequence_logprobs(tiny_model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                                          rollout.completion_mask, temperature=0.7, with_entropy=True)
+                                          rollout.completion_mask, temperature=0.7, with_entropy=True, fast=False)
     mask = rollout.completion_mask.bool()
     assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-5)
     assert (entropy[mask] > 0).all()

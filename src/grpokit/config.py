@@ -162,6 +162,18 @@ class GRPOConfig:
     micro_batch_size: int = _field(
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
     )
+    fast_path: bool = _field(
+        True, "Run Llama-family models (Llama, Qwen2, Mistral without a sliding window) through grpokit's own "
+        "forward: a preallocated KV cache when sampling, no padding computed in the reference and policy passes "
+        "(same math; docs/benchmarks.md). Other models, and the training passes of multi-process runs, use the "
+        "model's own forward; false forces that everywhere.",
+    )
+    mixed_precision: str = _field(
+        "no", "'bf16': run the policy and reference passes (sampling included) under bfloat16 autocast; weights, "
+        "gradients, optimizer states, logits and the loss stay float32. Faster where the hardware has bfloat16 "
+        "matrix units (recent x86 CPUs, GPUs); log-probs then differ from float32 by ~1e-2.",
+        choices=("no", "bf16"),
+    )
 
     # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
     lora_rank: int = _field(0, "LoRA rank r (peft); 0 trains every weight. With LoRA the reference policy is the "

@@ -31,6 +31,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def autocast(mixed_precision: str, device: torch.device):
+    """The autocast context for ``mixed_precision`` ('no' or 'bf16') on ``device``."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

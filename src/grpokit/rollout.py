@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.objective import token_entropy, token_logprobs
 
 
@@ -187,6 +188,7 @@ def generate(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     stop_early: bool = True,
+    fast: bool = True,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
@@ -194,7 +196,9 @@ def generate(
     first token in ``eos_token_id`` (one id or several, as chat models often have). With ``greedy=True`` the
     argmax is taken (and ``logp`` is still reported at ``temperature``). ``stop_early=False`` runs all
     ``max_new_tokens`` decode steps even when every completion has stopped (sharded models need every
-    process to run the same passes); the result is the same.
+    process to run the same passes); the result is the same. With ``fast`` and a model
+    :mod:`grpokit.llama_family` supports, decoding uses a preallocated cache and drops finished
+    completions from the batch (the same distribution; ``stop_early`` is then moot).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -208,13 +212,51 @@ def generate(
     n = prompt_ids.shape[0]
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
-    attention_mask = prompt_mask.long()
-    position_ids = position_ids_from_mask(attention_mask)
     tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
 
+    def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them."""
+        logits = logits / temperature
+        if greedy:
+            chosen = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        tokens[rows, t] = chosen
+        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5).
+        logps[rows, t] = token_logprobs(logits, chosen)
+        stopped = torch.isin(chosen, stop_ids)
+        lengths[rows[stopped]] = t + 1
+        finished[rows[stopped]] = True
+        return chosen, stopped
+
+    if fast and unsupported(model) is None:
+        LlamaFamily(model).decode(prompt_ids, prompt_mask, max_new_tokens, choose)
+    else:
+        _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, finished, stop_early)
+
+    width = int(lengths.max().item())
+    completion_mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask.long(),
+        completion_ids=tokens[:, :width],
+        completion_mask=completion_mask.long(),
+        logp=logps[:, :width],
+        truncated=~finished,
+    )
+
+
+def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, finished, stop_early) -> None:
+    """The decode loop over the model's own forward and its KV cache (any Hugging Face causal LM)."""
+    n = prompt_ids.shape[0]
+    attention_mask = prompt_mask.long()
+    position_ids = position_ids_from_mask(attention_mask)
+    rows = torch.arange(n, device=prompt_ids.device)
+    next_tokens = torch.zeros(n, dtype=torch.long, device=prompt_ids.device)
     cache_name = _cache_argument(model)
     input_ids, cache = prompt_ids, None
     for t in range(max_new_tokens):
@@ -227,37 +269,14 @@ def generate(
             **{cache_name: cache},
         )
         cache = getattr(out, cache_name)
-        logits = out.logits[:, -1, :].float() / temperature  # (N, V)
-        if greedy:
-            next_tokens = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
-            next_tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5).
-        step_logp = token_logprobs(logits, next_tokens)
-        next_tokens = torch.where(finished, torch.full_like(next_tokens, pad_token_id), next_tokens)
-        tokens[:, t] = next_tokens
-        logps[:, t] = torch.where(finished, torch.zeros_like(step_logp), step_logp)
-
-        just_stopped = ~finished & torch.isin(next_tokens, stop_ids)
-        lengths = torch.where(just_stopped, torch.full_like(lengths, t + 1), lengths)
-        finished |= just_stopped
+        running = ~finished
+        if running.any():  # finished rows keep feeding their last token: never read again
+            next_tokens[running] = choose(out.logits[running, -1, :].float(), t, rows[running])[0]
         if stop_early and finished.all():
             break
         input_ids = next_tokens.unsqueeze(1)
         attention_mask = torch.cat([attention_mask, torch.ones_like(input_ids)], dim=1)
         position_ids = position_ids[:, -1:] + 1
-
-    width = int(lengths.max().item())
-    completion_mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask.long(),
-        completion_ids=tokens[:, :width],
-        completion_mask=completion_mask.long(),
-        logp=logps[:, :width],
-        truncated=~finished,
-    )
 
 
 def sequence_inputs(
@@ -281,18 +300,39 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    fast: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (N, T) of ``completion_ids`` given the prompts, in one forward pass, float32.
+    """Log-probs (N, T) of ``completion_ids`` given the prompts, in one forward pass, float32; 0 where
+    ``completion_mask`` is 0.
 
     Returns ``(logp, entropy)``; ``entropy`` (N, T) is the policy's per-token entropy when
-    ``with_entropy`` and None otherwise.
+    ``with_entropy`` and None otherwise. With ``fast`` and a model :mod:`grpokit.llama_family`
+    supports, only the real tokens are computed (the same values within float rounding).
     """
+    mask = completion_mask.bool()
+    prompt_lengths = prompt_mask.sum(dim=1)
+    if fast and unsupported(model) is None and bool((prompt_lengths > 0).all()):
+        # Each row's real tokens from column 0: its prompt, then its completion up to where it stopped.
+        tokens = torch.cat([prompt_mask, completion_mask], dim=1).bool()
+        columns = tokens.long().cumsum(dim=1) - 1
+        lengths = tokens.sum(dim=1)
+        input_ids = torch.zeros(tokens.shape[0], int(lengths.max()), dtype=torch.long, device=tokens.device)
+        input_ids[tokens.nonzero()[:, 0], columns[tokens]] = torch.cat([prompt_ids, completion_ids], dim=1)[tokens]
+        rows, steps = mask.nonzero().unbind(1)
+        predict = torch.stack([rows, prompt_lengths[rows] + steps - 1], dim=1)  # the position before each token
+        logits = LlamaFamily(model).logits(input_ids, lengths, predict)  # (K, V)
+        logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        logp = logp.index_put((rows, steps), token_logprobs(logits, completion_ids[mask], temperature))
+        entropy = None
+        if with_entropy:
+            entropy = torch.zeros_like(logp).index_put((rows, steps), token_entropy(logits.detach(), temperature))
+        return logp, entropy
     width = completion_ids.shape[1]
     logits = model(
         **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask),
         use_cache=False,
         logits_to_keep=width + 1,
     ).logits[:, :-1, :]  # (N, T, V): the logits that predicted each completion token
-    logp = token_logprobs(logits, completion_ids, temperature)
-    entropy = token_entropy(logits.detach(), temperature) if with_entropy else None
+    logp = token_logprobs(logits, completion_ids, temperature) * mask
+    entropy = token_entropy(logits.detach(), temperature) * mask if with_entropy else None
     return logp, entropy

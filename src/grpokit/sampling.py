@@ -17,6 +17,7 @@ import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.distributed import SINGLE, World, gather
+from grpokit.models import autocast
 from grpokit.objective import group_advantages, process_advantages
 from grpokit.rewards import score_completions, score_steps
 from grpokit.rollout import Rollout, generate, step_token_ends
@@ -162,13 +163,14 @@ class Sampler:
         prompts = [self.prompt_text(row) for row in rows]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         model.eval()
-        rollout = generate(
-            model, prompt_ids, prompt_mask,
-            num_generations=g, max_new_tokens=config.max_completion_length,
-            temperature=config.temperature, top_p=config.top_p,
-            eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
-            generator=self.generator, stop_early=not (config.parallelism == "fsdp" and self.world.distributed),
-        )
+        with autocast(config.mixed_precision, self.device):
+            rollout = generate(
+                model, prompt_ids, prompt_mask,
+                num_generations=g, max_new_tokens=config.max_completion_length,
+                temperature=config.temperature, top_p=config.top_p,
+                eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
+                stop_early=not (config.parallelism == "fsdp" and self.world.distributed), fast=config.fast_path,
+            )
         generated = time.perf_counter()
 
         # Weighted sum of the reward functions, each kept for logging; for process supervision, the

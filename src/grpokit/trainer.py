@@ -42,7 +42,7 @@ from grpokit.distributed import (
     gradient_sync,
     init_world,
 )
-from grpokit.models import BUILTIN, load_model_and_tokenizer, resolve_device, seed_everything, with_lora
+from grpokit.models import BUILTIN, autocast, load_model_and_tokenizer, resolve_device, seed_everything, with_lora
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.rewards import (
     required_columns,
@@ -256,14 +256,18 @@ class GRPOTrainer:
         model.eval()
         chunks = []
         for idx in self._micro_batches(rollout):
-            logp, _ = sequence_logprobs(
-                model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                rollout.completion_ids[idx], rollout.completion_mask[idx],
-                temperature=self.config.temperature,
-            )
+            with self._autocast():
+                logp, _ = sequence_logprobs(
+                    model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                    rollout.completion_ids[idx], rollout.completion_mask[idx],
+                    temperature=self.config.temperature, fast=self.config.fast_path,
+                )
             chunks.append(logp)
         model.train(was_training)
         return torch.cat(chunks)
+
+    def _autocast(self):
+        return autocast(self.config.mixed_precision, self.device)
 
     def _micro_batches(self, rollout: Rollout) -> list[slice]:
         n, size = rollout.completion_ids.shape[0], self.config.micro_batch_size
@@ -349,11 +353,12 @@ class GRPOTrainer:
         micro_batches = self._micro_batches(rollout)
         for k, idx in enumerate(micro_batches):
             with gradient_sync(self.train_model, enabled=k == len(micro_batches) - 1):
-                logp, entropy = sequence_logprobs(
-                    self.train_model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                    rollout.completion_ids[idx], rollout.completion_mask[idx],
-                    temperature=config.temperature, with_entropy=with_entropy,
-                )
+                with self._autocast():
+                    logp, entropy = sequence_logprobs(
+                        self.train_model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                        rollout.completion_ids[idx], rollout.completion_mask[idx],
+                        temperature=config.temperature, with_entropy=with_entropy, fast=config.fast_path,
+                    )
                 loss, stats = grpo_loss(
                     logp,
                     None if old_logp is None else old_logp[idx],

@@ -1,0 +1,312 @@
+"""grpokit vs TRL's GRPOTrainer: seconds per step, side by side, in one invocation.
+
+    pip install -e '.[bench]'          # trl
+    python benchmarks/vs_trl.py        # fp32 and bf16, small and large; ~10 minutes on 2 cores
+
+Both trainers get the same tiny Qwen2 model (built from a config, random weights, saved once and loaded
+by each worker), the same character-level tokenizer, the same prompts ("What is {a} {op} {b}? ", a, b <
+100, op in + - ×), the same reward functions (grpokit's ``accuracy_reward`` and ``format_reward``, which
+follow TRL's calling convention), 4 prompts × G = 8 completions per step, T = 1, top-p 1, β = 0.04, one
+optimizer step per batch, learning rate 1e-6, and the same loss: TRL's default ``loss_type="dapo"``
+(token-level, normalised by the batch's completion tokens) = grpokit's ``aggregation: token``; both use
+the k3 KL estimator and group-std-scaled advantages.
+
+Modes:
+- ``fp32``: both in float32, no activation checkpointing (TRL: ``bf16=False``).
+- ``bf16``: TRL with its own defaults (``bf16=True``: autocast; ``gradient_checkpointing=True``) vs
+  grpokit with ``mixed_precision: bf16`` (autocast; float32 weights and optimizer).
+
+Each (trainer, config, mode) runs in its own fresh process (its peak RSS is its own) for ``--warmup``
+steps that are not timed and then ``--steps`` timed steps. The script also measures this machine's
+matrix-multiply peak (float32 and bfloat16) and reports each trainer's *useful* FLOP/s: the FLOPs of
+the non-padding tokens only (generation, reference pass, policy forward and backward) per second,
+against that peak. Writes ``benchmarks/results/vs_trl.json`` and prints the Markdown table for
+``docs/benchmarks.md``. Run it alone on the machine: timings of anything sharing the cores are noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import run_worker
+
+CONFIGS = {  # name → model shape, new tokens
+    "small": (dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512), 64),
+    "large": (dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024), 128),
+}
+PROMPTS, G, BETA, LR = 4, 8, 0.04, 1e-6
+
+
+def build(config_name: str, directory: Path) -> None:
+    """The tokenizer and the random-weight Qwen2 model, saved for both trainers to load."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpokit.arithmetic import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    shape, _ = CONFIGS[config_name]
+    config = Qwen2Config(vocab_size=len(tokenizer), num_key_value_heads=shape["num_attention_heads"],
+                         max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **shape)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def rows(n: int = 2048, seed: int = 0) -> list[dict]:
+    rng, ops = random.Random(seed), {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+    out = []
+    for _ in range(n):
+        a, b, op = rng.randrange(100), rng.randrange(100), rng.choice(list(ops))
+        out.append({"prompt": f"What is {a} {op} {b}? ", "answer": str(ops[op](a, b))})
+    return out
+
+
+def forward_flops(model_config, tokens: float, context: float) -> float:
+    """FLOPs of one forward pass over ``tokens`` tokens whose mean attention context is ``context``:
+    2 per multiply-add of every projection and the LM head, plus QKᵀ and AV."""
+    c = model_config
+    h, i, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    kv = c.num_key_value_heads * (h // c.num_attention_heads)
+    per_token = layers * (2 * h * (h + 2 * kv) + 2 * h * h + 2 * 3 * h * i + 4 * h * context) + 2 * h * c.vocab_size
+    return tokens * per_token
+
+
+def useful_flops(model_config, prompt_lengths: list[int], completion_lengths: list[float]) -> float:
+    """Generation (each real token once, context = its position) + reference pass + policy forward and
+    backward (3 × forward), over the non-padding tokens only."""
+    total = 0.0
+    for p, c in zip(prompt_lengths, completion_lengths):
+        tokens = p + c
+        one_pass = forward_flops(model_config, tokens, context=tokens / 2)
+        total += one_pass * (1 + 1 + 3)
+    return total
+
+
+# ---- workers ---------------------------------------------------------------------------------------
+
+
+def matmul_peak() -> dict:
+    """Best GFLOP/s of a large square-ish matrix product and of a 32-row one (decode's shape)."""
+    import torch
+
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, (m, k, n) in {"large": (2048, 1024, 1024), "rows32": (32, 1024, 4096)}.items():
+            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+            reps = max(3, int(2e9 / (2 * m * k * n)))
+            best = float("inf")
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(reps):
+                    a @ b
+                best = min(best, (time.perf_counter() - start) / reps)
+            out[f"{str(dtype).split('.')[-1]}_{name}"] = 2 * m * k * n / best / 1e9
+    return out
+
+
+def trl_worker(job: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpokit.rewards import accuracy_reward, format_reward
+
+    torch.set_num_threads(job["threads"])
+    tokenizer = AutoTokenizer.from_pretrained(job["model"])
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    total_steps = job["warmup"] + job["steps"]
+    bf16 = job["mode"] == "bf16"
+    args = GRPOConfig(
+        output_dir=job["out"], per_device_train_batch_size=PROMPTS * G, num_generations=G,
+        max_completion_length=CONFIGS[job["config"]][1], temperature=1.0, top_p=1.0, beta=BETA,
+        learning_rate=LR, max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no",
+        use_cpu=True, bf16=bf16, gradient_checkpointing=bf16, loss_type="dapo", seed=0,
+        dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=args,
+                          train_dataset=Dataset.from_list(rows()), processing_class=tokenizer)
+    phases = {"generate": [], "prepare": []}
+    real_generate = trainer.model.generate
+
+    def timed_generate(*a, **k):
+        start = time.perf_counter()
+        result = real_generate(*a, **k)
+        phases["generate"].append(time.perf_counter() - start)
+        return result
+
+    trainer.model.generate = timed_generate
+    real_prepare = trainer._generate_and_score_completions
+
+    def timed_prepare(*a, **k):  # generation, scoring, reference log-probs
+        start = time.perf_counter()
+        result = real_prepare(*a, **k)
+        phases["prepare"].append(time.perf_counter() - start)
+        lengths.append(result["completion_mask"].sum(dim=1).tolist())
+        prompt_lengths.append(result["prompt_mask"].sum(dim=1).tolist())
+        return result
+
+    trainer._generate_and_score_completions = timed_prepare
+    starts, ends, lengths, prompt_lengths = [], [], [], []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            starts.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            ends.append(time.perf_counter())
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    w = job["warmup"]
+    step = [e - s for s, e in zip(starts, ends)][w:]
+    generate, prepare = phases["generate"][w:], phases["prepare"][w:]
+    return {
+        "step": step, "generate": generate, "score_and_reference": [p - g for p, g in zip(prepare, generate)],
+        "update": [s - p for s, p in zip(step, prepare)],
+        "completion_lengths": lengths[w:], "prompt_lengths": prompt_lengths[w:],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def grpokit_worker(job: dict) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpokit.config import GRPOConfig
+    from grpokit.trainer import GRPOTrainer
+
+    torch.set_num_threads(job["threads"])
+    tokenizer = AutoTokenizer.from_pretrained(job["model"])
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    config = GRPOConfig.from_dict({
+        "model": job["model"], "output_dir": job["out"], "prompts_per_step": PROMPTS, "num_generations": G,
+        "max_completion_length": CONFIGS[job["config"]][1], "temperature": 1.0, "top_p": 1.0, "beta": BETA,
+        "learning_rate": LR, "aggregation": "token", "micro_batch_size": PROMPTS * G, "seed": 0,
+        "max_steps": job["warmup"] + job["steps"], "progress_bar": False, "log_completions": 0,
+        "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
+        **({"mixed_precision": "bf16"} if job["mode"] == "bf16" else {}),
+    })
+    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())
+    lengths, prompt_lengths = [], []
+    real_sample = trainer.sampler.sample
+
+    def recorded_sample(*a, **k):
+        batch, sampled, sampling = real_sample(*a, **k)
+        lengths.append(batch.rollout.completion_mask.sum(dim=1).tolist())
+        prompt_lengths.append(batch.rollout.prompt_mask.sum(dim=1).tolist())
+        return batch, sampled, sampling
+
+    trainer.sampler.sample = recorded_sample
+    records = [trainer.training_step() for _ in range(config.max_steps)]
+    w = job["warmup"]
+    records, lengths, prompt_lengths = records[w:], lengths[w:], prompt_lengths[w:]
+    return {
+        "step": [m["time_step"] for m in records], "generate": [m["time_generate"] for m in records],
+        "score_and_reference": [m["time_score"] + m["time_frozen_logprobs"] for m in records],
+        "update": [m["time_update"] for m in records],
+        "completion_lengths": lengths, "prompt_lengths": prompt_lengths,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+# ---- the table -------------------------------------------------------------------------------------
+
+
+def summarize(result: dict, model_config, peak_gflops: float) -> dict:
+    step = result["step"]
+    flops = [useful_flops(model_config, p, c) for p, c in zip(result["prompt_lengths"], result["completion_lengths"])]
+    generated = [sum(c) for c in result["completion_lengths"]]
+    total_time = sum(step)
+    return {
+        "s_per_step": {"min": min(step), "median": statistics.median(step), "max": max(step)},
+        "generated_tokens_per_s": sum(generated) / sum(result["generate"]),
+        "phase_share": {k: sum(result[k]) / total_time for k in ("generate", "score_and_reference", "update")},
+        "peak_rss_mb": result["peak_rss_mb"],
+        "useful_gflops_per_s": sum(flops) / total_time / 1e9,
+        "fraction_of_peak": sum(flops) / total_time / 1e9 / peak_gflops,
+        "mean_completion_length": sum(generated) / sum(len(c) for c in result["completion_lengths"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit"])
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        job = json.loads(args.worker)
+        work = {"peak": lambda j: matmul_peak(), "trl": trl_worker, "grpokit": grpokit_worker}[job["kind"]]
+        print(json.dumps(work(job)))
+        return
+
+    from transformers import AutoConfig
+
+    script = str(Path(__file__).resolve())
+    peak = run_worker(script, {"kind": "peak", "threads": args.threads})
+    print("matmul peak GFLOP/s:", {k: round(v) for k, v in peak.items()}, flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config_name in args.configs:
+            model_dir = Path(tmp) / config_name
+            build(config_name, model_dir)
+            model_config = AutoConfig.from_pretrained(model_dir)
+            for mode in args.modes:
+                for trainer in args.trainers:
+                    job = {"kind": trainer, "config": config_name, "mode": mode, "model": str(model_dir),
+                           "out": str(Path(tmp) / f"{trainer}-{config_name}-{mode}"), "warmup": args.warmup,
+                           "steps": args.steps, "threads": args.threads}
+                    raw = run_worker(script, job)
+                    peak_key = "float32_large" if mode == "fp32" else "bfloat16_large"
+                    record = {"trainer": trainer, "config": config_name, "mode": mode,
+                              **summarize(raw, model_config, peak[peak_key]), "raw": raw}
+                    results.append(record)
+                    s = record["s_per_step"]
+                    print(f"{config_name:5} {mode} {trainer:7} {s['median']:.3f} s/step "
+                          f"[{s['min']:.3f}, {s['max']:.3f}]  {record['generated_tokens_per_s']:,.0f} gen tok/s  "
+                          f"{record['useful_gflops_per_s']:.0f} useful GFLOP/s "
+                          f"({100 * record['fraction_of_peak']:.0f} % of peak)", flush=True)
+    out = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads},
+           "matmul_peak_gflops": peak, "args": vars(args), "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print()
+    print(markdown(results))
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| config | mode | trainer | s/step median [min, max] | grpokit ÷ TRL speed | generated tok/s "
+             "| generate / score+ref / update | peak RSS MB | useful GFLOP/s (% of peak) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["trainer"], r["config"], r["mode"]): r for r in results}
+    for r in results:
+        s, share = r["s_per_step"], r["phase_share"]
+        trl = by.get(("trl", r["config"], r["mode"]))
+        ratio = f"**{trl['s_per_step']['median'] / s['median']:.2f}×**" if r["trainer"] == "grpokit" and trl else ""
+        lines.append(
+            f"| {r['config']} | {r['mode']} | {r['trainer']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] "
+            f"| {ratio} | {r['generated_tokens_per_s']:,.0f} | {share['generate']:.0%} / "
+            f"{share['score_and_reference']:.0%} / {share['update']:.0%} | {r['peak_rss_mb']:.0f} "
+            f"| {r['useful_gflops_per_s']:.0f} ({r['fraction_of_peak']:.0%}) |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Llama-family decoders (Llama, Qwen2, Mistral without a sliding window) run by our own forward.
+
+The same weights and the same math as the Hugging Face forward, without what costs time at GRPO's
+shapes (docs/benchmarks.md, "grpokit vs TRL"):
+
+- decoding writes keys and values into a cache allocated once for the whole rollout (no cache that
+  grows by concatenation, no per-token mask building), fuses the q/k/v and gate/up projections into one
+  matrix product each, and drops finished completions from the batch;
+- the reference and policy passes run every projection on the real tokens only (prompts' left padding
+  and what follows each completion's EOS are never computed), with attention on a per-row layout where
+  padding only trails, so plain causal attention is exact; and the LM head runs only where a completion
+  token is predicted.
+
+Modules are called as modules where they are not plain ``nn.Linear`` (a LoRA adapter, a quantised
+layer), so wrapped models keep their behaviour. :func:`unsupported` says why a model cannot take this
+path; callers then use the model's own forward (``fast_path: false`` forces that everywhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    """The ``*ForCausalLM`` under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """None when :class:`LlamaFamily` runs ``model`` exactly; otherwise the reason it cannot."""
+    inner = _inner(model)
+    config = getattr(inner, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED:
+        return f"model_type {model_type!r} is not one of {SUPPORTED}"
+    backbone = getattr(inner, "model", None)
+    if backbone is None or not hasattr(backbone, "layers") or not hasattr(backbone, "rotary_emb"):
+        return "no model.layers / model.rotary_emb (an older transformers layout)"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (only silu)"
+    if getattr(config, "use_sliding_window", False) or (model_type == "mistral" and config.sliding_window):
+        return "a sliding attention window"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return "layer_types other than full_attention"
+    if inner.training and getattr(config, "attention_dropout", 0.0):
+        return "attention dropout in training mode"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if any(isinstance(p, torch.distributed.tensor.DTensor) for p in inner.parameters()):
+        return "sharded (FSDP) parameters"
+    return None
+
+
+def _project(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """(weight, bias) of a plain linear layer; None for anything else (called as a module)."""
+    return (module.weight, module.bias) if type(module) is nn.Linear else None
+
+
+def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+    """One matrix product for one or several plain linear layers on the same input (outputs
+    concatenated); the modules one after another otherwise. ``dtype``: compute in it, with the weights
+    cast once here (decoding under autocast) rather than at every call."""
+    parts = [_project(m) for m in modules]
+    if any(p is None for p in parts):
+        return modules[0] if len(modules) == 1 else lambda x: torch.cat([m(x) for m in modules], dim=-1)
+    weight = torch.cat([w for w, _ in parts]) if len(parts) > 1 else parts[0][0]
+    bias = None
+    if any(b is not None for _, b in parts):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
+    if dtype is None:
+        return lambda x: F.linear(x, weight, bias)
+    weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+    return lambda x: F.linear(x.to(dtype), weight, bias)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding, ``x · cos + rotate_half(x) · sin`` as the Hugging Face models apply it, with
+    ``sin`` already signed (-sin, +sin halves) so that ``rotate_half`` is a roll."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+class LlamaFamily:
+    """A supported model's modules, run by the two passes GRPO needs: :meth:`decode` and :meth:`logits`."""
+
+    def __init__(self, model: nn.Module):
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"the fast path cannot run this model: {reason}")
+        inner = _inner(model)
+        self.model, self.backbone, self.lm_head = model, inner.model, inner.lm_head
+        config = inner.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads or self.heads
+        attention = self.backbone.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.scaling = attention.scaling
+        self.eps = self.backbone.norm.variance_epsilon
+        self.q_size = self.heads * self.head_dim
+
+    # ---- pieces shared by both passes -------------------------------------------------------------
+
+    def _norm(self, module: nn.Module, x: Tensor) -> Tensor:
+        """Hugging Face's RMSNorm: normalise in float32, cast back, then scale."""
+        if x.dtype == module.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), module.weight, self.eps)
+        return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def _head(self, x: Tensor) -> Tensor:
+        """Final norm and LM head, float32 logits; under autocast too (log-probs need the precision)."""
+        x = self._norm(self.backbone.norm, x)
+        with torch.autocast(x.device.type, enabled=False):
+            return self.lm_head(x.to(self.lm_head.weight.dtype)).float()
+
+    def _rotary_table(self, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and signed sin (length, head_dim) for positions 0..length-1, from the model's rotary module."""
+        positions = torch.arange(length, device=like.device).unsqueeze(0)
+        cos, sin = self.backbone.rotary_emb(like, positions)
+        half = sin.shape[-1] // 2
+        return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+    # ---- training and reference passes: real tokens only -------------------------------------------
+
+    def logits(self, input_ids: Tensor, lengths: Tensor, predict: Tensor) -> Tensor:
+        """Logits at the positions ``predict`` (K, 2) = (row, column) of the right-padded ``input_ids``
+        (N, L) whose row i holds ``lengths[i]`` real tokens from column 0 (positions 0, 1, ...).
+
+        Projections and MLPs run on the real tokens only. Attention runs on rows of similar length
+        grouped together, each group padded to its longest row; padding only trails, so causal
+        attention never lets a real token see it. Differentiable.
+        """
+        n, width = input_ids.shape
+        device = input_ids.device
+        real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # (N, L)
+        x = self.backbone.embed_tokens(input_ids[real])  # (M, hidden), row-major order of ``real``
+        m = x.shape[0]
+        cos, sin = self._rotary_table(width, x)
+        positions = real.nonzero()[:, 1]
+        cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (M, 1, D)
+        groups = self._length_groups(lengths, m)
+        order = torch.cat([index[valid] for index, valid in groups])
+        inverse = torch.empty_like(order).index_put_((order,), torch.arange(m, device=device))
+        heads, d = self.heads + 2 * self.kv_heads, self.head_dim
+        compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
+        for layer in self.backbone.layers:
+            attention = layer.self_attn
+            h = self._norm(layer.input_layernorm, x)
+            qkv = _fused(attention.q_proj, attention.k_proj, attention.v_proj)(h).view(m, heads, d)
+            qk = _rope(qkv[:, : self.heads + self.kv_heads], cos, sin)
+            # attention in autocast's dtype (what autocast gives SDPA); one zero row at index M for padding
+            qkv = torch.cat([qk, qkv[:, self.heads + self.kv_heads:]], dim=1).to(compute)
+            qkv = torch.cat([qkv, qkv.new_zeros(1, heads, d)])
+            outs = []
+            for index, valid in groups:
+                q, k, v = qkv[index].transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+                outs.append(self._attention(q, k, v).transpose(1, 2)[valid])  # (its tokens, heads, D)
+            out = torch.cat(outs)[inverse].reshape(m, self.q_size).to(x.dtype)
+            x = x + attention.o_proj(out)
+            h = self._norm(layer.post_attention_layernorm, x)
+            gate, up = _fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        index = torch.full((n, width), -1, dtype=torch.long, device=device)
+        index[real] = torch.arange(m, device=device)
+        return self._head(x[index[predict[:, 0], predict[:, 1]]])
+
+    @staticmethod
+    def _length_groups(lengths: Tensor, m: int, rows_per_group: int = 8) -> list[tuple[Tensor, Tensor]]:
+        """Rows sorted by length in groups of ``rows_per_group`` (all rows in one group off the CPU, where
+        padding is cheaper than more kernel launches). Per group: ``index`` (rows, width) into the M
+        real tokens (M itself for padding) and ``valid`` (rows, width)."""
+        if lengths.device.type != "cpu":
+            rows_per_group = len(lengths)
+        starts = lengths.cumsum(0) - lengths  # each row's first token among the M
+        groups = []
+        for rows in lengths.argsort().split(rows_per_group):
+            width = int(lengths[rows].max())
+            columns = torch.arange(width, device=lengths.device)
+            valid = columns < lengths[rows].unsqueeze(1)
+            groups.append((torch.where(valid, starts[rows].unsqueeze(1) + columns, m), valid))
+        return groups
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Causal attention (rows, heads, L, D). SDPA's fused kernel in float32; for bfloat16 on the
+        CPU that kernel's backward is slow, so scores, float32 softmax and the product run as matmuls."""
+        if self.kv_heads != self.heads:
+            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+        if q.dtype == torch.float32 or q.device.type != "cpu":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+        rows, heads, length, d = q.shape
+        causal = torch.full((length, length), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+        scores = torch.baddbmm(causal, q.reshape(-1, length, d), k.reshape(-1, length, d).transpose(1, 2),
+                               alpha=self.scaling)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        return torch.bmm(probs, v.reshape(-1, length, d)).view(rows, heads, length, d)
+
+    # ---- decoding: a preallocated cache ------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
+        choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]],
+    ) -> None:
+        """Run the prompts (N, P, left-padded) and then up to ``max_new_tokens`` decode steps.
+
+        ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
+        (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
+        (and the cache) once they are a quarter of it.
+        """
+        device = prompt_ids.device.type
+        # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
+        # cache and attention) stays in the weights' dtype, which on the CPU is also faster for the
+        # one-query attention products.
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        with torch.autocast(device, enabled=False):
+            self._decode(prompt_ids, prompt_mask, max_new_tokens, choose, compute)
+
+    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute) -> None:
+        n, prompt_width = prompt_ids.shape
+        device = prompt_ids.device
+        total = prompt_width + max_new_tokens
+        layers = [(layer, *(_fused(*group, dtype=compute) for group in (
+            (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), (layer.self_attn.o_proj,),
+            (layer.mlp.gate_proj, layer.mlp.up_proj), (layer.mlp.down_proj,)))) for layer in self.backbone.layers]
+        x = self.backbone.embed_tokens(prompt_ids)  # (N, P, hidden)
+        dtype = x.dtype
+        cache = torch.zeros(len(layers), 2, n, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
+        cos_table, sin_table = self._rotary_table(total, x)
+        positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (N, P)
+        # Additive mask over cache columns: left padding is never attended to.
+        bias = torch.zeros(n, total, dtype=dtype, device=device)
+        bias[:, :prompt_width] = torch.where(prompt_mask.bool(), 0.0, float("-inf"))
+        # Causal over the prompt; a padding position sees itself only (finite, and never seen by others).
+        causal = torch.full((prompt_width, prompt_width), float("-inf"), dtype=dtype, device=device).triu(1)
+        prefill_mask = bias[:, None, :prompt_width] + causal  # (N, P, P)
+        prefill_mask.diagonal(dim1=-2, dim2=-1).zero_()
+        rows = torch.arange(n, device=device)
+
+        hidden = self._cached_layers(x, layers, cache, cos_table[positions].unsqueeze(2),
+                                     sin_table[positions].unsqueeze(2), 0, prefill_mask)
+        next_positions = positions[:, -1] + 1
+        alive = torch.ones(n, dtype=torch.bool, device=device)
+        for t in range(max_new_tokens):
+            logits = self._head(hidden[:, -1])
+            picked = alive.nonzero().squeeze(1)
+            chosen, stopped = choose(logits[picked], t, rows[picked])
+            if t == max_new_tokens - 1:
+                break
+            alive[picked[stopped]] = False
+            if not alive.any():
+                break
+            tokens = torch.zeros(len(rows), dtype=torch.long, device=device).index_put((picked,), chosen)
+            if 4 * int((~alive).sum()) >= len(rows):  # drop finished rows from the batch and the cache
+                keep = alive.nonzero().squeeze(1)
+                rows, tokens, next_positions, bias, alive, cache = (
+                    v[keep] for v in (rows, tokens, next_positions, bias, alive, cache.transpose(0, 2)))
+                cache = cache.transpose(0, 2)
+            column = prompt_width + t
+            x = self.backbone.embed_tokens(tokens).unsqueeze(1)  # (A, 1, hidden)
+            cos, sin = cos_table[next_positions][:, None, None], sin_table[next_positions][:, None, None]
+            hidden = self._cached_layers(x, layers, cache, cos, sin, column, bias[:, None, : column + 1])
+            next_positions = next_positions + 1
+
+    def _cached_layers(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, start: int,
+                       mask: Tensor) -> Tensor:
+        """Every layer on ``x`` (A, S, hidden) at cache columns start..start+S-1: writes their keys and
+        values into ``cache`` (layers, 2, A, kv heads, columns, D) and attends to columns 0..start+S-1
+        under the additive ``mask`` (A, S or 1, start+S)."""
+        a, s, _ = x.shape
+        kv, groups, d = self.kv_heads, self.heads // self.kv_heads, self.head_dim
+        end = start + s
+        # Query rows are (group, position) per key/value head: grouped queries share their head.
+        queries = mask.shape[1]
+        mask = mask.unsqueeze(1).expand(a, kv * groups, queries, end).reshape(a * kv, groups * queries, end)
+        for (layer, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
+            h = self._norm(layer.input_layernorm, x)
+            qkv = qkv_proj(h).view(a, s, self.heads + 2 * kv, d)
+            qk = _rope(qkv[:, :, : self.heads + kv], cos, sin)
+            k_cache[:, :, start:end] = qk[:, :, self.heads:].transpose(1, 2)
+            v_cache[:, :, start:end] = qkv[:, :, self.heads + kv:].transpose(1, 2)
+            q = qk[:, :, : self.heads].reshape(a, s, kv, groups, d).permute(0, 2, 3, 1, 4)
+            q = q.reshape(a * kv, groups * s, d)
+            keys = k_cache[:, :, :end].reshape(a * kv, end, d)
+            scores = torch.baddbmm(mask, q.to(keys.dtype), keys.transpose(1, 2), alpha=self.scaling)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
+            out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d))  # (A·kv, groups·S, D)
+            out = out.view(a, kv, groups, s, d).permute(0, 3, 1, 2, 4).reshape(a, s, self.q_size)
+            x = x + o_proj(out)
+            h = self._norm(layer.post_attention_layernorm, x)
+            gate, up = gate_up(h).chunk(2, dim=-1)
+            x = x + down(F.silu(gate) * up)
+        return x

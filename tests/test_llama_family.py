@@ -1,0 +1,177 @@
+"""The fast path (grpokit.llama_family) computes what the models' own forward computes: log-probs,
+entropies and gradients on fixed batches, sampled log-probs, greedy completions, and the trainer's loss
+and gradient; it refuses what it cannot run exactly."""
+
+import copy
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from grpokit.arithmetic import build_model
+from grpokit.llama_family import unsupported
+from grpokit.rollout import generate, sequence_logprobs
+from test_trainer import ROWS, make_trainer
+
+SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None)
+
+
+def models(tokenizer) -> dict[str, torch.nn.Module]:
+    """The built-in Llama; Qwen2 with q/k/v biases and grouped queries (2 key/value heads for 4); Mistral."""
+    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    qwen2 = Qwen2ForCausalLM(Qwen2Config(**SHAPE, **ids, num_key_value_heads=2))
+    with torch.no_grad():  # random, not zero, biases
+        for layer in qwen2.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    mistral = MistralForCausalLM(MistralConfig(**SHAPE, **ids, num_key_value_heads=4, sliding_window=None))
+    from conftest import TINY
+
+    return {"llama": build_model(tokenizer, TINY, seed=0), "qwen2-gqa-bias": qwen2, "mistral": mistral}
+
+
+def fixed_batch(tokenizer):
+    """Left-padded prompts of different lengths; completions that stop at different places, with garbage
+    (not padding) after their EOS, which the mask must make irrelevant."""
+    enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think.", "7"], padding=True, padding_side="left",
+                    return_tensors="pt")
+    gen = torch.Generator().manual_seed(1)
+    completions = torch.randint(3, 90, (4, 9), generator=gen)
+    lengths = torch.tensor([9, 1, 5, 7])
+    completions[torch.arange(4), lengths - 1] = tokenizer.eos_token_id
+    completions[0, -1] = 50  # truncated: no EOS
+    mask = (torch.arange(9) < lengths.unsqueeze(1)).long()
+    return enc["input_ids"], enc["attention_mask"], completions, mask
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias", "mistral"])
+def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name):
+    model = models(tokenizer)[name].train()
+    assert unsupported(model) is None
+    prompt_ids, prompt_mask, completions, mask = fixed_batch(tokenizer)
+    results = {}
+    for fast in (False, True):
+        model.zero_grad()
+        logp, entropy = sequence_logprobs(model, prompt_ids, prompt_mask, completions, mask, temperature=0.7,
+                                          with_entropy=True, fast=fast)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        results[fast] = logp.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters()}
+    (logp_hf, entropy_hf, grads_hf), (logp_fast, entropy_fast, grads_fast) = results[False], results[True]
+    assert torch.allclose(logp_fast, logp_hf, atol=1e-5)
+    assert torch.allclose(entropy_fast, entropy_hf, atol=1e-5)
+    assert (logp_fast[mask == 0] == 0).all() and (logp_hf[mask == 0] == 0).all()
+    for key, grad in grads_hf.items():
+        assert torch.allclose(grads_fast[key], grad, atol=1e-6, rtol=1e-4), key
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
+def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(tokenizer, name):
+    """Many stop tokens make completions end at different steps, so finished rows leave the batch (and
+    its cache) several times; the log-probs reported while sampling still match the model's own
+    forward over the whole sequence, and every completion stops at its first stop token."""
+    model = models(tokenizer)[name].eval()
+    enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think."], padding=True, padding_side="left",
+                    return_tensors="pt")
+    stops = list(range(3, 13))  # ten ordinary tokens end a completion
+    rollout = generate(model, enc["input_ids"], enc["attention_mask"], num_generations=8, max_new_tokens=20,
+                       temperature=1.3, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0), fast=True)
+    lengths = rollout.lengths
+    assert len(set(lengths.tolist())) > 4 and rollout.truncated.any() and not rollout.truncated.all()
+    for row, n in zip(rollout.completion_ids, lengths):
+        assert not any(t in stops for t in row[: n - 1].tolist())
+        assert (row[n:] == tokenizer.pad_token_id).all()
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                    rollout.completion_mask, temperature=1.3, fast=False)
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-5)
+    assert (rollout.logp[~mask] == 0).all()
+
+
+def test_greedy_completions_equal_the_model_forward_path(tokenizer):
+    model = models(tokenizer)["qwen2-gqa-bias"].eval()
+    enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
+    kw = dict(num_generations=1, max_new_tokens=16, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id, greedy=True)
+    fast, slow = (generate(model, enc["input_ids"], enc["attention_mask"], fast=f, **kw) for f in (True, False))
+    assert torch.equal(fast.completion_ids, slow.completion_ids)
+    assert torch.allclose(fast.logp, slow.logp, atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+def test_trainer_loss_and_gradient_equal_the_unoptimised_path(tokenizer, tmp_path, aggregation):
+    """The issue's equivalence: on a fixed batch, reference log-probs, the loss and the accumulated gradient
+    of the trainer with ``fast_path`` (and micro-batches of 5) equal those of the model's own forward in
+    one micro-batch, to float32 tolerance."""
+    model = models(tokenizer)["llama"]
+    trainers = {fast: make_trainer(tokenizer, copy.deepcopy(model), tmp_path / str(fast), fast_path=fast,
+                                   aggregation=aggregation, micro_batch_size=5 if fast else 32)
+                for fast in (True, False)}
+    prompt_ids, prompt_mask = trainers[False].sampler.tokenize_prompts([row["prompt"] for row in ROWS[:4]])
+    rollout = generate(model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=8,
+                       eos_token_id=list(range(3, 9)), pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0), fast=False)
+    advantages = torch.randn(32, generator=torch.Generator().manual_seed(1))
+    old_logp = rollout.logp + 0.05 * torch.randn(rollout.logp.shape, generator=torch.Generator().manual_seed(2))
+    out = {}
+    for fast, trainer in trainers.items():
+        ref_logp = trainer._reference_logprobs(rollout)
+        stats = trainer.accumulate_gradients(rollout, advantages, old_logp, ref_logp, with_entropy=True)
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+        out[fast] = ref_logp, stats, grad
+    (ref_fast, stats_fast, grad_fast), (ref_slow, stats_slow, grad_slow) = out[True], out[False]
+    assert torch.allclose(ref_fast, ref_slow, atol=1e-5)
+    assert stats_fast["loss"] == pytest.approx(stats_slow["loss"], abs=1e-6)
+    for key in ("kl", "clipfrac", "entropy"):
+        assert stats_fast[key] == pytest.approx(stats_slow[key], abs=1e-5), key
+    assert torch.allclose(grad_fast, grad_slow, atol=1e-6, rtol=1e-4)
+
+
+def test_bf16_autocast_stays_close_to_float32(tokenizer):
+    """Under bfloat16 autocast both paths give log-probs within bfloat16 rounding of float32's, and the
+    fast path's weights, gradients and logits stay float32."""
+    model = models(tokenizer)["qwen2-gqa-bias"].train()
+    prompt_ids, prompt_mask, completions, mask = fixed_batch(tokenizer)
+    exact, _ = sequence_logprobs(model, prompt_ids, prompt_mask, completions, mask, fast=False)
+    for fast in (True, False):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _ = sequence_logprobs(model, prompt_ids, prompt_mask, completions, mask, fast=fast)
+        assert logp.dtype == torch.float32
+        assert (logp - exact).abs().max() < 0.1
+        logp.sum().backward()
+        assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rollout = generate(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=10,
+                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                           generator=torch.Generator().manual_seed(0))
+    logp, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                rollout.completion_mask, fast=False)
+    assert (logp - rollout.logp).abs().max() < 0.1
+
+
+def test_bf16_training_steps_run(tokenizer, tiny_model, tmp_path):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="bf16", max_steps=2)
+    history = trainer.train()
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert all(m["skipped_updates"] == 0 and m["loss"] == m["loss"] for m in history)
+
+
+def test_what_it_cannot_run_exactly_is_refused_with_the_reason(tokenizer):
+    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, **ids))
+    assert "model_type 'gpt2'" in unsupported(gpt2)
+    windowed = Qwen2ForCausalLM(Qwen2Config(**SHAPE, **ids, use_sliding_window=True, sliding_window=8))
+    assert "sliding" in unsupported(windowed)
+    # the model's own forward takes over: sampling and log-probs still work
+    enc = tokenizer(["Hi"], return_tensors="pt")
+    rollout = generate(gpt2.eval(), enc["input_ids"], enc["attention_mask"], num_generations=2, max_new_tokens=4,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    logp, _ = sequence_logprobs(gpt2, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                rollout.completion_mask)
+    assert torch.allclose(logp, rollout.logp, atol=1e-5)
