@@ -1,7 +1,7 @@
 """grpokit vs TRL's GRPOTrainer: seconds per step, side by side, in one invocation.
 
     pip install -e '.[bench]'          # trl
-    python benchmarks/vs_trl.py        # fp32 and bf16, small and large; ~10 minutes on 2 cores
+    python benchmarks/vs_trl.py        # fp32 and bf16, small and large; ~15 minutes on 2 cores
 
 Both trainers get the same tiny Qwen2 model (built from a config, random weights, saved once and loaded
 by each worker), the same character-level tokenizer, the same prompts ("What is {a} {op} {b}? ", a, b <
@@ -16,12 +16,15 @@ Modes:
 - ``bf16``: TRL with its own defaults (``bf16=True``: autocast; ``gradient_checkpointing=True``) vs
   grpokit with ``mixed_precision: bf16`` (autocast; float32 weights and optimizer).
 
-Each (trainer, config, mode) runs in its own fresh process (its peak RSS is its own) for ``--warmup``
-steps that are not timed and then ``--steps`` timed steps. The script also measures this machine's
-matrix-multiply peak (float32 and bfloat16) and reports each trainer's *useful* FLOP/s: the FLOPs of
-the non-padding tokens only (generation, reference pass, policy forward and backward) per second,
-against that peak. Writes ``benchmarks/results/vs_trl.json`` and prints the Markdown table for
-``docs/benchmarks.md``. Run it alone on the machine: timings of anything sharing the cores are noise.
+Each (trainer, config, mode) runs in fresh processes (their peak RSS is their own), ``--rounds`` of
+them in alternating order so that drift in the machine's speed falls on both trainers, each for
+``--warmup`` steps that are not timed and then ``--steps`` timed steps, pooled over the rounds.
+
+The script also measures this machine's matrix-multiply peak (float32 and bfloat16) and reports each
+trainer's *useful* FLOP/s: the FLOPs of the non-padding tokens only (generation, reference pass, policy
+forward and backward) per second, against that peak. Writes ``benchmarks/results/vs_trl.json`` and
+prints the Markdown table for ``docs/benchmarks.md``. Run it alone on the machine: timings of anything
+sharing the cores are noise.
 """
 
 from __future__ import annotations
@@ -245,7 +248,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit"])
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per worker")
+    parser.add_argument("--rounds", type=int, default=2, help="workers per trainer, in alternating order")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/vs_trl.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -268,11 +272,19 @@ def main() -> None:
             build(config_name, model_dir)
             model_config = AutoConfig.from_pretrained(model_dir)
             for mode in args.modes:
+                # Rounds alternate the order (TRL, grpokit, grpokit, TRL, ...) so that drift in the
+                # machine's speed falls on both; each trainer's timed steps are pooled over rounds.
+                raws: dict[str, list[dict]] = {trainer: [] for trainer in args.trainers}
+                for r in range(args.rounds):
+                    for trainer in args.trainers if r % 2 == 0 else args.trainers[::-1]:
+                        job = {"kind": trainer, "config": config_name, "mode": mode, "model": str(model_dir),
+                               "out": str(Path(tmp) / f"{trainer}-{config_name}-{mode}-{r}"),
+                               "warmup": args.warmup, "steps": args.steps, "threads": args.threads}
+                        raws[trainer].append(run_worker(script, job))
                 for trainer in args.trainers:
-                    job = {"kind": trainer, "config": config_name, "mode": mode, "model": str(model_dir),
-                           "out": str(Path(tmp) / f"{trainer}-{config_name}-{mode}"), "warmup": args.warmup,
-                           "steps": args.steps, "threads": args.threads}
-                    raw = run_worker(script, job)
+                    raw = {key: [v for run in raws[trainer] for v in run[key]] for key in raws[trainer][0]
+                           if key != "peak_rss_mb"}
+                    raw["peak_rss_mb"] = max(run["peak_rss_mb"] for run in raws[trainer])
                     peak_key = "float32_large" if mode == "fp32" else "bfloat16_large"
                     record = {"trainer": trainer, "config": config_name, "mode": mode,
                               **summarize(raw, model_config, peak[peak_key]), "raw": raw}

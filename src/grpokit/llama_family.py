@@ -256,9 +256,9 @@ class LlamaFamily:
             tokens = torch.zeros(len(rows), dtype=torch.long, device=device).index_put((picked,), chosen)
             if 4 * int((~alive).sum()) >= len(rows):  # drop finished rows from the batch and the cache
                 keep = alive.nonzero().squeeze(1)
-                rows, tokens, next_positions, bias, alive, cache = (
-                    v[keep] for v in (rows, tokens, next_positions, bias, alive, cache.transpose(0, 2)))
-                cache = cache.transpose(0, 2)
+                rows, tokens, next_positions, bias, alive = (
+                    v[keep] for v in (rows, tokens, next_positions, bias, alive))
+                cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
             column = prompt_width + t
             x = self.backbone.embed_tokens(tokens).unsqueeze(1)  # (A, 1, hidden)
             cos, sin = cos_table[next_positions][:, None, None], sin_table[next_positions][:, None, None]
