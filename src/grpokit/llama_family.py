@@ -79,10 +79,26 @@ def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[T
     return lambda x: F.linear(x.to(dtype), weight, bias)
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding, ``x · cos + rotate_half(x) · sin`` as the Hugging Face models apply it, with
-    ``sin`` already signed (-sin, +sin halves) so that ``rotate_half`` is a roll."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+def _columns(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+    """:func:`_fused` for activations stored as columns (features, rows): ``W @ x``. With few rows (a
+    decode step) MKL runs this up to twice as fast as ``x @ Wᵀ`` on weights that are not in cache."""
+    parts = [_project(m) for m in modules]
+    if any(p is None for p in parts):
+        by_rows = _fused(*modules, dtype=dtype)
+        return lambda x: by_rows(x.t()).t()
+    weight = torch.cat([w for w, _ in parts]) if len(parts) > 1 else parts[0][0]
+    weight = weight if dtype is None else weight.to(dtype)
+    if all(b is None for _, b in parts):
+        return lambda x: torch.mm(weight, x.to(weight.dtype))
+    bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts]).to(weight.dtype)
+    bias = bias.unsqueeze(1)
+    return lambda x: torch.addmm(bias, weight, x.to(weight.dtype))
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, dim: int = -1) -> Tensor:
+    """Rotary embedding, ``x · cos + rotate_half(x) · sin`` as the Hugging Face models apply it along
+    ``dim``, with ``sin`` already signed (-sin, +sin halves) so that ``rotate_half`` is a roll."""
+    return torch.addcmul(x * cos, x.roll(x.shape[dim] // 2, dims=dim), sin)
 
 
 class LlamaFamily:
@@ -223,9 +239,12 @@ class LlamaFamily:
         n, prompt_width = prompt_ids.shape
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
-        layers = [(layer, *(_fused(*group, dtype=compute) for group in (
-            (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), (layer.self_attn.o_proj,),
-            (layer.mlp.gate_proj, layer.mlp.up_proj), (layer.mlp.down_proj,)))) for layer in self.backbone.layers]
+        groups = [((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), (layer.self_attn.o_proj,),
+                   (layer.mlp.gate_proj, layer.mlp.up_proj), (layer.mlp.down_proj,)) for layer in self.backbone.layers]
+        layers = [(layer, *(_fused(*g, dtype=compute) for g in group))
+                  for layer, group in zip(self.backbone.layers, groups)]  # the prompt: rows
+        step_layers = [(layer, *(_columns(*g, dtype=compute) for g in group))
+                       for layer, group in zip(self.backbone.layers, groups)]  # each new token: columns
         x = self.backbone.embed_tokens(prompt_ids)  # (N, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, n, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
@@ -240,12 +259,12 @@ class LlamaFamily:
         prefill_mask.diagonal(dim1=-2, dim2=-1).zero_()
         rows = torch.arange(n, device=device)
 
-        hidden = self._cached_layers(x, layers, cache, cos_table[positions].unsqueeze(2),
-                                     sin_table[positions].unsqueeze(2), 0, prefill_mask)
+        last = self._cached_layers(x, layers, cache, cos_table[positions].unsqueeze(2),
+                                   sin_table[positions].unsqueeze(2), 0, prefill_mask)[:, -1]  # (N, hidden)
         next_positions = positions[:, -1] + 1
         alive = torch.ones(n, dtype=torch.bool, device=device)
         for t in range(max_new_tokens):
-            logits = self._head(hidden[:, -1])
+            logits = self._head(last)
             picked = alive.nonzero().squeeze(1)
             chosen, stopped = choose(logits[picked], t, rows[picked])
             if t == max_new_tokens - 1:
@@ -260,10 +279,39 @@ class LlamaFamily:
                     v[keep] for v in (rows, tokens, next_positions, bias, alive))
                 cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
             column = prompt_width + t
-            x = self.backbone.embed_tokens(tokens).unsqueeze(1)  # (A, 1, hidden)
-            cos, sin = cos_table[next_positions][:, None, None], sin_table[next_positions][:, None, None]
-            hidden = self._cached_layers(x, layers, cache, cos, sin, column, bias[:, None, : column + 1])
+            x = self.backbone.embed_tokens(tokens).t().contiguous()  # (hidden, A)
+            cos, sin = cos_table[next_positions].t(), sin_table[next_positions].t()  # (D, A)
+            last = self._decode_step(x, step_layers, cache, cos, sin, column, bias[:, : column + 1]).t()
             next_positions = next_positions + 1
+
+    def _norm_columns(self, module: nn.Module, x: Tensor) -> Tensor:
+        """:meth:`_norm` over the features of column activations (hidden, A)."""
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(0, keepdim=True) + self.eps)
+        return module.weight.unsqueeze(1) * normed.to(x.dtype)
+
+    def _decode_step(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, column: int,
+                     mask: Tensor) -> Tensor:
+        """Every layer on one new token per row, activations as columns: ``x`` (hidden, A); writes its
+        keys and values at ``column`` of ``cache`` and attends to columns 0..column under the additive
+        ``mask`` (A, column + 1)."""
+        a = x.shape[1]
+        heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
+        end = column + 1
+        mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
+        for (layer, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
+            qkv = qkv_proj(self._norm_columns(layer.input_layernorm, x)).view(heads + 2 * kv, d, a)
+            qk = _rope(qkv[: heads + kv], cos, sin, dim=1)
+            k_cache[:, :, column] = qk[heads:].permute(2, 0, 1)  # (A, kv, D)
+            v_cache[:, :, column] = qkv[heads + kv:].permute(2, 0, 1)
+            q = qk[:heads].permute(2, 0, 1).reshape(a * kv, groups, d).to(k_cache.dtype)
+            keys = k_cache[:, :, :end].reshape(a * kv, end, d)
+            scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
+            out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d)).view(a, heads * d)
+            x = x + o_proj(out.t())
+            gate, up = gate_up(self._norm_columns(layer.post_attention_layernorm, x)).chunk(2, dim=0)
+            x = x + down(F.silu(gate) * up)
+        return x
 
     def _cached_layers(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, start: int,
                        mask: Tensor) -> Tensor:
