@@ -33,17 +33,19 @@ def models(tokenizer) -> dict[str, torch.nn.Module]:
 
 
 def fixed_batch(tokenizer):
-    """Left-padded prompts of different lengths; completions that stop at different places, with garbage
-    (not padding) after their EOS, which the mask must make irrelevant."""
+    """Left-padded prompts of different lengths, each twice (as a group shares its prompt, which the fast
+    path then computes once); completions that stop at different places, with garbage (not padding)
+    after their EOS, which the mask must make irrelevant."""
     enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think.", "7"], padding=True, padding_side="left",
                     return_tensors="pt")
+    prompt_ids, prompt_mask = (t.repeat_interleave(2, dim=0) for t in (enc["input_ids"], enc["attention_mask"]))
     gen = torch.Generator().manual_seed(1)
-    completions = torch.randint(3, 90, (4, 9), generator=gen)
-    lengths = torch.tensor([9, 1, 5, 7])
-    completions[torch.arange(4), lengths - 1] = tokenizer.eos_token_id
+    completions = torch.randint(3, 90, (8, 9), generator=gen)
+    lengths = torch.tensor([9, 3, 1, 6, 5, 5, 7, 2])
+    completions[torch.arange(8), lengths - 1] = tokenizer.eos_token_id
     completions[0, -1] = 50  # truncated: no EOS
     mask = (torch.arange(9) < lengths.unsqueeze(1)).long()
-    return enc["input_ids"], enc["attention_mask"], completions, mask
+    return prompt_ids, prompt_mask, completions, mask
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias", "mistral"])

@@ -142,24 +142,42 @@ class LlamaFamily:
 
     # ---- training and reference passes: real tokens only -------------------------------------------
 
-    def logits(self, input_ids: Tensor, lengths: Tensor, predict: Tensor) -> Tensor:
+    def logits(self, input_ids: Tensor, lengths: Tensor, predict: Tensor, prefix_source: Tensor | None = None,
+               prefix_lengths: Tensor | None = None) -> Tensor:
         """Logits at the positions ``predict`` (K, 2) = (row, column) of the right-padded ``input_ids``
         (N, L) whose row i holds ``lengths[i]`` real tokens from column 0 (positions 0, 1, ...).
 
-        Projections and MLPs run on the real tokens only. Attention runs on rows of similar length
-        grouped together, each group padded to its longest row; padding only trails, so causal
+        Projections and MLPs run on real tokens only, and once per shared prefix: row i's first
+        ``prefix_lengths[i]`` tokens are those of row ``prefix_source[i]`` (a GRPO group's G completions
+        share their prompt), so only that row computes them and the others attend to its keys and values —
+        the same values, with the gradient of every row that reads them. Attention runs on rows of similar
+        length grouped together, each group padded to its longest row; padding only trails, so causal
         attention never lets a real token see it. Differentiable.
         """
         n, width = input_ids.shape
         device = input_ids.device
-        real = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # (N, L)
-        x = self.backbone.embed_tokens(input_ids[real])  # (M, hidden), row-major order of ``real``
+        columns = torch.arange(width, device=device)
+        real = columns < lengths.unsqueeze(1)  # (N, L)
+        own = real  # the positions whose token this row computes
+        if prefix_source is not None:
+            others = prefix_source != torch.arange(n, device=device)
+            borrowed = (columns < prefix_lengths.unsqueeze(1)) & others.unsqueeze(1)
+            own = real & ~borrowed
+        x = self.backbone.embed_tokens(input_ids[own])  # (M, hidden), row-major order of ``own``
         m = x.shape[0]
+        token = torch.full((n, width), m, dtype=torch.long, device=device)  # each position's row of x; M: padding
+        token[own] = torch.arange(m, device=device)
+        if prefix_source is not None:
+            token = torch.where(borrowed, token[prefix_source], token)
         cos, sin = self._rotary_table(width, x)
-        positions = real.nonzero()[:, 1]
+        positions = own.nonzero()[:, 1]
         cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (M, 1, D)
-        groups = self._length_groups(lengths, m)
-        order = torch.cat([index[valid] for index, valid in groups])
+        # Rows sorted by length in groups of 8 on the CPU (one group elsewhere, where padding is cheaper
+        # than more kernel launches): per group, each position's token and whether the row owns it.
+        per_group = 8 if device.type == "cpu" else n
+        groups = [(token[rows, :int(lengths[rows].max())], own[rows, :int(lengths[rows].max())])
+                  for rows in lengths.argsort().split(per_group)]
+        order = torch.cat([index[owned] for index, owned in groups])
         inverse = torch.empty_like(order).index_put_((order,), torch.arange(m, device=device))
         heads, d = self.heads + 2 * self.kv_heads, self.head_dim
         compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
@@ -172,33 +190,15 @@ class LlamaFamily:
             qkv = torch.cat([qk, qkv[:, self.heads + self.kv_heads:]], dim=1).to(compute)
             qkv = torch.cat([qkv, qkv.new_zeros(1, heads, d)])
             outs = []
-            for index, valid in groups:
+            for index, owned in groups:
                 q, k, v = qkv[index].transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], dim=1)
-                outs.append(self._attention(q, k, v).transpose(1, 2)[valid])  # (its tokens, heads, D)
+                outs.append(self._attention(q, k, v).transpose(1, 2)[owned])  # (its tokens, heads, D)
             out = torch.cat(outs)[inverse].reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
             gate, up = _fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
-        index = torch.full((n, width), -1, dtype=torch.long, device=device)
-        index[real] = torch.arange(m, device=device)
-        return self._head(x[index[predict[:, 0], predict[:, 1]]])
-
-    @staticmethod
-    def _length_groups(lengths: Tensor, m: int, rows_per_group: int = 8) -> list[tuple[Tensor, Tensor]]:
-        """Rows sorted by length in groups of ``rows_per_group`` (all rows in one group off the CPU, where
-        padding is cheaper than more kernel launches). Per group: ``index`` (rows, width) into the M
-        real tokens (M itself for padding) and ``valid`` (rows, width)."""
-        if lengths.device.type != "cpu":
-            rows_per_group = len(lengths)
-        starts = lengths.cumsum(0) - lengths  # each row's first token among the M
-        groups = []
-        for rows in lengths.argsort().split(rows_per_group):
-            width = int(lengths[rows].max())
-            columns = torch.arange(width, device=lengths.device)
-            valid = columns < lengths[rows].unsqueeze(1)
-            groups.append((torch.where(valid, starts[rows].unsqueeze(1) + columns, m), valid))
-        return groups
+        return self._head(x[token[predict[:, 0], predict[:, 1]]])
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Causal attention (rows, heads, L, D). SDPA's fused kernel in float32; for bfloat16 on the

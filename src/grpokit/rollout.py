@@ -320,7 +320,13 @@ def sequence_logprobs(
         input_ids[tokens.nonzero()[:, 0], columns[tokens]] = torch.cat([prompt_ids, completion_ids], dim=1)[tokens]
         rows, steps = mask.nonzero().unbind(1)
         predict = torch.stack([rows, prompt_lengths[rows] + steps - 1], dim=1)  # the position before each token
-        logits = LlamaFamily(model).logits(input_ids, lengths, predict)  # (K, V)
+        # Rows with the same prompt (a group's G completions) compute it once: the first such row's.
+        key = torch.cat([prompt_ids * prompt_mask, prompt_mask], dim=1)
+        _, same = torch.unique(key, dim=0, return_inverse=True)
+        n = key.shape[0]
+        first = torch.full((int(same.max()) + 1,), n, device=key.device).scatter_reduce(
+            0, same, torch.arange(n, device=key.device), "amin")
+        logits = LlamaFamily(model).logits(input_ids, lengths, predict, first[same], prompt_lengths)  # (K, V)
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         logp = logp.index_put((rows, steps), token_logprobs(logits, completion_ids[mask], temperature))
         entropy = None
