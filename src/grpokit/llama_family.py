@@ -219,9 +219,10 @@ class LlamaFamily:
     @torch.no_grad()
     def decode(
         self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
-        choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]],
+        choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1,
     ) -> None:
-        """Run the prompts (N, P, left-padded) and then up to ``max_new_tokens`` decode steps.
+        """Run the prompts (B, P, left-padded) once each and then up to ``max_new_tokens`` decode steps
+        for N = B × ``repeats`` rows (each prompt's rows contiguous).
 
         ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
         (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
@@ -233,10 +234,11 @@ class LlamaFamily:
         # one-query attention products.
         compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         with torch.autocast(device, enabled=False):
-            self._decode(prompt_ids, prompt_mask, max_new_tokens, choose, compute)
+            self._decode(prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats)
 
-    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute) -> None:
-        n, prompt_width = prompt_ids.shape
+    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+        b, prompt_width = prompt_ids.shape
+        n = b * repeats
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
         groups = [((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), (layer.self_attn.o_proj,),
@@ -247,11 +249,11 @@ class LlamaFamily:
                        for layer, group in zip(self.backbone.layers, groups)]  # each new token: columns
         x = self.backbone.embed_tokens(prompt_ids)  # (N, P, hidden)
         dtype = x.dtype
-        cache = torch.zeros(len(layers), 2, n, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
+        cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
         cos_table, sin_table = self._rotary_table(total, x)
         positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (N, P)
         # Additive mask over cache columns: left padding is never attended to.
-        bias = torch.zeros(n, total, dtype=dtype, device=device)
+        bias = torch.zeros(b, total, dtype=dtype, device=device)
         bias[:, :prompt_width] = torch.where(prompt_mask.bool(), 0.0, float("-inf"))
         # Causal over the prompt; a padding position sees itself only (finite, and never seen by others).
         causal = torch.full((prompt_width, prompt_width), float("-inf"), dtype=dtype, device=device).triu(1)
@@ -260,8 +262,11 @@ class LlamaFamily:
         rows = torch.arange(n, device=device)
 
         last = self._cached_layers(x, layers, cache, cos_table[positions].unsqueeze(2),
-                                   sin_table[positions].unsqueeze(2), 0, prefill_mask)[:, -1]  # (N, hidden)
-        next_positions = positions[:, -1] + 1
+                                   sin_table[positions].unsqueeze(2), 0, prefill_mask)[:, -1]  # (B, hidden)
+        # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
+        cache = cache.repeat_interleave(repeats, dim=2)
+        last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
+        next_positions = positions[:, -1].repeat_interleave(repeats) + 1
         alive = torch.ones(n, dtype=torch.bool, device=device)
         for t in range(max_new_tokens):
             logits = self._head(last)

@@ -207,8 +207,9 @@ def generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     device = next(model.parameters()).device
-    prompt_ids = prompt_ids.to(device).repeat_interleave(num_generations, dim=0)  # (N, P)
-    prompt_mask = prompt_mask.to(device).repeat_interleave(num_generations, dim=0)
+    unique_ids, unique_mask = prompt_ids.to(device), prompt_mask.to(device)  # (B, P)
+    prompt_ids = unique_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
+    prompt_mask = unique_mask.repeat_interleave(num_generations, dim=0)
     n = prompt_ids.shape[0]
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
@@ -234,7 +235,7 @@ def generate(
         return chosen, stopped
 
     if fast and unsupported(model) is None:
-        LlamaFamily(model).decode(prompt_ids, prompt_mask, max_new_tokens, choose)
+        LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations)
     else:
         _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, finished, stop_early)
 
