@@ -1,7 +1,7 @@
 """grpokit vs TRL's GRPOTrainer: seconds per step, side by side, in one invocation.
 
     pip install -e '.[bench]'          # trl
-    python benchmarks/vs_trl.py        # fp32 and bf16, small and large; ~15 minutes on 2 cores
+    python benchmarks/vs_trl.py        # fp32 and bf16, small and large; ~20 minutes on 2 cores
 
 Both trainers get the same tiny Qwen2 model (built from a config, random weights, saved once and loaded
 by each worker), the same character-level tokenizer, the same prompts ("What is {a} {op} {b}? ", a, b <
@@ -249,7 +249,7 @@ def main() -> None:
     parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit"])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per worker")
-    parser.add_argument("--rounds", type=int, default=2, help="workers per trainer, in alternating order")
+    parser.add_argument("--rounds", type=int, default=3, help="workers per trainer, in alternating order")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/vs_trl.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

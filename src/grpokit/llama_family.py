@@ -247,22 +247,22 @@ class LlamaFamily:
                   for layer, group in zip(self.backbone.layers, groups)]  # the prompt: rows
         step_layers = [(layer, *(_columns(*g, dtype=compute) for g in group))
                        for layer, group in zip(self.backbone.layers, groups)]  # each new token: columns
-        x = self.backbone.embed_tokens(prompt_ids)  # (N, P, hidden)
+        x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
         cos_table, sin_table = self._rotary_table(total, x)
-        positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (N, P)
+        positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
         # Additive mask over cache columns: left padding is never attended to.
         bias = torch.zeros(b, total, dtype=dtype, device=device)
         bias[:, :prompt_width] = torch.where(prompt_mask.bool(), 0.0, float("-inf"))
         # Causal over the prompt; a padding position sees itself only (finite, and never seen by others).
         causal = torch.full((prompt_width, prompt_width), float("-inf"), dtype=dtype, device=device).triu(1)
-        prefill_mask = bias[:, None, :prompt_width] + causal  # (N, P, P)
+        prefill_mask = bias[:, None, :prompt_width] + causal  # (B, P, P)
         prefill_mask.diagonal(dim1=-2, dim2=-1).zero_()
         rows = torch.arange(n, device=device)
 
-        last = self._cached_layers(x, layers, cache, cos_table[positions].unsqueeze(2),
-                                   sin_table[positions].unsqueeze(2), 0, prefill_mask)[:, -1]  # (B, hidden)
+        last = self._prefill(x, layers, cache, cos_table[positions].unsqueeze(2), sin_table[positions].unsqueeze(2),
+                             prefill_mask)[:, -1]  # (B, hidden)
         # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
         cache = cache.repeat_interleave(repeats, dim=2)
         last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
@@ -318,32 +318,20 @@ class LlamaFamily:
             x = x + down(F.silu(gate) * up)
         return x
 
-    def _cached_layers(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, start: int,
-                       mask: Tensor) -> Tensor:
-        """Every layer on ``x`` (A, S, hidden) at cache columns start..start+S-1: writes their keys and
-        values into ``cache`` (layers, 2, A, kv heads, columns, D) and attends to columns 0..start+S-1
-        under the additive ``mask`` (A, S or 1, start+S)."""
-        a, s, _ = x.shape
-        kv, groups, d = self.kv_heads, self.heads // self.kv_heads, self.head_dim
-        end = start + s
-        # Query rows are (group, position) per key/value head: grouped queries share their head.
-        queries = mask.shape[1]
-        mask = mask.unsqueeze(1).expand(a, kv * groups, queries, end).reshape(a * kv, groups * queries, end)
+    def _prefill(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        """Every layer on the prompts ``x`` (B, P, hidden): writes their keys and values into columns
+        0..P-1 of ``cache`` (layers, 2, B, kv heads, columns, D); ``mask`` (B, P, P) is additive."""
+        b, p, _ = x.shape
+        heads, kv, d = self.heads, self.kv_heads, self.head_dim
         for (layer, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
-            h = self._norm(layer.input_layernorm, x)
-            qkv = qkv_proj(h).view(a, s, self.heads + 2 * kv, d)
-            qk = _rope(qkv[:, :, : self.heads + kv], cos, sin)
-            k_cache[:, :, start:end] = qk[:, :, self.heads:].transpose(1, 2)
-            v_cache[:, :, start:end] = qkv[:, :, self.heads + kv:].transpose(1, 2)
-            q = qk[:, :, : self.heads].reshape(a, s, kv, groups, d).permute(0, 2, 3, 1, 4)
-            q = q.reshape(a * kv, groups * s, d)
-            keys = k_cache[:, :, :end].reshape(a * kv, end, d)
-            scores = torch.baddbmm(mask, q.to(keys.dtype), keys.transpose(1, 2), alpha=self.scaling)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
-            out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d))  # (A·kv, groups·S, D)
-            out = out.view(a, kv, groups, s, d).permute(0, 3, 1, 2, 4).reshape(a, s, self.q_size)
-            x = x + o_proj(out)
-            h = self._norm(layer.post_attention_layernorm, x)
-            gate, up = gate_up(h).chunk(2, dim=-1)
+            qkv = qkv_proj(self._norm(layer.input_layernorm, x)).view(b, p, heads + 2 * kv, d)
+            qk = _rope(qkv[:, :, : heads + kv], cos, sin).to(cache.dtype).transpose(1, 2)  # (B, heads + kv, P, D)
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2).to(cache.dtype)
+            k_cache[:, :, :p], v_cache[:, :, :p] = k, v
+            if kv != heads:
+                k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=self.scaling)
+            x = x + o_proj(out.transpose(1, 2).reshape(b, p, self.q_size))
+            gate, up = gate_up(self._norm(layer.post_attention_layernorm, x)).chunk(2, dim=-1)
             x = x + down(F.silu(gate) * up)
         return x
