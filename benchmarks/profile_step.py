@@ -2,9 +2,11 @@
 
     python benchmarks/profile_step.py --config large
 
-Builds vs_trl.py's model for ``--config``, runs two untimed warm-up steps, then profiles one step per
-setting with ``torch.profiler`` and prints the step's phases and the operators with the most self CPU
-time. The numbers behind "what moved" in docs/benchmarks.md. Run it alone on the machine.
+First times the decode step's matrix products for ``--config``'s shapes (every layer's own weights,
+32 and 16 rows) in both layouts: rows (``x @ Wᵀ``, the models' own) and columns (``W @ x``, the fast
+path's). Then builds vs_trl.py's model, runs two untimed warm-up steps, profiles one step per setting
+with ``torch.profiler`` and prints the step's phases and the operators with the most self CPU time. The
+numbers behind "what moved" in docs/benchmarks.md. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -15,6 +17,36 @@ import tempfile
 from pathlib import Path
 
 from vs_trl import BETA, CONFIGS, PROMPTS, G, build, rows
+
+
+def decode_products(config_name: str) -> None:
+    """Best-of-7 time of one decode step's projections (all layers, distinct weights) per layout."""
+    import time
+
+    import torch
+
+    shape, _ = CONFIGS[config_name]
+    h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    weights = [[torch.randn(3 * h, h), torch.randn(h, h), torch.randn(2 * i, h), torch.randn(h, i)]
+               for _ in range(layers)]
+    def by_rows(x, inner):  # x @ Wᵀ, the models' own layout
+        return [(x @ q.t(), x @ o.t(), x @ gu.t(), inner @ d.t()) for q, o, gu, d in weights]
+
+    def by_columns(x, inner):  # W @ x, the fast path's decode layout
+        return [(q @ x, o @ x, gu @ x, d @ inner) for q, o, gu, d in weights]
+
+    for count in (32, 16):
+        x, inner = torch.randn(count, h), torch.randn(count, i)
+        flops = 2 * count * sum(w.numel() for layer in weights for w in layer)
+        for name, step, args in (("rows (x @ W.T)", by_rows, (x, inner)),
+                                 ("columns (W @ x)", by_columns, (x.t().contiguous(), inner.t().contiguous()))):
+            best = float("inf")
+            for _ in range(7):
+                start = time.perf_counter()
+                for _ in range(20):
+                    step(*args)
+                best = min(best, (time.perf_counter() - start) / 20)
+            print(f"decode products, {count} rows, {name}: {best * 1e3:.2f} ms ({flops / best / 1e9:.0f} GFLOP/s)")
 
 
 def main() -> None:
@@ -31,6 +63,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(2)
+    decode_products(args.config)
     with tempfile.TemporaryDirectory() as tmp:
         build(args.config, Path(tmp))
         tokenizer = AutoTokenizer.from_pretrained(tmp)

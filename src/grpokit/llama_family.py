@@ -1,15 +1,16 @@
 """Llama-family decoders (Llama, Qwen2, Mistral without a sliding window) run by our own forward.
 
 The same weights and the same math as the Hugging Face forward, without what costs time at GRPO's
-shapes (docs/benchmarks.md, "grpokit vs TRL"):
+shapes (docs/benchmarks.md, "grpokit vs TRL: speed"):
 
-- decoding writes keys and values into a cache allocated once for the whole rollout (no cache that
-  grows by concatenation, no per-token mask building), fuses the q/k/v and gate/up projections into one
-  matrix product each, and drops finished completions from the batch;
-- the reference and policy passes run every projection on the real tokens only (prompts' left padding
-  and what follows each completion's EOS are never computed), with attention on a per-row layout where
-  padding only trails, so plain causal attention is exact; and the LM head runs only where a completion
-  token is predicted.
+- decoding prefills each prompt once for its G completions, writes keys and values into a cache
+  allocated once for the whole rollout (no cache that grows by concatenation), fuses the q/k/v and
+  gate/up projections into one product each, keeps a step's activations as columns (``W @ x``, faster
+  with few rows), and drops finished completions from the batch;
+- the reference and policy passes run every projection on real tokens only (prompts' left padding and
+  what follows each completion's EOS are never computed) and a group's shared prompt once, with
+  attention on per-row layouts where padding only trails, so plain causal attention is exact; the LM
+  head runs only where a completion token is predicted.
 
 Modules are called as modules where they are not plain ``nn.Linear`` (a LoRA adapter, a quantised
 layer), so wrapped models keep their behaviour. :func:`unsupported` says why a model cannot take this
@@ -62,35 +63,41 @@ def _project(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     return (module.weight, module.bias) if type(module) is nn.Linear else None
 
 
-def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
-    """One matrix product for one or several plain linear layers on the same input (outputs
-    concatenated); the modules one after another otherwise. ``dtype``: compute in it, with the weights
-    cast once here (decoding under autocast) rather than at every call."""
+def _stacked(modules: tuple[nn.Module, ...], dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None] | None:
+    """The layers' weights (and biases) stacked for one product, cast to ``dtype`` (once, here: decoding
+    under autocast) when given; None when any layer is not a plain ``nn.Linear``."""
     parts = [_project(m) for m in modules]
     if any(p is None for p in parts):
-        return modules[0] if len(modules) == 1 else lambda x: torch.cat([m(x) for m in modules], dim=-1)
+        return None
     weight = torch.cat([w for w, _ in parts]) if len(parts) > 1 else parts[0][0]
     bias = None
     if any(b is not None for _, b in parts):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
-    if dtype is None:
-        return lambda x: F.linear(x, weight, bias)
-    weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-    return lambda x: F.linear(x.to(dtype), weight, bias)
+    if dtype is not None:
+        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+    return weight, bias
+
+
+def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+    """One matrix product for one or several linear layers on the same input (outputs concatenated);
+    layers that are not plain ``nn.Linear`` are called as modules, one after another."""
+    stacked = _stacked(modules, dtype)
+    if stacked is None:
+        return modules[0] if len(modules) == 1 else lambda x: torch.cat([m(x) for m in modules], dim=-1)
+    weight, bias = stacked
+    return lambda x: F.linear(x.to(weight.dtype), weight, bias)
 
 
 def _columns(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
     """:func:`_fused` for activations stored as columns (features, rows): ``W @ x``. With few rows (a
-    decode step) MKL runs this up to twice as fast as ``x @ Wᵀ`` on weights that are not in cache."""
-    parts = [_project(m) for m in modules]
-    if any(p is None for p in parts):
+    decode step) MKL runs this ~1.4× as fast as ``x @ Wᵀ`` on weights that are not in cache."""
+    stacked = _stacked(modules, dtype)
+    if stacked is None:
         by_rows = _fused(*modules, dtype=dtype)
         return lambda x: by_rows(x.t()).t()
-    weight = torch.cat([w for w, _ in parts]) if len(parts) > 1 else parts[0][0]
-    weight = weight if dtype is None else weight.to(dtype)
-    if all(b is None for _, b in parts):
+    weight, bias = stacked
+    if bias is None:
         return lambda x: torch.mm(weight, x.to(weight.dtype))
-    bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts]).to(weight.dtype)
     bias = bias.unsqueeze(1)
     return lambda x: torch.addmm(bias, weight, x.to(weight.dtype))
 
