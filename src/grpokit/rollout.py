@@ -311,23 +311,9 @@ def sequence_logprobs(
     supports, only the real tokens are computed (the same values within float rounding).
     """
     mask = completion_mask.bool()
-    prompt_lengths = prompt_mask.sum(dim=1)
-    if fast and unsupported(model) is None and bool((prompt_lengths > 0).all()):
-        # Each row's real tokens from column 0: its prompt, then its completion up to where it stopped.
-        tokens = torch.cat([prompt_mask, completion_mask], dim=1).bool()
-        columns = tokens.long().cumsum(dim=1) - 1
-        lengths = tokens.sum(dim=1)
-        input_ids = torch.zeros(tokens.shape[0], int(lengths.max()), dtype=torch.long, device=tokens.device)
-        input_ids[tokens.nonzero()[:, 0], columns[tokens]] = torch.cat([prompt_ids, completion_ids], dim=1)[tokens]
+    if fast and unsupported(model) is None and bool((prompt_mask.sum(dim=1) > 0).all()):
+        logits = _real_token_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # (K, V)
         rows, steps = mask.nonzero().unbind(1)
-        predict = torch.stack([rows, prompt_lengths[rows] + steps - 1], dim=1)  # the position before each token
-        # Rows with the same prompt (a group's G completions) compute it once: the first such row's.
-        key = torch.cat([prompt_ids * prompt_mask, prompt_mask], dim=1)
-        _, same = torch.unique(key, dim=0, return_inverse=True)
-        n = key.shape[0]
-        first = torch.full((int(same.max()) + 1,), n, device=key.device).scatter_reduce(
-            0, same, torch.arange(n, device=key.device), "amin")
-        logits = LlamaFamily(model).logits(input_ids, lengths, predict, first[same], prompt_lengths)  # (K, V)
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         logp = logp.index_put((rows, steps), token_logprobs(logits, completion_ids[mask], temperature))
         entropy = None
@@ -343,3 +329,23 @@ def sequence_logprobs(
     logp = token_logprobs(logits, completion_ids, temperature) * mask
     entropy = token_entropy(logits.detach(), temperature) * mask if with_entropy else None
     return logp, entropy
+
+
+def _real_token_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> Tensor:
+    """The logits (K, V) that predicted the K completion tokens, from the fast path: each row's real
+    tokens laid out from column 0 (its prompt, then its completion up to where it stopped), and rows with
+    the same prompt (a group's G completions) sharing the first such row's computation of it."""
+    tokens = torch.cat([prompt_mask, completion_mask], dim=1).bool()
+    columns = tokens.long().cumsum(dim=1) - 1
+    lengths = tokens.sum(dim=1)
+    input_ids = torch.zeros(tokens.shape[0], int(lengths.max()), dtype=torch.long, device=tokens.device)
+    input_ids[tokens.nonzero()[:, 0], columns[tokens]] = torch.cat([prompt_ids, completion_ids], dim=1)[tokens]
+    prompt_lengths = prompt_mask.sum(dim=1)
+    rows, steps = completion_mask.bool().nonzero().unbind(1)
+    predict = torch.stack([rows, prompt_lengths[rows] + steps - 1], dim=1)  # the position before each token
+    key = torch.cat([prompt_ids * prompt_mask, prompt_mask], dim=1)
+    _, same = torch.unique(key, dim=0, return_inverse=True)
+    n = key.shape[0]
+    first = torch.full((int(same.max()) + 1,), n, device=key.device).scatter_reduce(
+        0, same, torch.arange(n, device=key.device), "amin")
+    return LlamaFamily(model).logits(input_ids, lengths, predict, first[same], prompt_lengths)
