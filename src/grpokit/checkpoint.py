@@ -25,6 +25,8 @@ import json
 import os
 import random
 import shutil
+import signal
+import threading
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -47,6 +49,30 @@ RESUMABLE_CHANGES = {
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupted, or from a different run; the message says which."""
+
+
+class StopSignals:
+    """While active, SIGINT/SIGTERM are recorded in ``received`` (the training loop then finishes its
+    step, writes a checkpoint and stops); a second one stops at once. Signals reach the main thread
+    only, so elsewhere this does nothing."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:

@@ -15,11 +15,9 @@ frozen (the paper also refreshes it between RL iterations; we do not).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from grpokit.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data import check_columns, check_prompt_lengths, load_rows
 from grpokit.distributed import (
@@ -44,6 +42,7 @@ from grpokit.distributed import (
 )
 from grpokit.models import BUILTIN, autocast, load_model_and_tokenizer, resolve_device, seed_everything, with_lora
 from grpokit.objective import grpo_loss, masked_mean
+from grpokit.optim import adamw_with_schedule
 from grpokit.rewards import (
     required_columns,
     resolve_reward_functions,
@@ -134,7 +133,6 @@ class GRPOTrainer:
         self.history: list[dict[str, float]] = []
         self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
         self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss or gradient
-        self._stop_signal: int | None = None
 
     # ---- set-up helpers --------------------------------------------------------------------------
 
@@ -162,28 +160,7 @@ class GRPOTrainer:
 
     def _adamw(self, model: torch.nn.Module, lr: float) -> tuple[torch.optim.Optimizer, Any]:
         """AdamW over the model's trainable parameters, and its warmup + decay schedule over the run."""
-        config = self.config
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
-        )
-        total_updates = config.max_steps * config.num_iterations * config.num_minibatches
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor(total_updates))
-
-    def _lr_factor(self, total: int) -> Callable[[int], float]:
-        warmup, schedule = self.config.warmup_steps, self.config.lr_schedule
-
-        def factor(update: int) -> float:
-            if update < warmup:
-                return (update + 1) / warmup
-            progress = (update - warmup) / max(1, total - warmup)
-            if schedule == "linear":
-                return max(0.0, 1.0 - progress)
-            if schedule == "cosine":
-                return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-            return 1.0
-
-        return factor
+        return adamw_with_schedule(model, self.config, lr)
 
     # ---- the step --------------------------------------------------------------------------------
 
@@ -424,7 +401,7 @@ class GRPOTrainer:
         bar = tqdm(range(self.step, config.max_steps), desc=config.algorithm.upper(),
                    disable=not (config.progress_bar and world.main), dynamic_ncols=True)
         saved_at = None
-        with self._stop_on_signals():
+        with StopSignals() as signals:
             for _ in bar:
                 metrics = self.training_step()
                 postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
@@ -432,7 +409,7 @@ class GRPOTrainer:
                     postfix["acc"] = f"{metrics['accuracy']:.2f}"
                 bar.set_postfix(postfix)
                 # Every process stops after the same step, whichever got the signal.
-                stop = all_max(float(self._stop_signal or 0), world)
+                stop = all_max(float(signals.received or 0), world)
                 if config.save_every and self.step % config.save_every == 0 or stop:
                     saved_at = save_checkpoint(self)
                 if stop:
@@ -444,24 +421,6 @@ class GRPOTrainer:
             save_checkpoint(self)
         self.save(Path(config.output_dir) / "model")
         return self.history
-
-    @contextlib.contextmanager
-    def _stop_on_signals(self):
-        """SIGINT/SIGTERM finish the current step, write a checkpoint and stop; a second one stops at once."""
-
-        def handle(signum, frame):
-            if self._stop_signal is not None:
-                raise KeyboardInterrupt
-            self._stop_signal = signum
-
-        previous = {}
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def save(self, path: str | Path) -> None:
         """``save_pretrained`` (safetensors) for the model and the tokenizer, by the first process (every
