@@ -325,7 +325,8 @@ def sequence_logprobs(
         **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask),
         use_cache=False,
         logits_to_keep=width + 1,
-    ).logits[:, :-1, :]  # (N, T, V): the logits that predicted each completion token
+    ).logits[:, -(width + 1):-1, :]  # (N, T, V): the logits that predicted each completion token
+    # (sliced again: models that ignore ``logits_to_keep``, e.g. GPT-2 in transformers 4.50, return all)
     logp = token_logprobs(logits, completion_ids, temperature) * mask
     entropy = token_entropy(logits.detach(), temperature) * mask if with_entropy else None
     return logp, entropy
