@@ -211,13 +211,18 @@ def grpokit_worker(job: dict) -> dict:
         return batch, sampled, sampling
 
     trainer.sampler.sample = recorded_sample
-    records = [trainer.training_step() for _ in range(config.max_steps)]
+    records, walls = [], []
+    for _ in range(config.max_steps):  # the whole call: metrics and the run log included
+        start = time.perf_counter()
+        records.append(trainer.training_step())
+        walls.append(time.perf_counter() - start)
     w = job["warmup"]
-    records, lengths, prompt_lengths = records[w:], lengths[w:], prompt_lengths[w:]
+    records, walls, lengths, prompt_lengths = records[w:], walls[w:], lengths[w:], prompt_lengths[w:]
     return {
-        "step": [m["time_step"] for m in records], "generate": [m["time_generate"] for m in records],
+        "step": walls, "generate": [m["time_generate"] for m in records],
         "score_and_reference": [m["time_score"] + m["time_frozen_logprobs"] for m in records],
-        "update": [m["time_update"] for m in records],
+        "update": [wall - m["time_generate"] - m["time_score"] - m["time_frozen_logprobs"]
+                   for wall, m in zip(walls, records)],
         "completion_lengths": lengths, "prompt_lengths": prompt_lengths,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
