@@ -116,7 +116,7 @@ class LlamaFamily:
         if reason is not None:
             raise ValueError(f"the fast path cannot run this model: {reason}")
         inner = _inner(model)
-        self.model, self.backbone, self.lm_head = model, inner.model, inner.lm_head
+        self.backbone, self.lm_head = inner.model, inner.lm_head
         config = inner.config
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads or self.heads
@@ -298,7 +298,8 @@ class LlamaFamily:
 
     def _norm_columns(self, module: nn.Module, x: Tensor) -> Tensor:
         """:meth:`_norm` over the features of column activations (hidden, A)."""
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(0, keepdim=True) + self.eps)
+        full = x.float()
+        normed = full * torch.rsqrt(full.pow(2).mean(0, keepdim=True) + self.eps)
         return module.weight.unsqueeze(1) * normed.to(x.dtype)
 
     def _decode_step(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, column: int,
