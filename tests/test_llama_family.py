@@ -177,3 +177,29 @@ def test_what_it_cannot_run_exactly_is_refused_with_the_reason(tokenizer):
     logp, _ = sequence_logprobs(gpt2, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                 rollout.completion_mask)
     assert torch.allclose(logp, rollout.logp, atol=1e-5)
+
+
+def test_lora_layers_are_called_as_modules_and_sampling_stays_exact(tokenizer):
+    """With a LoRA adapter the projections are not plain Linear layers: the fast path calls them as
+    modules (rows for the prompt, transposed for the column-layout decode steps). Sampled log-probs must
+    still match the model's own forward, with the adapter changing the outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    base = models(tokenizer)["qwen2-gqa-bias"]
+    lora = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = get_peft_model(base, lora).eval()
+    assert unsupported(model) is None
+    enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
+    rollout = generate(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=12,
+                       eos_token_id=list(range(3, 8)), pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0), fast=True)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                    rollout.completion_mask, fast=False)
+        with model.disable_adapter():
+            base_logp, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                             rollout.completion_mask, fast=False)
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-5)
+    assert (logp[mask] - base_logp[mask]).abs().max() > 1e-3  # the adapter is really in the path
