@@ -88,18 +88,43 @@ def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[T
     return lambda x: F.linear(x.to(weight.dtype), weight, bias)
 
 
-def _columns(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+def _columns(*modules: nn.Module, dtype: torch.dtype | None = None,
+             scale: Tensor | None = None) -> Callable[..., Tensor]:
     """:func:`_fused` for activations stored as columns (features, rows): ``W @ x``. With few rows (a
-    decode step) MKL runs this ~1.4× as fast as ``x @ Wᵀ`` on weights that are not in cache."""
+    decode step) MKL runs this ~1.4× as fast as ``x @ Wᵀ`` on weights that are not in cache.
+
+    ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights
+    once when the layers are plain ``nn.Linear``. The returned ``f(x, add=None)`` adds ``add`` (out
+    features, rows) to the product, in the same call where it can (a residual connection)."""
     stacked = _stacked(modules, dtype)
     if stacked is None:
         by_rows = _fused(*modules, dtype=dtype)
-        return lambda x: by_rows(x.t()).t()
+
+        def by_modules(x: Tensor, add: Tensor | None = None) -> Tensor:
+            out = by_rows((x if scale is None else x * scale.unsqueeze(1)).t()).t()
+            return out if add is None else add + out
+        return by_modules
     weight, bias = stacked
-    if bias is None:
-        return lambda x: torch.mm(weight, x.to(weight.dtype))
-    bias = bias.unsqueeze(1)
-    return lambda x: torch.addmm(bias, weight, x.to(weight.dtype))
+    if scale is not None:
+        weight = weight * scale.to(weight.dtype)
+    bias = None if bias is None else bias.unsqueeze(1)
+
+    def product(x: Tensor, add: Tensor | None = None) -> Tensor:
+        x = x.to(weight.dtype)
+        if add is not None and add.dtype == weight.dtype:
+            out = torch.addmm(add, weight, x)
+            return out if bias is None else out.add_(bias)
+        out = torch.mm(weight, x) if bias is None else torch.addmm(bias, weight, x)
+        return out if add is None else add + out
+    return product
+
+
+def batch_rows(running: int, rows: int) -> int:
+    """How many rows a decode batch of ``rows`` rows keeps when ``running`` of them still run: a
+    multiple of 8, at least 16 (never more than it has). MKL's float32 ``W @ x`` with x of few columns is
+    fast only at some column counts (16, 24, 32: ~2.6x the speed of 15 at the large benchmark's shapes;
+    docs/benchmarks.md), so finished rows stay as padding up to the next one."""
+    return min(rows, max(16, -(-running // 8) * 8))
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor, dim: int = -1) -> Tensor:
@@ -233,7 +258,7 @@ class LlamaFamily:
 
         ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
         (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
-        (and the cache) once they are a quarter of it.
+        (and the cache) down to :func:`batch_rows` rows.
         """
         device = prompt_ids.device.type
         # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
@@ -252,8 +277,11 @@ class LlamaFamily:
                    (layer.mlp.gate_proj, layer.mlp.up_proj), (layer.mlp.down_proj,)) for layer in self.backbone.layers]
         layers = [(layer, *(_fused(*g, dtype=compute) for g in group))
                   for layer, group in zip(self.backbone.layers, groups)]  # the prompt: rows
-        step_layers = [(layer, *(_columns(*g, dtype=compute) for g in group))
-                       for layer, group in zip(self.backbone.layers, groups)]  # each new token: columns
+        # each new token: columns, the norms' weights folded into the products that follow them
+        step_layers = [(_columns(*qkv, dtype=compute, scale=layer.input_layernorm.weight), _columns(*o, dtype=compute),
+                        _columns(*gate_up, dtype=compute, scale=layer.post_attention_layernorm.weight),
+                        _columns(*down, dtype=compute))
+                       for layer, (qkv, o, gate_up, down) in zip(self.backbone.layers, groups)]
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
@@ -285,8 +313,10 @@ class LlamaFamily:
             if not alive.any():
                 break
             tokens = torch.zeros(len(rows), dtype=torch.long, device=device).index_put((picked,), chosen)
-            if 4 * int((~alive).sum()) >= len(rows):  # drop finished rows from the batch and the cache
-                keep = alive.nonzero().squeeze(1)
+            size = batch_rows(int(alive.sum()), len(rows))
+            if size < len(rows):  # drop finished rows from the batch and the cache, keeping ``size`` rows
+                dead = ~alive
+                keep = (alive | (dead & (dead.cumsum(0) <= size - int(alive.sum())))).nonzero().squeeze(1)
                 rows, tokens, next_positions, bias, alive = (
                     v[keep] for v in (rows, tokens, next_positions, bias, alive))
                 cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
@@ -296,11 +326,11 @@ class LlamaFamily:
             last = self._decode_step(x, step_layers, cache, cos, sin, column, bias[:, : column + 1]).t()
             next_positions = next_positions + 1
 
-    def _norm_columns(self, module: nn.Module, x: Tensor) -> Tensor:
-        """:meth:`_norm` over the features of column activations (hidden, A)."""
+    def _normalize_columns(self, x: Tensor) -> Tensor:
+        """RMSNorm without its weight (folded into the next product) over the features of column
+        activations (hidden, A), computed in float32 as the Hugging Face norm does."""
         full = x.float()
-        normed = full * torch.rsqrt(full.pow(2).mean(0, keepdim=True) + self.eps)
-        return module.weight.unsqueeze(1) * normed.to(x.dtype)
+        return (full * torch.rsqrt(full.square().mean(0, keepdim=True).add_(self.eps))).to(x.dtype)
 
     def _decode_step(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, column: int,
                      mask: Tensor) -> Tensor:
@@ -311,8 +341,8 @@ class LlamaFamily:
         heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
         end = column + 1
         mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
-        for (layer, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
-            qkv = qkv_proj(self._norm_columns(layer.input_layernorm, x)).view(heads + 2 * kv, d, a)
+        for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
+            qkv = qkv_proj(self._normalize_columns(x)).view(heads + 2 * kv, d, a)
             qk = _rope(qkv[: heads + kv], cos, sin, dim=1)
             k_cache[:, :, column] = qk[heads:].permute(2, 0, 1)  # (A, kv, D)
             v_cache[:, :, column] = qkv[heads + kv:].permute(2, 0, 1)
@@ -321,9 +351,9 @@ class LlamaFamily:
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
             out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d)).view(a, heads * d)
-            x = x + o_proj(out.t())
-            gate, up = gate_up(self._norm_columns(layer.post_attention_layernorm, x)).chunk(2, dim=0)
-            x = x + down(F.silu(gate) * up)
+            x = o_proj(out.t(), add=x)
+            gate, up = gate_up(self._normalize_columns(x)).chunk(2, dim=0)
+            x = down(F.silu(gate, inplace=True).mul_(up), add=x)
         return x
 
     def _prefill(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
