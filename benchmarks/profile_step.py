@@ -3,7 +3,7 @@
     python benchmarks/profile_step.py --config large
 
 First times the decode step's matrix products for ``--config``'s shapes (every layer's own weights,
-32 and 16 rows) in both layouts: rows (``x @ Wᵀ``, the models' own) and columns (``W @ x``, the fast
+32 down to 8 rows) in both layouts: rows (``x @ Wᵀ``, the models' own) and columns (``W @ x``, the fast
 path's). Then builds vs_trl.py's model, runs two untimed warm-up steps, profiles one step per setting
 with ``torch.profiler`` and prints the step's phases and the operators with the most self CPU time. The
 numbers behind "what moved" in docs/benchmarks.md. Run it alone on the machine.
@@ -20,7 +20,9 @@ from vs_trl import BETA, CONFIGS, PROMPTS, G, build, rows
 
 
 def decode_products(config_name: str) -> None:
-    """Best-of-7 time of one decode step's projections (all layers, distinct weights) per layout."""
+    """Best-of-7 time of one decode step's projections (all layers, distinct weights) per layout, at
+    row counts a decode batch passes through: MKL's ``W @ x`` is fast at 16, 24 and 32 columns and
+    much slower just off them (``llama_family.batch_rows`` keeps the batch at those counts)."""
     import time
 
     import torch
@@ -35,7 +37,7 @@ def decode_products(config_name: str) -> None:
     def by_columns(x, inner):  # W @ x, the fast path's decode layout
         return [(q @ x, o @ x, gu @ x, d @ inner) for q, o, gu, d in weights]
 
-    for count in (32, 16):
+    for count in (32, 24, 17, 16, 15, 12, 8):
         x, inner = torch.randn(count, h), torch.randn(count, i)
         flops = 2 * count * sum(w.numel() for layer in weights for w in layer)
         for name, step, args in (("rows (x @ W.T)", by_rows, (x, inner)),
