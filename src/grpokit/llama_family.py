@@ -282,6 +282,7 @@ class LlamaFamily:
                         _columns(*gate_up, dtype=compute, scale=layer.post_attention_layernorm.weight),
                         _columns(*down, dtype=compute))
                        for layer, (qkv, o, gate_up, down) in zip(self.backbone.layers, groups)]
+        head = _columns(self.lm_head, scale=self.backbone.norm.weight)  # in its own dtype, as _head
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
@@ -300,11 +301,11 @@ class LlamaFamily:
                              prefill_mask)[:, -1]  # (B, hidden)
         # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
         cache = cache.repeat_interleave(repeats, dim=2)
-        last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
+        last, bias = last.repeat_interleave(repeats, dim=0).t(), bias.repeat_interleave(repeats, dim=0)
         next_positions = positions[:, -1].repeat_interleave(repeats) + 1
         alive = torch.ones(n, dtype=torch.bool, device=device)
         for t in range(max_new_tokens):
-            logits = self._head(last)
+            logits = head(self._normalize_columns(last)).t().float()  # (A, V)
             picked = alive.nonzero().squeeze(1)
             chosen, stopped = choose(logits[picked], t, rows[picked])
             if t == max_new_tokens - 1:
@@ -323,7 +324,7 @@ class LlamaFamily:
             column = prompt_width + t
             x = self.backbone.embed_tokens(tokens).t().contiguous()  # (hidden, A)
             cos, sin = cos_table[next_positions].t(), sin_table[next_positions].t()  # (D, A)
-            last = self._decode_step(x, step_layers, cache, cos, sin, column, bias[:, : column + 1]).t()
+            last = self._decode_step(x, step_layers, cache, cos, sin, column, bias[:, : column + 1])
             next_positions = next_positions + 1
 
     def _normalize_columns(self, x: Tensor) -> Tensor:
