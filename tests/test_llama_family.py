@@ -219,3 +219,30 @@ def test_lora_layers_are_called_as_modules_and_sampling_stays_exact(tokenizer):
     mask = rollout.completion_mask.bool()
     assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-5)
     assert (logp[mask] - base_logp[mask]).abs().max() > 1e-3  # the adapter is really in the path
+
+
+def test_forward_hooks_on_projections_and_the_head_are_honoured(tokenizer):
+    """A hooked layer is called as a module (not folded into a fused product), in decoding and in the
+    training passes: the hooks change the outputs exactly as in the model's own forward."""
+    model = models(tokenizer)["llama"].eval()
+    calls = []
+
+    def halve(module, args, out):
+        calls.append(module)
+        return out * 0.5
+
+    model.model.layers[0].mlp.down_proj.register_forward_hook(halve)
+    model.lm_head.register_forward_hook(halve)
+    enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
+    rollout = generate(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0), fast=True)
+    assert {model.lm_head, model.model.layers[0].mlp.down_proj} <= set(calls)
+    with torch.no_grad():
+        logp_hf, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                       rollout.completion_mask, fast=False)
+        logp_fast, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                         rollout.completion_mask, fast=True)
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(rollout.logp[mask], logp_hf[mask], atol=1e-5)
+    assert torch.allclose(logp_fast, logp_hf, atol=1e-5)

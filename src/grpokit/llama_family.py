@@ -13,8 +13,9 @@ shapes (docs/benchmarks.md, "grpokit vs TRL: speed"):
   head runs only where a completion token is predicted.
 
 Modules are called as modules where they are not plain ``nn.Linear`` (a LoRA adapter, a quantised
-layer), so wrapped models keep their behaviour. :func:`unsupported` says why a model cannot take this
-path; callers then use the model's own forward (``fast_path: false`` forces that everywhere).
+layer) or carry forward hooks, so wrapped and hooked models keep their behaviour. :func:`unsupported`
+says why a model cannot take this path; callers then use the model's own forward (``fast_path: false``
+forces that everywhere).
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ def unsupported(model: nn.Module) -> str | None:
 
 
 def _project(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
-    """(weight, bias) of a plain linear layer; None for anything else (called as a module)."""
-    return (module.weight, module.bias) if type(module) is nn.Linear else None
+    """(weight, bias) of a plain linear layer without hooks; None for anything else (called as a module,
+    so that wrappers and hooks see their calls)."""
+    plain = type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+    return (module.weight, module.bias) if plain else None
 
 
 def _stacked(modules: tuple[nn.Module, ...], dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None] | None:
