@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForC
 
 from grpokit import llama_family
 from grpokit.arithmetic import build_model
-from grpokit.llama_family import batch_rows, unsupported
+from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.rollout import generate, sequence_logprobs
 from test_trainer import ROWS, make_trainer
 
@@ -69,33 +69,31 @@ def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name)
         assert torch.allclose(grads_fast[key], grad, atol=1e-6, rtol=1e-4), key
 
 
-def test_decode_batches_keep_sixteen_twenty_four_or_thirty_two_rows():
-    assert [batch_rows(running, 40) for running in (40, 33, 32, 25, 24, 17, 16, 9, 1, 0)] == \
-        [40, 40, 32, 32, 24, 24, 16, 16, 16, 16]
-    assert batch_rows(3, 8) == 8  # never more rows than the batch has
-
-
+@pytest.mark.parametrize("onednn", [False, True], ids=["mkl", "onednn"])
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
-def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(tokenizer, name, monkeypatch):
+def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(tokenizer, name, onednn, monkeypatch):
     """Many stop tokens make completions end at different steps, so finished rows leave the batch (and
-    its cache) several times, some staying as padding; the log-probs reported while sampling still
-    match the model's own forward over the whole sequence, and every completion stops at its first
-    stop token."""
+    its cache) several times; the log-probs reported while sampling still match the model's own
+    forward over the whole sequence, and every completion stops at its first stop token. With every
+    decode product on oneDNN's packed weights, and with none."""
+    if onednn and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(llama_family, "ONEDNN_MIN_WEIGHTS", 0 if onednn else 2**62)
     model = models(tokenizer)[name].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think.", "7", "Add 3 and 4."], padding=True,
                     padding_side="left", return_tensors="pt")
     stops = list(range(3, 13))  # ten ordinary tokens end a completion
-    sizes = []
+    sizes, step = [], LlamaFamily._decode_step
 
-    def recorded(running: int, rows: int) -> int:
-        sizes.append(batch_rows(running, rows))
-        return sizes[-1]
+    def recorded(self, x, *args):
+        sizes.append(x.shape[0])
+        return step(self, x, *args)
 
-    monkeypatch.setattr(llama_family, "batch_rows", recorded)
+    monkeypatch.setattr(LlamaFamily, "_decode_step", recorded)
     rollout = generate(model, enc["input_ids"], enc["attention_mask"], num_generations=8, max_new_tokens=20,
                        temperature=1.3, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
                        generator=torch.Generator().manual_seed(0), fast=True)
-    assert {32, 24, 16} <= set(sizes)  # the batch shrank from 40 rows three times
+    assert sizes[0] == 40 and len(set(sizes)) >= 4  # the batch shrank at least three times
     lengths = rollout.lengths
     assert len(set(lengths.tolist())) > 4 and rollout.truncated.any() and not rollout.truncated.all()
     for row, n in zip(rollout.completion_ids, lengths):
@@ -109,7 +107,11 @@ def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(toke
     assert (rollout.logp[~mask] == 0).all()
 
 
-def test_greedy_completions_equal_the_model_forward_path(tokenizer):
+@pytest.mark.parametrize("onednn", [False, True], ids=["mkl", "onednn"])
+def test_greedy_completions_equal_the_model_forward_path(tokenizer, onednn, monkeypatch):
+    if onednn and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(llama_family, "ONEDNN_MIN_WEIGHTS", 0 if onednn else 2**62)
     model = models(tokenizer)["qwen2-gqa-bias"].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
     kw = dict(num_generations=1, max_new_tokens=16, eos_token_id=tokenizer.eos_token_id,

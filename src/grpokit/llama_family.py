@@ -5,8 +5,9 @@ shapes (docs/benchmarks.md, "grpokit vs TRL: speed"):
 
 - decoding prefills each prompt once for its G completions, writes keys and values into a cache
   allocated once for the whole rollout (no cache that grows by concatenation), fuses the q/k/v and
-  gate/up projections into one product each, keeps a step's activations as columns (``W @ x``, faster
-  with few rows), and drops finished completions from the batch;
+  gate/up projections into one product each with the norms' weights folded in, runs them on the CPU
+  with weights packed once for oneDNN (much faster than MKL at a few rows), and drops finished
+  completions from the batch;
 - the reference and policy passes run every projection on real tokens only (prompts' left padding and
   what follows each completion's EOS are never computed) and a group's shared prompt once, with
   attention on per-row layouts where padding only trails, so plain causal attention is exact; the LM
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SUPPORTED = ("llama", "qwen2", "mistral")
+ONEDNN_MIN_WEIGHTS = 2**17  # smaller decode products stay with MKL: oneDNN's fixed cost per call outweighs its speed
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -91,43 +93,55 @@ def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[T
     return lambda x: F.linear(x.to(weight.dtype), weight, bias)
 
 
-def _columns(*modules: nn.Module, dtype: torch.dtype | None = None,
-             scale: Tensor | None = None) -> Callable[..., Tensor]:
-    """:func:`_fused` for activations stored as columns (features, rows): ``W @ x``. With few rows (a
-    decode step) MKL runs this ~1.4× as fast as ``x @ Wᵀ`` on weights that are not in cache.
+def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = None,
+                    scale: Tensor | None = None) -> Callable[..., Tensor]:
+    """:func:`_fused` for decode steps (few rows, the same weights every token), as ``f(x, add=None)``.
 
-    ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights
-    once when the layers are plain ``nn.Linear``. The returned ``f(x, add=None)`` adds ``add`` (out
-    features, rows) to the product, in the same call where it can (a residual connection)."""
+    ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights once
+    when the layers are plain ``nn.Linear``; ``add`` is added to the product (a residual connection). On
+    the CPU the weights are packed once for oneDNN (``rows``: the batch it is tuned for), whose float32
+    product at 1–32 rows is ~1.3–3× MKL's either way round (``benchmarks/profile_step.py``); elsewhere,
+    or where oneDNN is not built in, it is ``F.linear``."""
     stacked = _stacked(modules, dtype)
     if stacked is None:
-        by_rows = _fused(*modules, dtype=dtype)
+        fused = _fused(*modules, dtype=dtype)
 
         def by_modules(x: Tensor, add: Tensor | None = None) -> Tensor:
-            out = by_rows((x if scale is None else x * scale.unsqueeze(1)).t()).t()
+            out = fused(x if scale is None else x * scale)
             return out if add is None else add + out
         return by_modules
     weight, bias = stacked
     if scale is not None:
         weight = weight * scale.to(weight.dtype)
-    bias = None if bias is None else bias.unsqueeze(1)
+    packed = _onednn_pack(weight, rows)
+    if packed is None:
+        def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
+            out = F.linear(x.to(weight.dtype), weight, bias)
+            return out if add is None else add + out
+        return linear
 
-    def product(x: Tensor, add: Tensor | None = None) -> Tensor:
+    def onednn(x: Tensor, add: Tensor | None = None) -> Tensor:
         x = x.to(weight.dtype)
         if add is not None and add.dtype == weight.dtype:
-            out = torch.addmm(add, weight, x)
-            return out if bias is None else out.add_(bias)
-        out = torch.mm(weight, x) if bias is None else torch.addmm(bias, weight, x)
+            return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         return out if add is None else add + out
-    return product
+    return onednn
 
 
-def batch_rows(running: int, rows: int) -> int:
-    """How many rows a decode batch of ``rows`` rows keeps when ``running`` of them still run: a
-    multiple of 8, at least 16 (never more than it has). MKL's float32 ``W @ x`` with x of few columns is
-    fast only at some column counts (16, 24, 32: ~2.6x the speed of 15 at the large benchmark's shapes;
-    docs/benchmarks.md), so finished rows stay as padding up to the next one."""
-    return min(rows, max(16, -(-running // 8) * 8))
+def _onednn_pack(weight: Tensor, rows: int) -> Tensor | None:
+    """``weight`` reordered for oneDNN's linear (the op torch.compile uses on the CPU), or None where
+    that is not available: not the CPU, not float32/bfloat16, or a build without it."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if weight.numel() < ONEDNN_MIN_WEIGHTS:
+        return None
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    except RuntimeError:
+        return None
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor, dim: int = -1) -> Tensor:
@@ -261,7 +275,7 @@ class LlamaFamily:
 
         ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
         (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
-        (and the cache) down to :func:`batch_rows` rows.
+        (and the cache) once they are a quarter of it.
         """
         device = prompt_ids.device.type
         # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
@@ -280,12 +294,13 @@ class LlamaFamily:
                    (layer.mlp.gate_proj, layer.mlp.up_proj), (layer.mlp.down_proj,)) for layer in self.backbone.layers]
         layers = [(layer, *(_fused(*g, dtype=compute) for g in group))
                   for layer, group in zip(self.backbone.layers, groups)]  # the prompt: rows
-        # each new token: columns, the norms' weights folded into the products that follow them
-        step_layers = [(_columns(*qkv, dtype=compute, scale=layer.input_layernorm.weight), _columns(*o, dtype=compute),
-                        _columns(*gate_up, dtype=compute, scale=layer.post_attention_layernorm.weight),
-                        _columns(*down, dtype=compute))
+        # each new token: the norms' weights folded into the products that follow them
+        step_layers = [(_decode_product(*qkv, rows=n, dtype=compute, scale=layer.input_layernorm.weight),
+                        _decode_product(*o, rows=n, dtype=compute),
+                        _decode_product(*gate_up, rows=n, dtype=compute, scale=layer.post_attention_layernorm.weight),
+                        _decode_product(*down, rows=n, dtype=compute))
                        for layer, (qkv, o, gate_up, down) in zip(self.backbone.layers, groups)]
-        head = _columns(self.lm_head, scale=self.backbone.norm.weight)  # in its own dtype, as _head
+        head = _decode_product(self.lm_head, rows=n, scale=self.backbone.norm.weight)  # its own dtype, as _head
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
@@ -304,11 +319,11 @@ class LlamaFamily:
                              prefill_mask)[:, -1]  # (B, hidden)
         # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
         cache = cache.repeat_interleave(repeats, dim=2)
-        last, bias = last.repeat_interleave(repeats, dim=0).t(), bias.repeat_interleave(repeats, dim=0)
+        last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
         next_positions = positions[:, -1].repeat_interleave(repeats) + 1
         alive = torch.ones(n, dtype=torch.bool, device=device)
         for t in range(max_new_tokens):
-            logits = head(self._normalize_columns(last)).t().float()  # (A, V)
+            logits = head(self._normalize(last)).float()
             picked = alive.nonzero().squeeze(1)
             chosen, stopped = choose(logits[picked], t, rows[picked])
             if t == max_new_tokens - 1:
@@ -317,47 +332,42 @@ class LlamaFamily:
             if not alive.any():
                 break
             tokens = torch.zeros(len(rows), dtype=torch.long, device=device).index_put((picked,), chosen)
-            size = batch_rows(int(alive.sum()), len(rows))
-            if size < len(rows):  # drop finished rows from the batch and the cache, keeping ``size`` rows
-                dead = ~alive
-                keep = (alive | (dead & (dead.cumsum(0) <= size - int(alive.sum())))).nonzero().squeeze(1)
+            if 4 * int((~alive).sum()) >= len(rows):  # drop finished rows from the batch and the cache
+                keep = alive.nonzero().squeeze(1)
                 rows, tokens, next_positions, bias, alive = (
                     v[keep] for v in (rows, tokens, next_positions, bias, alive))
                 cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
             column = prompt_width + t
-            x = self.backbone.embed_tokens(tokens).t().contiguous()  # (hidden, A)
-            cos, sin = cos_table[next_positions].t(), sin_table[next_positions].t()  # (D, A)
+            x = self.backbone.embed_tokens(tokens)  # (A, hidden)
+            cos, sin = cos_table[next_positions].unsqueeze(1), sin_table[next_positions].unsqueeze(1)  # (A, 1, D)
             last = self._decode_step(x, step_layers, cache, cos, sin, column, bias[:, : column + 1])
             next_positions = next_positions + 1
 
-    def _normalize_columns(self, x: Tensor) -> Tensor:
-        """RMSNorm without its weight (folded into the next product) over the features of column
-        activations (hidden, A), computed in float32 as the Hugging Face norm does."""
-        full = x.float()
-        return (full * torch.rsqrt(full.square().mean(0, keepdim=True).add_(self.eps))).to(x.dtype)
+    def _normalize(self, x: Tensor) -> Tensor:
+        """RMSNorm without its weight (folded into the next product), in float32 as the Hugging Face norm."""
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _decode_step(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, column: int,
                      mask: Tensor) -> Tensor:
-        """Every layer on one new token per row, activations as columns: ``x`` (hidden, A); writes its
-        keys and values at ``column`` of ``cache`` and attends to columns 0..column under the additive
-        ``mask`` (A, column + 1)."""
-        a = x.shape[1]
+        """Every layer on one new token per row, ``x`` (A, hidden); writes its keys and values at ``column``
+        of ``cache`` and attends to columns 0..column under the additive ``mask`` (A, column + 1)."""
+        a = x.shape[0]
         heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
         end = column + 1
         mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
         for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
-            qkv = qkv_proj(self._normalize_columns(x)).view(heads + 2 * kv, d, a)
-            qk = _rope(qkv[: heads + kv], cos, sin, dim=1)
-            k_cache[:, :, column] = qk[heads:].permute(2, 0, 1)  # (A, kv, D)
-            v_cache[:, :, column] = qkv[heads + kv:].permute(2, 0, 1)
-            q = qk[:heads].permute(2, 0, 1).reshape(a * kv, groups, d).to(k_cache.dtype)
+            qkv = qkv_proj(self._normalize(x)).view(a, heads + 2 * kv, d)
+            qk = _rope(qkv[:, : heads + kv], cos, sin)
+            k_cache[:, :, column] = qk[:, heads:]  # (A, kv, D)
+            v_cache[:, :, column] = qkv[:, heads + kv:]
+            q = qk[:, :heads].reshape(a * kv, groups, d).to(k_cache.dtype)
             keys = k_cache[:, :, :end].reshape(a * kv, end, d)
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
             out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d)).view(a, heads * d)
-            x = o_proj(out.t(), add=x)
-            gate, up = gate_up(self._normalize_columns(x)).chunk(2, dim=0)
-            x = down(F.silu(gate, inplace=True).mul_(up), add=x)
+            x = o_proj(out, add=x)
+            gate, up = gate_up(self._normalize(x)).chunk(2, dim=-1)
+            x = down(F.silu(gate) * up, add=x)
         return x
 
     def _prefill(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
