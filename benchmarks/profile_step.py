@@ -3,10 +3,11 @@
     python benchmarks/profile_step.py --config large
 
 First times the decode step's matrix products for ``--config``'s shapes (every layer's own weights,
-32 down to 8 rows) in both layouts: rows (``x @ Wᵀ``, the models' own) and columns (``W @ x``, the fast
-path's). Then builds vs_trl.py's model, runs two untimed warm-up steps, profiles one step per setting
-with ``torch.profiler`` and prints the step's phases and the operators with the most self CPU time. The
-numbers behind "what moved" in docs/benchmarks.md. Run it alone on the machine.
+32 down to 8 rows) three ways: MKL on rows (``x @ Wᵀ``, the models' own), MKL on columns (``W @ x``) and
+oneDNN on packed weights (the fast path's, on the CPU). Then builds vs_trl.py's model, runs two untimed
+warm-up steps, profiles one step per setting with ``torch.profiler`` and prints the step's phases and
+the operators with the most self CPU time. The numbers behind "what moved" in docs/benchmarks.md. Run
+it alone on the machine.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from vs_trl import BETA, CONFIGS, PROMPTS, G, build, rows
 
 
 def decode_products(config_name: str) -> None:
-    """Best-of-7 time of one decode step's projections (all layers, distinct weights) per layout, at
-    row counts a decode batch passes through: MKL's ``W @ x`` is fast at 16, 24 and 32 columns and
-    much slower just off them (``llama_family.batch_rows`` keeps the batch at those counts)."""
+    """Best-of-7 time of one decode step's projections (all layers, distinct weights) at row counts a
+    decode batch passes through, three ways: MKL on rows (``x @ Wᵀ``, the models' own), MKL on columns
+    (``W @ x``: fast at 16, 24 and 32 columns, much slower just off them), and oneDNN on weights packed
+    once (what ``llama_family`` decodes with on the CPU; no such cliffs)."""
     import time
 
     import torch
@@ -31,24 +33,34 @@ def decode_products(config_name: str) -> None:
     h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     weights = [[torch.randn(3 * h, h), torch.randn(h, h), torch.randn(2 * i, h), torch.randn(h, i)]
                for _ in range(layers)]
-    def by_rows(x, inner):  # x @ Wᵀ, the models' own layout
+    packed = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in layer] for layer in weights]
+
+    def by_rows(x, inner):
         return [(x @ q.t(), x @ o.t(), x @ gu.t(), inner @ d.t()) for q, o, gu, d in weights]
 
-    def by_columns(x, inner):  # W @ x, the fast path's decode layout
+    def by_columns(x, inner):
         return [(q @ x, o @ x, gu @ x, d @ inner) for q, o, gu, d in weights]
+
+    def by_onednn(x, inner):
+        linear = torch.ops.mkldnn._linear_pointwise
+        return [(linear(x, q, None, "none", [], ""), linear(x, o, None, "none", [], ""),
+                 linear(x, gu, None, "none", [], ""), linear(inner, d, None, "none", [], ""))
+                for q, o, gu, d in packed]
 
     for count in (32, 24, 17, 16, 15, 12, 8):
         x, inner = torch.randn(count, h), torch.randn(count, i)
         flops = 2 * count * sum(w.numel() for layer in weights for w in layer)
-        for name, step, args in (("rows (x @ W.T)", by_rows, (x, inner)),
-                                 ("columns (W @ x)", by_columns, (x.t().contiguous(), inner.t().contiguous()))):
+        times = []
+        for step, args in ((by_rows, (x, inner)), (by_columns, (x.t().contiguous(), inner.t().contiguous())),
+                           (by_onednn, (x, inner))):
             best = float("inf")
             for _ in range(7):
                 start = time.perf_counter()
                 for _ in range(20):
                     step(*args)
                 best = min(best, (time.perf_counter() - start) / 20)
-            print(f"decode products, {count} rows, {name}: {best * 1e3:.2f} ms ({flops / best / 1e9:.0f} GFLOP/s)")
+            times.append(f"{best * 1e3:.2f} ms ({flops / best / 1e9:.0f} GFLOP/s)")
+        print(f"decode products, {count} rows: MKL rows {times[0]}, MKL columns {times[1]}, oneDNN packed {times[2]}")
 
 
 def main() -> None:
