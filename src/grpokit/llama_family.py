@@ -116,7 +116,10 @@ def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = 
     packed = _onednn_pack(weight, rows)
     if packed is None:
         def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
-            out = F.linear(x.to(weight.dtype), weight, bias)
+            x = x.to(weight.dtype)
+            if add is not None and add.dtype == weight.dtype and bias is None:
+                return torch.addmm(add, x, weight.t())
+            out = F.linear(x, weight, bias)
             return out if add is None else add + out
         return linear
 
@@ -144,10 +147,12 @@ def _onednn_pack(weight: Tensor, rows: int) -> Tensor | None:
         return None
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor, dim: int = -1) -> Tensor:
-    """Rotary embedding, ``x · cos + rotate_half(x) · sin`` as the Hugging Face models apply it along
-    ``dim``, with ``sin`` already signed (-sin, +sin halves) so that ``rotate_half`` is a roll."""
-    return torch.addcmul(x * cos, x.roll(x.shape[dim] // 2, dims=dim), sin)
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None) -> Tensor:
+    """Rotary embedding over the last dimension, ``x · cos + rotate_half(x) · sin`` as the Hugging Face
+    models apply it, with ``sin`` already signed (-sin, +sin halves) so that ``rotate_half`` only swaps
+    the halves (one flip). ``out`` may be ``x`` itself."""
+    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin, out=out)
 
 
 class LlamaFamily:
@@ -355,12 +360,12 @@ class LlamaFamily:
         heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
         end = column + 1
         mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
-        for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
+        for (qkv_proj, o_proj, gate_up, down), layer_cache in zip(layers, cache):
+            k_cache, v_cache = layer_cache
             qkv = qkv_proj(self._normalize(x)).view(a, heads + 2 * kv, d)
-            qk = _rope(qkv[:, : heads + kv], cos, sin)
-            k_cache[:, :, column] = qk[:, heads:]  # (A, kv, D)
-            v_cache[:, :, column] = qkv[:, heads + kv:]
-            q = qk[:, :heads].reshape(a * kv, groups, d).to(k_cache.dtype)
+            _rope(qkv[:, : heads + kv], cos, sin, out=qkv[:, : heads + kv])
+            layer_cache[:, :, :, column] = qkv[:, heads:].view(a, 2, kv, d).transpose(0, 1)  # keys and values
+            q = qkv[:, :heads].reshape(a * kv, groups, d).to(k_cache.dtype)
             keys = k_cache[:, :, :end].reshape(a * kv, end, d)
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
