@@ -226,9 +226,9 @@ class LlamaFamily:
         cos, sin = self._rotary_table(width, x)
         positions = own.nonzero()[:, 1]
         cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (M, 1, D)
-        # Rows sorted by length in groups of 8 on the CPU (one group elsewhere, where padding is cheaper
+        # Rows sorted by length in groups of 4 on the CPU (one group elsewhere, where padding is cheaper
         # than more kernel launches): per group, each position's token and whether the row owns it.
-        per_group = 8 if device.type == "cpu" else n
+        per_group = 4 if device.type == "cpu" else n
         groups = [(token[rows, :int(lengths[rows].max())], own[rows, :int(lengths[rows].max())])
                   for rows in lengths.argsort().split(per_group)]
         order = torch.cat([index[owned] for index, owned in groups])
