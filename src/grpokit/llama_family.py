@@ -95,7 +95,8 @@ def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[T
 
 def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = None,
                     scale: Tensor | None = None) -> Callable[..., Tensor]:
-    """:func:`_fused` for decode steps (few rows, the same weights every token), as ``f(x, add=None)``.
+    """:func:`_fused` for decoding (prompts once, then few rows with the same weights every token), as
+    ``f(x, add=None)``.
 
     ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights once
     when the layers are plain ``nn.Linear``; ``add`` is added to the product (a residual connection). On
@@ -117,7 +118,7 @@ def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = 
     if packed is None:
         def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
             x = x.to(weight.dtype)
-            if add is not None and add.dtype == weight.dtype and bias is None:
+            if add is not None and add.dtype == weight.dtype and bias is None and x.dim() == 2:
                 return torch.addmm(add, x, weight.t())
             out = F.linear(x, weight, bias)
             return out if add is None else add + out
@@ -295,16 +296,7 @@ class LlamaFamily:
         n = b * repeats
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
-        groups = [((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), (layer.self_attn.o_proj,),
-                   (layer.mlp.gate_proj, layer.mlp.up_proj), (layer.mlp.down_proj,)) for layer in self.backbone.layers]
-        layers = [(layer, *(_fused(*g, dtype=compute) for g in group))
-                  for layer, group in zip(self.backbone.layers, groups)]  # the prompt: rows
-        # each new token: the norms' weights folded into the products that follow them
-        step_layers = [(_decode_product(*qkv, rows=n, dtype=compute, scale=layer.input_layernorm.weight),
-                        _decode_product(*o, rows=n, dtype=compute),
-                        _decode_product(*gate_up, rows=n, dtype=compute, scale=layer.post_attention_layernorm.weight),
-                        _decode_product(*down, rows=n, dtype=compute))
-                       for layer, (qkv, o, gate_up, down) in zip(self.backbone.layers, groups)]
+        layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
         head = _decode_product(self.lm_head, rows=n, scale=self.backbone.norm.weight)  # its own dtype, as _head
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
@@ -345,8 +337,20 @@ class LlamaFamily:
             column = prompt_width + t
             x = self.backbone.embed_tokens(tokens)  # (A, hidden)
             cos, sin = cos_table[next_positions].unsqueeze(1), sin_table[next_positions].unsqueeze(1)  # (A, 1, D)
-            last = self._decode_step(x, step_layers, cache, cos, sin, column, bias[:, : column + 1])
+            last = self._decode_step(x, layers, cache, cos, sin, column, bias[:, : column + 1])
             next_positions = next_positions + 1
+
+    @staticmethod
+    def _decode_products(layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
+        """A layer's four products for decoding (q/k/v and gate/up fused), each RMSNorm's weight folded
+        into the product after it."""
+        attention, mlp = layer.self_attn, layer.mlp
+        return (_decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
+                                scale=layer.input_layernorm.weight),
+                _decode_product(attention.o_proj, rows=rows, dtype=dtype),
+                _decode_product(mlp.gate_proj, mlp.up_proj, rows=rows, dtype=dtype,
+                                scale=layer.post_attention_layernorm.weight),
+                _decode_product(mlp.down_proj, rows=rows, dtype=dtype))
 
     def _normalize(self, x: Tensor) -> Tensor:
         """RMSNorm without its weight (folded into the next product), in float32 as the Hugging Face norm."""
@@ -380,15 +384,15 @@ class LlamaFamily:
         0..P-1 of ``cache`` (layers, 2, B, kv heads, columns, D); ``mask`` (B, P, P) is additive."""
         b, p, _ = x.shape
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
-        for (layer, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
-            qkv = qkv_proj(self._norm(layer.input_layernorm, x)).view(b, p, heads + 2 * kv, d)
+        for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
+            qkv = qkv_proj(self._normalize(x)).view(b, p, heads + 2 * kv, d)
             qk = _rope(qkv[:, :, : heads + kv], cos, sin).to(cache.dtype).transpose(1, 2)  # (B, heads + kv, P, D)
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2).to(cache.dtype)
             k_cache[:, :, :p], v_cache[:, :, :p] = k, v
             if kv != heads:
                 k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=self.scaling)
-            x = x + o_proj(out.transpose(1, 2).reshape(b, p, self.q_size))
-            gate, up = gate_up(self._norm(layer.post_attention_layernorm, x)).chunk(2, dim=-1)
-            x = x + down(F.silu(gate) * up)
+            x = o_proj(out.transpose(1, 2).reshape(b, p, self.q_size), add=x)
+            gate, up = gate_up(self._normalize(x)).chunk(2, dim=-1)
+            x = down(F.silu(gate) * up, add=x)
         return x
