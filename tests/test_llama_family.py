@@ -69,6 +69,14 @@ def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name)
         assert torch.allclose(grads_fast[key], grad, atol=1e-6, rtol=1e-4), key
 
 
+def test_onednn_linear_ops_still_work_as_called():
+    """The decode products call torch's private oneDNN linear ops; this fails first if a torch changes
+    them (the fast path would then quietly use MKL, slower)."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    assert llama_family._onednn_works()
+
+
 @pytest.mark.parametrize("onednn", [False, True], ids=["mkl", "onednn"])
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
 def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(tokenizer, name, onednn, monkeypatch):

@@ -21,6 +21,7 @@ forces that everywhere).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -138,14 +139,28 @@ def _onednn_pack(weight: Tensor, rows: int) -> Tensor | None:
     that is not available: not the CPU, not float32/bfloat16, or a build without it."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if weight.numel() < ONEDNN_MIN_WEIGHTS:
-        return None
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if weight.numel() < ONEDNN_MIN_WEIGHTS or not _onednn_works():
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-    except RuntimeError:
+    except RuntimeError:  # e.g. bfloat16 on a CPU oneDNN has no kernel for
         return None
+
+
+@functools.cache
+def _onednn_works() -> bool:
+    """Whether this torch's oneDNN linear ops (private ones) exist and compute what they are called for
+    here; checked once, so that a torch that changed them falls back to MKL instead of failing."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight, x = torch.arange(6.0).view(2, 3), torch.ones(1, 3)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        doubled = torch.ops.mkldnn._linear_pointwise.binary(x, out, packed, None, "add")
+        return bool(torch.equal(out, x @ weight.t()) and torch.equal(doubled, 2 * out))
+    except (AttributeError, RuntimeError, TypeError):
+        return False
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None) -> Tensor:
