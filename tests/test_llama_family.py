@@ -77,16 +77,22 @@ def test_onednn_linear_ops_still_work_as_called():
     assert llama_family._onednn_works()
 
 
-@pytest.mark.parametrize("onednn", [False, True], ids=["mkl", "onednn"])
+@pytest.fixture(params=["mkl", "onednn"])
+def decode_products(request, monkeypatch) -> str:
+    """Decoding with every product on oneDNN's packed weights, or with none (tiny models' products are
+    all below the size that takes oneDNN by default)."""
+    if request.param == "onednn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(llama_family, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
+    return request.param
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
-def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(tokenizer, name, onednn, monkeypatch):
+def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(tokenizer, name, decode_products,
+                                                                           monkeypatch):
     """Many stop tokens make completions end at different steps, so finished rows leave the batch (and
     its cache) several times; the log-probs reported while sampling still match the model's own
-    forward over the whole sequence, and every completion stops at its first stop token. With every
-    decode product on oneDNN's packed weights, and with none."""
-    if onednn and not torch.backends.mkldnn.is_available():
-        pytest.skip("this torch has no oneDNN")
-    monkeypatch.setattr(llama_family, "ONEDNN_MIN_WEIGHTS", 0 if onednn else 2**62)
+    forward over the whole sequence, and every completion stops at its first stop token."""
     model = models(tokenizer)[name].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think.", "7", "Add 3 and 4."], padding=True,
                     padding_side="left", return_tensors="pt")
@@ -115,11 +121,7 @@ def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(toke
     assert (rollout.logp[~mask] == 0).all()
 
 
-@pytest.mark.parametrize("onednn", [False, True], ids=["mkl", "onednn"])
-def test_greedy_completions_equal_the_model_forward_path(tokenizer, onednn, monkeypatch):
-    if onednn and not torch.backends.mkldnn.is_available():
-        pytest.skip("this torch has no oneDNN")
-    monkeypatch.setattr(llama_family, "ONEDNN_MIN_WEIGHTS", 0 if onednn else 2**62)
+def test_greedy_completions_equal_the_model_forward_path(tokenizer, decode_products):
     model = models(tokenizer)["qwen2-gqa-bias"].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
     kw = dict(num_generations=1, max_new_tokens=16, eos_token_id=tokenizer.eos_token_id,
