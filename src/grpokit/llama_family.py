@@ -101,9 +101,9 @@ def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = 
 
     ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights once
     when the layers are plain ``nn.Linear``; ``add`` is added to the product (a residual connection). On
-    the CPU the larger weights are packed once for oneDNN (``rows``: the batch it is tuned for): at 8–32
-    rows its float32 product is 1.1–2.5× the faster of MKL's ``x @ Wᵀ`` and ``W @ x``, with none of MKL's
-    slow row counts (``benchmarks/profile_step.py``). Elsewhere, or without oneDNN, it is MKL/``F.linear``."""
+    the CPU the larger weights are packed once for oneDNN (``rows``: the batch it is tuned for), faster
+    at a few rows than either MKL layout and without MKL's slow row counts (``benchmarks/profile_step.py``;
+    docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``."""
     stacked = _stacked(modules, dtype)
     if stacked is None:
         fused = _fused(*modules, dtype=dtype)
@@ -195,7 +195,7 @@ class LlamaFamily:
         """Hugging Face's RMSNorm: normalise in float32, cast back, then scale."""
         if x.dtype == module.weight.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), module.weight, self.eps)
-        return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return module.weight * self._normalize(x)
 
     def _head(self, x: Tensor) -> Tensor:
         """Final norm and LM head, float32 logits; under autocast too (log-probs need the precision)."""
