@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from grpokit.rollout import generate, sequence_logprobs, top_p_filter
+from grpokit import rollout as rollout_module
+from grpokit.rollout import generate, sample_tokens, sequence_logprobs, top_p_filter
 
 
 class ScriptedLM(torch.nn.Module):
@@ -94,6 +95,18 @@ def test_top_p_filter_hand_computed():
     assert torch.isinf(top_p_filter(logits, 0.6)).tolist() == [[False, False, True]]
     assert torch.isinf(top_p_filter(logits, 0.5)).tolist() == [[False, True, True]]
     assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+def test_sample_tokens_follows_the_probabilities_and_never_picks_a_zero(monkeypatch):
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    chosen = sample_tokens(probs.repeat(50_000, 1), torch.Generator().manual_seed(0)).view(50_000, 2)
+    for row in range(2):
+        frequencies = torch.bincount(chosen[:, row], minlength=6).float() / 50_000
+        assert torch.allclose(frequencies, probs[row], atol=0.01)
+        assert (frequencies[probs[row] == 0] == 0).all()
+    # The uniform draw at its top (u · total rounded up to total) still lands on a token of positive probability.
+    monkeypatch.setattr(rollout_module.torch, "rand", lambda shape, **kwargs: torch.ones(shape))
+    assert sample_tokens(probs).tolist() == [4, 0]
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(temperature=0), "temperature"), (dict(top_p=0), "top_p"),

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SUPPORTED = ("llama", "qwen2", "mistral")
-ONEDNN_MIN_WEIGHTS = 2**17  # smaller decode products stay with MKL: oneDNN's fixed cost per call outweighs its speed
+ONEDNN_MIN_WEIGHTS = 150_000  # smaller decode products stay with MKL: oneDNN's fixed cost per call outweighs its speed
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -95,12 +95,13 @@ def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[T
 
 
 def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = None,
-                    scale: Tensor | None = None) -> Callable[..., Tensor]:
+                    scale: Tensor | None = None, order: Tensor | None = None) -> Callable[..., Tensor]:
     """:func:`_fused` for decoding (prompts once, then few rows with the same weights every token), as
     ``f(x, add=None)``.
 
     ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights once
-    when the layers are plain ``nn.Linear``; ``add`` is added to the product (a residual connection). On
+    when the layers are plain ``nn.Linear``; ``order`` (out features) permutes the outputs, also folded
+    into the weights; ``add`` is added to the product (a residual connection). On
     the CPU the larger weights are packed once for oneDNN (``rows``: the batch it is tuned for), faster
     at a few rows than either MKL layout and without MKL's slow row counts (``benchmarks/profile_step.py``;
     docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``."""
@@ -110,11 +111,14 @@ def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = 
 
         def by_modules(x: Tensor, add: Tensor | None = None) -> Tensor:
             out = fused(x if scale is None else x * scale)
+            out = out if order is None else out[..., order]
             return out if add is None else add + out
         return by_modules
     weight, bias = stacked
     if scale is not None:
         weight = weight * scale.to(weight.dtype)
+    if order is not None:
+        weight, bias = weight[order], None if bias is None else bias[order]
     packed = _onednn_pack(weight, rows)
     if packed is None:
         def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
@@ -171,6 +175,18 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None) -> Ten
     return torch.addcmul(x * cos, swapped, sin, out=out)
 
 
+def _rope_pairs(x: Tensor, turns: Tensor) -> Tensor:
+    """Rotary embedding, in place, on ``x`` (..., D) whose features are laid out in pairs: features
+    (2i, 2i+1) hold the Hugging Face layout's (i, i + D/2), the two halves ``rotate_half`` swaps. Each
+    pair is then one complex number and the embedding one complex product with ``turns`` (..., D/2),
+    cos + i·sin: one operator instead of a flip, a product and a fused multiply-add."""
+    if x.dtype == torch.float32:
+        torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
+        return x
+    rotated = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # no complex bfloat16
+    return x.copy_(torch.view_as_real(rotated).flatten(-2))
+
+
 class LlamaFamily:
     """A supported model's modules, run by the two passes GRPO needs: :meth:`decode` and :meth:`logits`."""
 
@@ -195,7 +211,7 @@ class LlamaFamily:
         """Hugging Face's RMSNorm: normalise in float32, cast back, then scale."""
         if x.dtype == module.weight.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), module.weight, self.eps)
-        return module.weight * self._normalize(x)
+        return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _head(self, x: Tensor) -> Tensor:
         """Final norm and LM head, float32 logits; under autocast too (log-probs need the precision)."""
@@ -209,6 +225,14 @@ class LlamaFamily:
         cos, sin = self.backbone.rotary_emb(like, positions)
         half = sin.shape[-1] // 2
         return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+    def _rotary_turns(self, length: int, like: Tensor) -> Tensor:
+        """cos + i·sin (length, head_dim / 2) for positions 0..length-1, for :func:`_rope_pairs`. These
+        families repeat each frequency over both halves of the head, so the first halves say it all."""
+        positions = torch.arange(length, device=like.device).unsqueeze(0)
+        cos, sin = self.backbone.rotary_emb(like, positions)
+        half = cos.shape[-1] // 2
+        return torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
 
     # ---- training and reference passes: real tokens only -------------------------------------------
 
@@ -316,7 +340,7 @@ class LlamaFamily:
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
-        cos_table, sin_table = self._rotary_table(total, x)
+        turns = self._rotary_turns(total, x)
         positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
         # Additive mask over cache columns: left padding is never attended to.
         bias = torch.zeros(b, total, dtype=dtype, device=device)
@@ -327,51 +351,63 @@ class LlamaFamily:
         prefill_mask.diagonal(dim1=-2, dim2=-1).zero_()
         rows = torch.arange(n, device=device)
 
-        last = self._prefill(x, layers, cache, cos_table[positions].unsqueeze(2), sin_table[positions].unsqueeze(2),
-                             prefill_mask)[:, -1]  # (B, hidden)
+        last = self._prefill(x, layers, cache, turns[positions].unsqueeze(2), prefill_mask)[:, -1]  # (B, hidden)
         # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
         cache = cache.repeat_interleave(repeats, dim=2)
         last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
         next_positions = positions[:, -1].repeat_interleave(repeats) + 1
         alive = torch.ones(n, dtype=torch.bool, device=device)
+        finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
         for t in range(max_new_tokens):
             logits = head(self._normalize(last)).float()
-            picked = alive.nonzero().squeeze(1)
-            chosen, stopped = choose(logits[picked], t, rows[picked])
+            picked = alive.nonzero().squeeze(1) if finished else None
+            chosen, stopped = choose(logits, t, rows) if picked is None else choose(logits[picked], t, rows[picked])
             if t == max_new_tokens - 1:
                 break
-            alive[picked[stopped]] = False
-            if not alive.any():
-                break
-            tokens = torch.zeros(len(rows), dtype=torch.long, device=device).index_put((picked,), chosen)
-            if 4 * int((~alive).sum()) >= len(rows):  # drop finished rows from the batch and the cache
+            stopping = int(stopped.sum())
+            if stopping:
+                alive[stopped if picked is None else picked[stopped]] = False
+                finished += stopping
+                if finished == len(rows):
+                    break
+            tokens = chosen if picked is None else torch.zeros_like(rows).index_put((picked,), chosen)
+            if 4 * finished >= len(rows):  # drop finished rows from the batch and the cache
                 keep = alive.nonzero().squeeze(1)
                 rows, tokens, next_positions, bias, alive = (
                     v[keep] for v in (rows, tokens, next_positions, bias, alive))
                 cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
+                finished = 0
             column = prompt_width + t
             x = self.backbone.embed_tokens(tokens)  # (A, hidden)
-            cos, sin = cos_table[next_positions].unsqueeze(1), sin_table[next_positions].unsqueeze(1)  # (A, 1, D)
-            last = self._decode_step(x, layers, cache, cos, sin, column, bias[:, : column + 1])
+            last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column,
+                                     bias[:, : column + 1])
             next_positions = next_positions + 1
 
-    @staticmethod
-    def _decode_products(layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
+    def _decode_products(self, layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
         """A layer's four products for decoding (q/k/v and gate/up fused), each RMSNorm's weight folded
-        into the product after it."""
+        into the product after it, and q and k in :func:`_rope_pairs`' layout. Attention is the same in
+        that layout: queries and keys permute alike, so their dot products do not change."""
         attention, mlp = layer.self_attn, layer.mlp
+        d, rotated = self.head_dim, self.heads + self.kv_heads
+        device = layer.input_layernorm.weight.device
+        pairs = torch.arange(d, device=device).view(2, d // 2).t().reshape(d)  # 0, D/2, 1, D/2 + 1, ...
+        order = torch.cat([(torch.arange(rotated, device=device).unsqueeze(1) * d + pairs).reshape(-1),
+                           torch.arange(rotated * d, (rotated + self.kv_heads) * d, device=device)])  # values stay
         return (_decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
-                                scale=layer.input_layernorm.weight),
+                                scale=layer.input_layernorm.weight, order=order),
                 _decode_product(attention.o_proj, rows=rows, dtype=dtype),
                 _decode_product(mlp.gate_proj, mlp.up_proj, rows=rows, dtype=dtype,
                                 scale=layer.post_attention_layernorm.weight),
                 _decode_product(mlp.down_proj, rows=rows, dtype=dtype))
 
     def _normalize(self, x: Tensor) -> Tensor:
-        """RMSNorm without its weight (folded into the next product), in float32 as the Hugging Face norm."""
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        """RMSNorm without its weight (folded into the next product), in float32 as the Hugging Face norm:
+        x · rsqrt(‖x‖² / hidden + eps), with fewer operators than ``F.rms_norm`` (decoding, no gradient)."""
+        x32 = x.float()
+        norm = torch.linalg.vector_norm(x32, dim=-1, keepdim=True)
+        return (x32 * norm.square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()).to(x.dtype)
 
-    def _decode_step(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, column: int,
+    def _decode_step(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, column: int,
                      mask: Tensor) -> Tensor:
         """Every layer on one new token per row, ``x`` (A, hidden); writes its keys and values at ``column``
         of ``cache`` and attends to columns 0..column under the additive ``mask`` (A, column + 1)."""
@@ -382,7 +418,7 @@ class LlamaFamily:
         for (qkv_proj, o_proj, gate_up, down), layer_cache in zip(layers, cache):
             k_cache, v_cache = layer_cache
             qkv = qkv_proj(self._normalize(x)).view(a, heads + 2 * kv, d)
-            _rope(qkv[:, : heads + kv], cos, sin, out=qkv[:, : heads + kv])
+            _rope_pairs(qkv[:, : heads + kv], turns)
             layer_cache[:, :, :, column] = qkv[:, heads:].view(a, 2, kv, d).transpose(0, 1)  # keys and values
             q = qkv[:, :heads].reshape(a * kv, groups, d).to(k_cache.dtype)
             keys = k_cache[:, :, :end].reshape(a * kv, end, d)
@@ -394,14 +430,14 @@ class LlamaFamily:
             x = down(F.silu(gate) * up, add=x)
         return x
 
-    def _prefill(self, x: Tensor, layers: list, cache: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+    def _prefill(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, mask: Tensor) -> Tensor:
         """Every layer on the prompts ``x`` (B, P, hidden): writes their keys and values into columns
         0..P-1 of ``cache`` (layers, 2, B, kv heads, columns, D); ``mask`` (B, P, P) is additive."""
         b, p, _ = x.shape
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
         for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
             qkv = qkv_proj(self._normalize(x)).view(b, p, heads + 2 * kv, d)
-            qk = _rope(qkv[:, :, : heads + kv], cos, sin).to(cache.dtype).transpose(1, 2)  # (B, heads + kv, P, D)
+            qk = _rope_pairs(qkv[:, :, : heads + kv], turns).to(cache.dtype).transpose(1, 2)  # (B, heads + kv, P, D)
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2).to(cache.dtype)
             k_cache[:, :, :p], v_cache[:, :, :p] = k, v
             if kv != heads:
