@@ -104,7 +104,12 @@ def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = 
     into the weights; ``add`` is added to the product (a residual connection). On
     the CPU the larger weights are packed once for oneDNN (``rows``: the batch it is tuned for), faster
     at a few rows than either MKL layout and without MKL's slow row counts (``benchmarks/profile_step.py``;
-    docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``."""
+    docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``. Under autocast (``dtype``),
+    products too small for oneDNN stay in the weights' dtype on the CPU: there the casts cost more than
+    the lower precision saves."""
+    weights = [getattr(m, "weight", None) for m in modules]
+    if dtype is not None and all(isinstance(w, Tensor) and w.device.type == "cpu" for w in weights):
+        dtype = dtype if sum(w.numel() for w in weights) >= ONEDNN_MIN_WEIGHTS else None
     stacked = _stacked(modules, dtype)
     if stacked is None:
         fused = _fused(*modules, dtype=dtype)
