@@ -264,7 +264,9 @@ class LlamaFamily:
             own = real & ~borrowed
         x = self.backbone.embed_tokens(input_ids[own])  # (M, hidden), row-major order of ``own``
         m = x.shape[0]
-        token = torch.full((n, width), m, dtype=torch.long, device=device)  # each position's row of x; M: padding
+        # Each position's row of x. Padding reads row 0: padding only trails, so no real token attends to
+        # it, and its outputs are never read (so its gradient is exactly zero).
+        token = torch.zeros((n, width), dtype=torch.long, device=device)
         token[own] = torch.arange(m, device=device)
         if prefix_source is not None:
             token = torch.where(borrowed, token[prefix_source], token)
@@ -272,12 +274,15 @@ class LlamaFamily:
         positions = own.nonzero()[:, 1]
         cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (M, 1, D)
         # Rows sorted by length in groups of 4 on the CPU (one group elsewhere, where padding is cheaper
-        # than more kernel launches): per group, each position's token and whether the row owns it.
+        # than more kernel launches): per group, each position's token. Attention's outputs of all groups
+        # are concatenated (padding included); ``pick`` is where each of the M tokens' output is in that.
         per_group = 4 if device.type == "cpu" else n
-        groups = [(token[rows, :int(lengths[rows].max())], own[rows, :int(lengths[rows].max())])
-                  for rows in lengths.argsort().split(per_group)]
-        order = torch.cat([index[owned] for index, owned in groups])
-        inverse = torch.empty_like(order).index_put_((order,), torch.arange(m, device=device))
+        groups, pick, offset = [], torch.empty(m, dtype=torch.long, device=device), 0
+        for rows in lengths.argsort().split(per_group):
+            index, owned = token[rows, :int(lengths[rows].max())], own[rows, :int(lengths[rows].max())]
+            pick[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
+            groups.append(index)
+            offset += index.numel()
         heads, d = self.heads + 2 * self.kv_heads, self.head_dim
         compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
         for layer in self.backbone.layers:
@@ -285,14 +290,13 @@ class LlamaFamily:
             h = self._norm(layer.input_layernorm, x)
             qkv = _fused(attention.q_proj, attention.k_proj, attention.v_proj)(h).view(m, heads, d)
             qk = _rope(qkv[:, : self.heads + self.kv_heads], cos, sin)
-            # attention in autocast's dtype (what autocast gives SDPA); one zero row at index M for padding
+            # attention in autocast's dtype (what autocast gives SDPA)
             qkv = torch.cat([qk, qkv[:, self.heads + self.kv_heads:]], dim=1).to(compute)
-            qkv = torch.cat([qkv, qkv.new_zeros(1, heads, d)])
             outs = []
-            for index, owned in groups:
+            for index in groups:
                 q, k, v = qkv[index].transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], dim=1)
-                outs.append(self._attention(q, k, v).transpose(1, 2)[owned])  # (its tokens, heads, D)
-            out = torch.cat(outs)[inverse].reshape(m, self.q_size).to(x.dtype)
+                outs.append(self._attention(q, k, v).transpose(1, 2).flatten(0, 1))  # (its positions, heads, D)
+            out = torch.cat(outs)[pick].reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
             gate, up = _fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
