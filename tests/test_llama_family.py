@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit import llama_family
+from grpokit import products
 from grpokit.arithmetic import build_model
 from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.rollout import generate, sequence_logprobs
@@ -74,7 +74,7 @@ def test_onednn_linear_ops_still_work_as_called():
     them (the fast path would then quietly use MKL, slower)."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
-    assert llama_family._onednn_works()
+    assert products.onednn_works()
 
 
 @pytest.fixture(params=["mkl", "onednn"])
@@ -83,7 +83,7 @@ def decode_products(request, monkeypatch) -> str:
     all below the size that takes oneDNN by default)."""
     if request.param == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
-    monkeypatch.setattr(llama_family, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
+    monkeypatch.setattr(products, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
     return request.param
 
 

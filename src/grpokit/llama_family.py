@@ -21,15 +21,15 @@ forces that everywhere).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from grpokit.products import decode_product, fused
+
 SUPPORTED = ("llama", "qwen2", "mistral")
-ONEDNN_MIN_WEIGHTS = 150_000  # smaller decode products stay with MKL: oneDNN's fixed cost per call outweighs its speed
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -60,116 +60,6 @@ def unsupported(model: nn.Module) -> str | None:
     if any(type(p).__name__ == "DTensor" for p in inner.parameters()):  # no torch.distributed import needed
         return "sharded (FSDP) parameters"
     return None
-
-
-def _project(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
-    """(weight, bias) of a plain linear layer without hooks; None for anything else (called as a module,
-    so that wrappers and hooks see their calls)."""
-    plain = type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
-    return (module.weight, module.bias) if plain else None
-
-
-def _stacked(modules: tuple[nn.Module, ...], dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None] | None:
-    """The layers' weights (and biases) stacked for one product, cast to ``dtype`` (once, here: decoding
-    under autocast) when given; None when any layer is not a plain ``nn.Linear``."""
-    parts = [_project(m) for m in modules]
-    if any(p is None for p in parts):
-        return None
-    weight = torch.cat([w for w, _ in parts]) if len(parts) > 1 else parts[0][0]
-    bias = None
-    if any(b is not None for _, b in parts):
-        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
-    if dtype is not None:
-        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-    return weight, bias
-
-
-def _fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
-    """One matrix product for one or several linear layers on the same input (outputs concatenated);
-    layers that are not plain ``nn.Linear`` are called as modules, one after another."""
-    stacked = _stacked(modules, dtype)
-    if stacked is None:
-        return modules[0] if len(modules) == 1 else lambda x: torch.cat([m(x) for m in modules], dim=-1)
-    weight, bias = stacked
-    return lambda x: F.linear(x.to(weight.dtype), weight, bias)
-
-
-def _decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = None,
-                    scale: Tensor | None = None, order: Tensor | None = None) -> Callable[..., Tensor]:
-    """:func:`_fused` for decoding (prompts once, then few rows with the same weights every token), as
-    ``f(x, add=None)``.
-
-    ``scale`` (in features) multiplies the input first: an RMSNorm's weight, folded into the weights once
-    when the layers are plain ``nn.Linear``; ``order`` (out features) permutes the outputs, also folded
-    into the weights; ``add`` is added to the product (a residual connection). On
-    the CPU the larger weights are packed once for oneDNN (``rows``: the batch it is tuned for), faster
-    at a few rows than either MKL layout and without MKL's slow row counts (``benchmarks/profile_step.py``;
-    docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``. Under autocast (``dtype``),
-    products too small for oneDNN stay in the weights' dtype on the CPU: there the casts cost more than
-    the lower precision saves."""
-    weights = [getattr(m, "weight", None) for m in modules]
-    if dtype is not None and all(isinstance(w, Tensor) and w.device.type == "cpu" for w in weights):
-        dtype = dtype if sum(w.numel() for w in weights) >= ONEDNN_MIN_WEIGHTS else None
-    stacked = _stacked(modules, dtype)
-    if stacked is None:
-        fused = _fused(*modules, dtype=dtype)
-
-        def by_modules(x: Tensor, add: Tensor | None = None) -> Tensor:
-            out = fused(x if scale is None else x * scale)
-            out = out if order is None else out[..., order]
-            return out if add is None else add + out
-        return by_modules
-    weight, bias = stacked
-    if scale is not None:
-        weight = weight * scale.to(weight.dtype)
-    if order is not None:
-        weight, bias = weight[order], None if bias is None else bias[order]
-    packed = _onednn_pack(weight, rows)
-    if packed is None:
-        def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
-            x = x.to(weight.dtype)
-            if add is not None and add.dtype == weight.dtype and bias is None and x.dim() == 2:
-                return torch.addmm(add, x, weight.t())
-            out = F.linear(x, weight, bias)
-            return out if add is None else add + out
-        return linear
-
-    def onednn(x: Tensor, add: Tensor | None = None) -> Tensor:
-        x = x.to(weight.dtype)
-        if add is not None and add.dtype == weight.dtype:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
-        out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        return out if add is None else add + out
-    return onednn
-
-
-def _onednn_pack(weight: Tensor, rows: int) -> Tensor | None:
-    """``weight`` reordered for oneDNN's linear (the op torch.compile uses on the CPU), or None where
-    that is not available: not the CPU, not float32/bfloat16, or a build without it."""
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    if weight.numel() < ONEDNN_MIN_WEIGHTS or not _onednn_works():
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-    except RuntimeError:  # e.g. bfloat16 on a CPU oneDNN has no kernel for
-        return None
-
-
-@functools.cache
-def _onednn_works() -> bool:
-    """Whether this torch's oneDNN linear ops (private ones) exist and compute what they are called for
-    here; checked once, so that a torch that changed them falls back to MKL instead of failing."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        weight, x = torch.arange(6.0).view(2, 3), torch.ones(1, 3)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        doubled = torch.ops.mkldnn._linear_pointwise.binary(x, out, packed, None, "add")
-        return bool(torch.equal(out, x @ weight.t()) and torch.equal(doubled, 2 * out))
-    except (AttributeError, RuntimeError, TypeError):
-        return False
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None) -> Tensor:
@@ -288,7 +178,7 @@ class LlamaFamily:
         for layer in self.backbone.layers:
             attention = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
-            qkv = _fused(attention.q_proj, attention.k_proj, attention.v_proj)(h).view(m, heads, d)
+            qkv = fused(attention.q_proj, attention.k_proj, attention.v_proj)(h).view(m, heads, d)
             qk = _rope(qkv[:, : self.heads + self.kv_heads], cos, sin)
             # attention in autocast's dtype (what autocast gives SDPA)
             qkv = torch.cat([qk, qkv[:, self.heads + self.kv_heads:]], dim=1).to(compute)
@@ -299,7 +189,7 @@ class LlamaFamily:
             out = torch.cat(outs)[pick].reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
-            gate, up = _fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
+            gate, up = fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
         return self._head(x[token[predict[:, 0], predict[:, 1]]])
 
@@ -345,7 +235,7 @@ class LlamaFamily:
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
         layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
-        head = _decode_product(self.lm_head, rows=n, scale=self.backbone.norm.weight)  # its own dtype, as _head
+        head = decode_product(self.lm_head, rows=n, scale=self.backbone.norm.weight)  # its own dtype, as _head
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
@@ -402,12 +292,12 @@ class LlamaFamily:
         pairs = torch.arange(d, device=device).view(2, d // 2).t().reshape(d)  # 0, D/2, 1, D/2 + 1, ...
         order = torch.cat([(torch.arange(rotated, device=device).unsqueeze(1) * d + pairs).reshape(-1),
                            torch.arange(rotated * d, (rotated + self.kv_heads) * d, device=device)])  # values stay
-        return (_decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
-                                scale=layer.input_layernorm.weight, order=order),
-                _decode_product(attention.o_proj, rows=rows, dtype=dtype),
-                _decode_product(mlp.gate_proj, mlp.up_proj, rows=rows, dtype=dtype,
-                                scale=layer.post_attention_layernorm.weight),
-                _decode_product(mlp.down_proj, rows=rows, dtype=dtype))
+        return (decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
+                               scale=layer.input_layernorm.weight, order=order),
+                decode_product(attention.o_proj, rows=rows, dtype=dtype),
+                decode_product(mlp.gate_proj, mlp.up_proj, rows=rows, dtype=dtype,
+                               scale=layer.post_attention_layernorm.weight),
+                decode_product(mlp.down_proj, rows=rows, dtype=dtype))
 
     def _normalize(self, x: Tensor) -> Tensor:
         """RMSNorm without its weight (folded into the next product), in float32 as the Hugging Face norm:
