@@ -9,7 +9,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit import products
-from grpokit.arithmetic import build_model
+from grpokit.arithmetic import TinyModelSpec, build_model
 from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.rollout import generate, sequence_logprobs
 from test_trainer import ROWS, make_trainer
@@ -158,6 +158,31 @@ def test_trainer_loss_and_gradient_equal_the_unoptimised_path(tokenizer, tmp_pat
     for key in ("kl", "clipfrac", "entropy"):
         assert stats_fast[key] == pytest.approx(stats_slow[key], abs=1e-5), key
     assert torch.allclose(grad_fast, grad_slow, atol=1e-6, rtol=1e-4)
+
+
+def test_gradient_is_reproducible_on_several_threads(tokenizer):
+    """A row read several times (a group's shared prompt, padding) must get its gradient summed in a fixed
+    order: on several CPU threads, indexing's backward adds with atomics, in a different order each run
+    (for gathers of at least 2¹⁵ numbers, hence hidden size 128)."""
+    model = build_model(tokenizer, TinyModelSpec(hidden_size=128, num_layers=1, num_heads=4, intermediate_size=128,
+                                                 max_positions=64), seed=0)
+    enc = tokenizer([row["prompt"] for row in ROWS[:4]], padding=True, padding_side="left", return_tensors="pt")
+    rollout = generate(model, enc["input_ids"], enc["attention_mask"], num_generations=8, max_new_tokens=24,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(5):
+            model.zero_grad()
+            logp, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                        rollout.completion_mask)
+            logp.sum().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
 
 
 def test_bf16_autocast_stays_close_to_float32(tokenizer):

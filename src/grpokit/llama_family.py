@@ -141,7 +141,10 @@ class LlamaFamily:
         share their prompt), so only that row computes them and the others attend to its keys and values —
         the same values, with the gradient of every row that reads them. Attention runs on rows of similar
         length grouped together, each group padded to its longest row; padding only trails, so causal
-        attention never lets a real token see it. Differentiable.
+        attention never lets a real token see it. Differentiable, and reproducible: gathers are
+        ``index_select``, whose gradient sums a row read several times (a shared prompt, padding) in a
+        fixed order; indexing's gradient adds them with atomics across CPU threads, in a different
+        order from run to run.
         """
         n, width = input_ids.shape
         device = input_ids.device
@@ -184,14 +187,15 @@ class LlamaFamily:
             qkv = torch.cat([qk, qkv[:, self.heads + self.kv_heads:]], dim=1).to(compute)
             outs = []
             for index in groups:
-                q, k, v = qkv[index].transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+                gathered = qkv.index_select(0, index.flatten()).view(*index.shape, heads, d)
+                q, k, v = gathered.transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], dim=1)
                 outs.append(self._attention(q, k, v).transpose(1, 2).flatten(0, 1))  # (its positions, heads, D)
-            out = torch.cat(outs)[pick].reshape(m, self.q_size).to(x.dtype)
+            out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
             gate, up = fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
-        return self._head(x[token[predict[:, 0], predict[:, 1]]])
+        return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Causal attention (rows, heads, L, D). SDPA's fused kernel in float32; for bfloat16 on the
