@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit import products
+from grpokit import llama_family, products
 from grpokit.arithmetic import TinyModelSpec, build_model
 from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.rollout import generate, sequence_logprobs
@@ -80,10 +80,12 @@ def test_onednn_linear_ops_still_work_as_called():
 @pytest.fixture(params=["mkl", "onednn"])
 def decode_products(request, monkeypatch) -> str:
     """Decoding with every product on oneDNN's packed weights, or with none (tiny models' products are
-    all below the size that takes oneDNN by default)."""
+    all below the size that takes oneDNN by default); the cache starts with room for 3 new tokens, so
+    that it grows several times."""
     if request.param == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
     monkeypatch.setattr(products, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
+    monkeypatch.setattr(llama_family, "CACHE_ROOM", 3)
     return request.param
 
 

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from grpokit.products import decode_product, fused
 
 SUPPORTED = ("llama", "qwen2", "mistral")
+CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -242,7 +243,11 @@ class LlamaFamily:
         head = decode_product(self.lm_head, rows=n, scale=self.backbone.norm.weight)  # its own dtype, as _head
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
-        cache = torch.zeros(len(layers), 2, b, self.kv_heads, total, self.head_dim, dtype=dtype, device=device)
+        # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:
+        # attention then reads keys and values packed close together, not spread over the full length
+        # (on the CPU that read is ~2x faster once the cache outgrows the processor's caches).
+        cache = torch.zeros(len(layers), 2, b, self.kv_heads, min(total, prompt_width + CACHE_ROOM), self.head_dim,
+                            dtype=dtype, device=device)
         turns = self._rotary_turns(total, x)
         positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
         # Additive mask over cache columns: left padding is never attended to.
@@ -281,6 +286,11 @@ class LlamaFamily:
                 cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
                 finished = 0
             column = prompt_width + t
+            if column == cache.shape[-2]:
+                room = cache.shape[-2] - prompt_width
+                grown = cache.new_zeros(*cache.shape[:-2], min(total, prompt_width + 2 * room), cache.shape[-1])
+                grown[..., :column, :] = cache
+                cache = grown
             x = self.backbone.embed_tokens(tokens)  # (A, hidden)
             last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column,
                                      bias[:, : column + 1])
