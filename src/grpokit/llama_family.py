@@ -3,11 +3,11 @@
 The same weights and the same math as the Hugging Face forward, without what costs time at GRPO's
 shapes (docs/benchmarks.md, "grpokit vs TRL: speed"):
 
-- decoding prefills each prompt once for its G completions, writes keys and values into a cache
-  allocated once for the whole rollout (no cache that grows by concatenation), fuses the q/k/v and
-  gate/up projections into one product each with the norms' weights folded in, runs them on the CPU
-  with weights packed once for oneDNN (much faster than MKL at a few rows), and drops finished
-  completions from the batch;
+- decoding prefills each prompt once for its G completions, writes keys and values into a cache that
+  doubles its room when full (a few copies per rollout, not one per token by concatenation), fuses
+  the q/k/v and gate/up projections into one product each with the norms' weights folded in, runs
+  them on the CPU with weights packed once for oneDNN (much faster than MKL at a few rows), and drops
+  finished completions from the batch;
 - the reference and policy passes run every projection on real tokens only (prompts' left padding and
   what follows each completion's EOS are never computed) and a group's shared prompt once, with
   attention on per-row layouts where padding only trails, so plain causal attention is exact; the LM
