@@ -77,6 +77,21 @@ def test_onednn_linear_ops_still_work_as_called():
     assert products.onednn_works()
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
+def test_rope_in_pair_layout_equals_the_models_rotate_half(dtype, atol):
+    """Decoding's RoPE: with each head's features permuted into (i, i + D/2) pairs, one complex product
+    gives the Hugging Face models' ``x · cos + rotate_half(x) · sin``, permuted alike."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    d, gen = 8, torch.Generator().manual_seed(0)
+    x, angles = torch.randn(3, 5, d, generator=gen), torch.randn(3, 1, d // 2, generator=gen)
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    expected = x * cos + rotate_half(x) * sin
+    pairs = torch.arange(d).view(2, d // 2).t().reshape(d)  # 0, D/2, 1, D/2 + 1, ...
+    got = llama_family._rope_pairs(x[..., pairs].to(dtype), torch.polar(torch.ones_like(angles), angles))
+    assert torch.allclose(got.float(), expected[..., pairs], atol=atol)
+
+
 @pytest.fixture(params=["mkl", "onednn"])
 def decode_products(request, monkeypatch) -> str:
     """Decoding with every product on oneDNN's packed weights, or with none (tiny models' products are
