@@ -124,11 +124,11 @@ class LlamaFamily:
 
     def _rotary_turns(self, length: int, like: Tensor) -> Tensor:
         """cos + i·sin (length, head_dim / 2) for positions 0..length-1, for :func:`_rope_pairs`. These
-        families repeat each frequency over both halves of the head, so the first halves say it all."""
-        positions = torch.arange(length, device=like.device).unsqueeze(0)
-        cos, sin = self.backbone.rotary_emb(like, positions)
+        families repeat each frequency over both halves of the head, so the first half of cos and the
+        second (positive) half of the signed sin say it all."""
+        cos, sin = self._rotary_table(length, like)
         half = cos.shape[-1] // 2
-        return torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
+        return torch.complex(cos[:, :half].float(), sin[:, half:].float())
 
     # ---- training and reference passes: real tokens only -------------------------------------------
 
