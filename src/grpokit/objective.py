@@ -180,7 +180,7 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits has shape {tuple(logits.shape)} but tokens has shape {tuple(tokens.shape)}")
     if logits.dtype == torch.float32 or logits.dim() < 2:
-        scaled = logits.float() / temperature
+        scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
         picked = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(scaled, dim=-1)
     rows = [token_logprobs(row.float(), row_tokens, temperature) for row, row_tokens in zip(logits, tokens)]

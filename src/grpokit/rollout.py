@@ -232,7 +232,7 @@ def generate(
 
     def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them."""
-        logits = logits / temperature
+        logits = logits / temperature if temperature != 1.0 else logits  # x / 1 is x: skip the operator
         if greedy:
             chosen = logits.argmax(dim=-1)
         else:
