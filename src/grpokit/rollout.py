@@ -225,10 +225,7 @@ def generate(
     n = prompt_ids.shape[0]
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
-    tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-    logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-    finished = torch.zeros(n, dtype=torch.bool, device=device)
-    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+    picks: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []  # per decode step: t, rows, tokens, log-probs, stopped
 
     def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them."""
@@ -238,18 +235,29 @@ def generate(
         else:
             probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
             chosen = sample_tokens(probs, generator)
-        tokens[rows, t] = chosen
-        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5).
-        logps[rows, t] = token_logprobs(logits, chosen)
         stopped = torch.isin(chosen, stop_ids)
-        lengths[rows[stopped]] = t + 1
-        finished[rows[stopped]] = True
+        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5).
+        picks.append((t, rows, chosen, token_logprobs(logits, chosen), stopped))
         return chosen, stopped
 
     if fast and unsupported(model) is None:
         LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations)
     else:
-        _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, finished, stop_early)
+        _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early)
+
+    # Every step's picks written at once (a few operators, not a few per decode step). A row is chosen
+    # for until it stops, so it stops at most once.
+    steps, rows, chosen, logp, stopped = zip(*picks)
+    columns = torch.tensor(steps, device=device).repeat_interleave(torch.tensor([len(r) for r in rows], device=device))
+    rows, stopped = torch.cat(rows), torch.cat(stopped)
+    tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    tokens.index_put_((rows, columns), torch.cat(chosen))
+    logps.index_put_((rows, columns), torch.cat(logp))
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+    finished[rows[stopped]] = True
+    lengths[rows[stopped]] = columns[stopped] + 1
 
     width = int(lengths.max().item())
     completion_mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
@@ -263,13 +271,14 @@ def generate(
     )
 
 
-def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, finished, stop_early) -> None:
+def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early) -> None:
     """The decode loop over the model's own forward and its KV cache (any Hugging Face causal LM)."""
     n = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
     position_ids = position_ids_from_mask(attention_mask)
     rows = torch.arange(n, device=prompt_ids.device)
     next_tokens = torch.zeros(n, dtype=torch.long, device=prompt_ids.device)
+    finished = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
     cache_name = _cache_argument(model)
     input_ids, cache = prompt_ids, None
     for t in range(max_new_tokens):
@@ -284,7 +293,7 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, finished, st
         cache = getattr(out, cache_name)
         running = ~finished
         if running.any():  # finished rows keep feeding their last token: never read again
-            next_tokens[running] = choose(out.logits[running, -1, :].float(), t, rows[running])[0]
+            next_tokens[running], finished[running] = choose(out.logits[running, -1, :].float(), t, rows[running])
         if stop_early and finished.all():
             break
         input_ids = next_tokens.unsqueeze(1)
