@@ -236,8 +236,11 @@ def generate(
             probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
             chosen = sample_tokens(probs, generator)
         stopped = torch.isin(chosen, stop_ids)
-        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5).
-        picks.append((t, rows, chosen, token_logprobs(logits, chosen), stopped))
+        # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5). log_softmax
+        # is one operator; token_logprobs' logsumexp (kept for training: a smaller autograd graph) is
+        # several, which shows at decoding's few rows.
+        logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
+        picks.append((t, rows, chosen, logp, stopped))
         return chosen, stopped
 
     if fast and unsupported(model) is None:
