@@ -31,6 +31,8 @@ from grpokit.products import decode_product, fused
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
+ATTENTION_GROUP_ROWS = 8  # training attention on the CPU: rows of similar length padded to a common length
+MATMUL_ATTENTION_MAX_SCORES = 1 << 21  # float32 training attention on the CPU: matmuls up to this many scores
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -63,14 +65,6 @@ def unsupported(model: nn.Module) -> str | None:
     return None
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None) -> Tensor:
-    """Rotary embedding over the last dimension, ``x · cos + rotate_half(x) · sin`` as the Hugging Face
-    models apply it, with ``sin`` already signed (-sin, +sin halves) so that ``rotate_half`` only swaps
-    the halves (one flip). ``out`` may be ``x`` itself."""
-    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
-    return torch.addcmul(x * cos, swapped, sin, out=out)
-
-
 def _rope_pairs(x: Tensor, turns: Tensor) -> Tensor:
     """Rotary embedding, in place, on ``x`` (..., D) whose features are laid out in pairs: features
     (2i, 2i+1) hold the Hugging Face layout's (i, i + D/2), the two halves ``rotate_half`` swaps. Each
@@ -79,8 +73,14 @@ def _rope_pairs(x: Tensor, turns: Tensor) -> Tensor:
     if x.dtype == torch.float32:
         torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
         return x
-    rotated = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # no complex bfloat16
-    return x.copy_(torch.view_as_real(rotated).flatten(-2))
+    return x.copy_(_rotated_pairs(x, turns))
+
+
+def _rotated_pairs(x: Tensor, turns: Tensor) -> Tensor:
+    """:func:`_rope_pairs` out of place, for the passes that keep a gradient; in float32 (there is no
+    complex bfloat16), then back to ``x``'s dtype."""
+    rotated = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
 
 
 class LlamaFamily:
@@ -117,20 +117,23 @@ class LlamaFamily:
         with torch.autocast(x.device.type, enabled=False):
             return self.lm_head(x.to(self.lm_head.weight.dtype)).float()
 
-    def _rotary_table(self, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """cos and signed sin (length, head_dim) for positions 0..length-1, from the model's rotary module."""
+    def _rotary_turns(self, length: int, like: Tensor) -> Tensor:
+        """cos + i·sin (length, head_dim / 2) for positions 0..length-1, from the model's rotary module,
+        for :func:`_rope_pairs`. These families repeat each frequency over both halves of the head, so
+        the first halves of cos and sin say it all."""
         positions = torch.arange(length, device=like.device).unsqueeze(0)
         cos, sin = self.backbone.rotary_emb(like, positions)
-        half = sin.shape[-1] // 2
-        return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
-
-    def _rotary_turns(self, length: int, like: Tensor) -> Tensor:
-        """cos + i·sin (length, head_dim / 2) for positions 0..length-1, for :func:`_rope_pairs`. These
-        families repeat each frequency over both halves of the head, so the first half of cos and the
-        second (positive) half of the signed sin say it all."""
-        cos, sin = self._rotary_table(length, like)
         half = cos.shape[-1] // 2
-        return torch.complex(cos[:, :half].float(), sin[:, half:].float())
+        return torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
+
+    def _pair_order(self, device: torch.device) -> Tensor:
+        """The q/k/v product's output features in :func:`_rope_pairs`' layout: within each query and key
+        head, features 0, D/2, 1, D/2 + 1, ...; values as they are. Attention is the same in that layout:
+        queries and keys permute alike, so their dot products do not change."""
+        d, rotated = self.head_dim, self.heads + self.kv_heads
+        pairs = torch.arange(d, device=device).view(2, d // 2).t().reshape(d)
+        return torch.cat([(torch.arange(rotated, device=device).unsqueeze(1) * d + pairs).reshape(-1),
+                          torch.arange(rotated * d, (rotated + self.kv_heads) * d, device=device)])
 
     # ---- training and reference passes: real tokens only -------------------------------------------
 
@@ -166,32 +169,35 @@ class LlamaFamily:
         token[own] = torch.arange(m, device=device)
         if prefix_source is not None:
             token = torch.where(borrowed, token[prefix_source], token)
-        cos, sin = self._rotary_table(width, x)
-        positions = own.nonzero()[:, 1]
-        cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (M, 1, D)
-        # Rows sorted by length in groups of 4 on the CPU (one group elsewhere, where padding is cheaper
-        # than more kernel launches): per group, each position's token. Attention's outputs of all groups
-        # are concatenated (padding included); ``pick`` is where each of the M tokens' output is in that.
-        per_group = 4 if device.type == "cpu" else n
-        groups, pick, offset = [], torch.empty(m, dtype=torch.long, device=device), 0
+        turns = self._rotary_turns(width, x)[own.nonzero()[:, 1]].unsqueeze(1)  # (M, 1, D/2)
+        # Rows sorted by length in groups of ATTENTION_GROUP_ROWS on the CPU (one group elsewhere, where
+        # padding is cheaper than more kernel launches), each padded to its longest row: ``gather`` lists
+        # each group's positions' tokens, all groups at once (one gather per layer, and one sum in its
+        # gradient). Attention's outputs of all groups are concatenated likewise; ``pick`` is where each
+        # of the M tokens' output is in that.
+        per_group = ATTENTION_GROUP_ROWS if device.type == "cpu" else n
+        shapes, gather, pick, offset = [], [], torch.empty(m, dtype=torch.long, device=device), 0
         for rows in lengths.argsort().split(per_group):
             index, owned = token[rows, :int(lengths[rows].max())], own[rows, :int(lengths[rows].max())]
             pick[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
-            groups.append(index)
+            shapes.append(index.shape)
+            gather.append(index.flatten())
             offset += index.numel()
-        heads, d = self.heads + 2 * self.kv_heads, self.head_dim
+        gather = torch.cat(gather)
+        heads, rotated, d = self.heads + 2 * self.kv_heads, self.heads + self.kv_heads, self.head_dim
+        order = self._pair_order(device)
         compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
         for layer in self.backbone.layers:
             attention = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
-            qkv = fused(attention.q_proj, attention.k_proj, attention.v_proj)(h).view(m, heads, d)
-            qk = _rope(qkv[:, : self.heads + self.kv_heads], cos, sin)
+            qkv = fused(attention.q_proj, attention.k_proj, attention.v_proj, order=order)(h).view(m, heads, d)
+            qk = _rotated_pairs(qkv[:, :rotated], turns)
             # attention in autocast's dtype (what autocast gives SDPA)
-            qkv = torch.cat([qk, qkv[:, self.heads + self.kv_heads:]], dim=1).to(compute)
+            qkv = torch.cat([qk, qkv[:, rotated:]], dim=1).to(compute)
             outs = []
-            for index in groups:
-                gathered = qkv.index_select(0, index.flatten()).view(*index.shape, heads, d)
-                q, k, v = gathered.transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+            for part, shape in zip(qkv.index_select(0, gather).split([r * c for r, c in shapes]), shapes):
+                q, k, v = part.view(*shape, heads, d).transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads],
+                                                                             dim=1)
                 outs.append(self._attention(q, k, v).transpose(1, 2).flatten(0, 1))  # (its positions, heads, D)
             out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
@@ -201,13 +207,16 @@ class LlamaFamily:
         return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Causal attention (rows, heads, L, D). SDPA's fused kernel in float32; for bfloat16 on the
-        CPU that kernel's backward is slow, so scores, float32 softmax and the product run as matmuls."""
+        """Causal attention (rows, heads, L, D). On the CPU, scores, float32 softmax and the product run
+        as matmuls: SDPA's fused kernel is slower for bfloat16 (its backward) and, in float32, for
+        attention groups of a few short rows (~30 % for 4 rows of 76 tokens, forward and backward). Its
+        kernel runs elsewhere and where the float32 scores would be large (it never holds them whole)."""
         if self.kv_heads != self.heads:
             k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
-        if q.dtype == torch.float32 or q.device.type != "cpu":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
         rows, heads, length, d = q.shape
+        large = q.dtype == torch.float32 and rows * heads * length * length > MATMUL_ATTENTION_MAX_SCORES
+        if q.device.type != "cpu" or large:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
         causal = torch.full((length, length), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
         scores = torch.baddbmm(causal, q.reshape(-1, length, d), k.reshape(-1, length, d).transpose(1, 2),
                                alpha=self.scaling)
@@ -300,14 +309,9 @@ class LlamaFamily:
 
     def _decode_products(self, layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
         """A layer's four products for decoding (q/k/v and gate/up fused), each RMSNorm's weight folded
-        into the product after it, and q and k in :func:`_rope_pairs`' layout. Attention is the same in
-        that layout: queries and keys permute alike, so their dot products do not change."""
+        into the product after it, and q and k in :func:`_rope_pairs`' layout (:meth:`_pair_order`)."""
         attention, mlp = layer.self_attn, layer.mlp
-        d, rotated = self.head_dim, self.heads + self.kv_heads
-        device = layer.input_layernorm.weight.device
-        pairs = torch.arange(d, device=device).view(2, d // 2).t().reshape(d)  # 0, D/2, 1, D/2 + 1, ...
-        order = torch.cat([(torch.arange(rotated, device=device).unsqueeze(1) * d + pairs).reshape(-1),
-                           torch.arange(rotated * d, (rotated + self.kv_heads) * d, device=device)])  # values stay
+        order = self._pair_order(layer.input_layernorm.weight.device)
         return (decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
                                scale=self._norm_scale(layer.input_layernorm), order=order),
                 decode_product(attention.o_proj, rows=rows, dtype=dtype),

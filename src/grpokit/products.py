@@ -40,13 +40,17 @@ def stacked_weights(modules: tuple[nn.Module, ...], dtype: torch.dtype | None) -
     return weight, bias
 
 
-def fused(*modules: nn.Module, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+def fused(*modules: nn.Module, dtype: torch.dtype | None = None, order: Tensor | None = None) -> Callable[[Tensor], Tensor]:
     """One matrix product for one or several linear layers on the same input (outputs concatenated);
-    layers that are not plain ``nn.Linear`` are called as modules, one after another."""
+    layers that are not plain ``nn.Linear`` are called as modules, one after another. ``order`` (out
+    features) permutes the outputs: folded into the weights (differentiably) for plain layers."""
     stacked = stacked_weights(modules, dtype)
     if stacked is None:
-        return modules[0] if len(modules) == 1 else lambda x: torch.cat([m(x) for m in modules], dim=-1)
+        call = modules[0] if len(modules) == 1 else lambda x: torch.cat([m(x) for m in modules], dim=-1)
+        return call if order is None else lambda x: call(x).index_select(-1, order)
     weight, bias = stacked
+    if order is not None:
+        weight, bias = weight.index_select(0, order), None if bias is None else bias.index_select(0, order)
     return lambda x: F.linear(x.to(weight.dtype), weight, bias)
 
 
@@ -68,11 +72,10 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
         dtype = dtype if sum(w.numel() for w in weights) >= ONEDNN_MIN_WEIGHTS else None
     stacked = stacked_weights(modules, dtype)
     if stacked is None:
-        product = fused(*modules, dtype=dtype)
+        product = fused(*modules, dtype=dtype, order=order)
 
         def by_modules(x: Tensor, add: Tensor | None = None) -> Tensor:
             out = product(x if scale is None else x * scale)
-            out = out if order is None else out[..., order]
             return out if add is None else add + out
         return by_modules
     weight, bias = stacked
