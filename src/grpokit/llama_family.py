@@ -341,10 +341,11 @@ class LlamaFamily:
         mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
         for (qkv_proj, o_proj, gate_up, down), layer_cache in zip(layers, cache):
             k_cache, v_cache = layer_cache
-            qkv = qkv_proj(self._normalize(x)).view(a, heads + 2 * kv, d)
+            # in the cache's dtype before the rotation: one cast (under autocast), then all in place
+            qkv = qkv_proj(self._normalize(x)).to(cache.dtype).view(a, heads + 2 * kv, d)
             _rope_pairs(qkv[:, : heads + kv], turns)
             layer_cache[:, :, :, column] = qkv[:, heads:].view(a, 2, kv, d).transpose(0, 1)  # keys and values
-            q = qkv[:, :heads].reshape(a * kv, groups, d).to(k_cache.dtype)
+            q = qkv[:, :heads].reshape(a * kv, groups, d)
             keys = k_cache[:, :, :end].reshape(a * kv, end, d)
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
@@ -360,9 +361,9 @@ class LlamaFamily:
         b, p, _ = x.shape
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
         for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
-            qkv = qkv_proj(self._normalize(x)).view(b, p, heads + 2 * kv, d)
-            qk = _rope_pairs(qkv[:, :, : heads + kv], turns).to(cache.dtype).transpose(1, 2)  # (B, heads + kv, P, D)
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2).to(cache.dtype)
+            qkv = qkv_proj(self._normalize(x)).to(cache.dtype).view(b, p, heads + 2 * kv, d)  # as _decode_step
+            qk = _rope_pairs(qkv[:, :, : heads + kv], turns).transpose(1, 2)  # (B, heads + kv, P, D)
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2)
             k_cache[:, :, :p], v_cache[:, :, :p] = k, v
             if kv != heads:
                 k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
