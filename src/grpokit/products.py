@@ -40,7 +40,8 @@ def stacked_weights(modules: tuple[nn.Module, ...], dtype: torch.dtype | None) -
     return weight, bias
 
 
-def fused(*modules: nn.Module, dtype: torch.dtype | None = None, order: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+def fused(*modules: nn.Module, dtype: torch.dtype | None = None,
+          order: Tensor | None = None) -> Callable[[Tensor], Tensor]:
     """One matrix product for one or several linear layers on the same input (outputs concatenated);
     layers that are not plain ``nn.Linear`` are called as modules, one after another. ``order`` (out
     features) permutes the outputs: folded into the weights (differentiably) for plain layers."""
