@@ -50,7 +50,11 @@ def fixed_batch(tokenizer):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias", "mistral"])
-def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name):
+@pytest.mark.parametrize("attention", ["matmuls, groups of 3 rows", "sdpa, one group"])
+def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name, attention, monkeypatch):
+    if attention.startswith("sdpa"):  # the fused kernel, which long rows take
+        monkeypatch.setattr(llama_family, "MATMUL_ATTENTION_MAX_SCORES", 0)
+    monkeypatch.setattr(llama_family, "ATTENTION_GROUP_ROWS", 3 if "groups of 3" in attention else 8)
     model = models(tokenizer)[name].train()
     assert unsupported(model) is None
     prompt_ids, prompt_mask, completions, mask = fixed_batch(tokenizer)
