@@ -150,6 +150,8 @@ def test_greedy_completions_equal_the_model_forward_path(tokenizer, decode_produ
     fast, slow = (generate(model, enc["input_ids"], enc["attention_mask"], fast=f, **kw) for f in (True, False))
     assert torch.equal(fast.completion_ids, slow.completion_ids)
     assert torch.allclose(fast.logp, slow.logp, atol=1e-5)
+    # decoding runs in inference mode; what it returns must still be usable by autograd
+    assert not any(torch.is_inference(t) for t in vars(fast).values())
 
 
 @pytest.mark.parametrize("aggregation", ["sequence", "token"])

@@ -225,7 +225,7 @@ class LlamaFamily:
 
     # ---- decoding: a preallocated cache ------------------------------------------------------------
 
-    @torch.no_grad()
+    @torch.inference_mode()  # not only no_grad: without autograd's bookkeeping each small operator is cheaper
     def decode(
         self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
         choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1,
