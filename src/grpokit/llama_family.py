@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpokit.products import decode_product, fused
+from grpokit.products import cast, decode_product, fused
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
@@ -100,6 +100,7 @@ class LlamaFamily:
         self.scaling = attention.scaling
         self.eps = self.backbone.norm.variance_epsilon
         self.q_size = self.heads * self.head_dim
+        self.intermediate = config.intermediate_size
         # √(hidden · eps), for :meth:`_normalize`
         self.norm_floor = torch.tensor((config.hidden_size * self.eps) ** 0.5, device=self.backbone.norm.weight.device)
 
@@ -278,7 +279,7 @@ class LlamaFamily:
         alive = torch.ones(n, dtype=torch.bool, device=device)
         finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
         for t in range(max_new_tokens):
-            logits = head(self._normalize(last)).float()
+            logits = cast(head(self._normalize(last)), torch.float32)
             picked = alive.nonzero().squeeze(1) if finished else None
             chosen, stopped = choose(logits, t, rows) if picked is None else choose(logits[picked], t, rows[picked])
             if t == max_new_tokens - 1:
@@ -328,8 +329,8 @@ class LlamaFamily:
         :meth:`_norm_scale`), in float32 as the Hugging Face norm: x · rsqrt(‖x‖² / hidden + eps) =
         √hidden · x / hypot(‖x‖, √(hidden · eps)). Three operators instead of ``F.rms_norm``'s five
         (decoding, no gradient)."""
-        x32 = x.float()
-        return (x32 / torch.hypot(torch.linalg.vector_norm(x32, dim=-1, keepdim=True), self.norm_floor)).to(x.dtype)
+        x32 = cast(x, torch.float32)
+        return cast(x32 / torch.hypot(torch.linalg.vector_norm(x32, dim=-1, keepdim=True), self.norm_floor), x.dtype)
 
     def _decode_step(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, column: int,
                      mask: Tensor) -> Tensor:
@@ -337,22 +338,22 @@ class LlamaFamily:
         of ``cache`` and attends to columns 0..column under the additive ``mask`` (A, column + 1)."""
         a = x.shape[0]
         heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
-        end = column + 1
+        end, inner = column + 1, self.intermediate
         mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
         for (qkv_proj, o_proj, gate_up, down), layer_cache in zip(layers, cache):
             k_cache, v_cache = layer_cache
             # in the cache's dtype before the rotation: one cast (under autocast), then all in place
-            qkv = qkv_proj(self._normalize(x)).to(cache.dtype).view(a, heads + 2 * kv, d)
+            qkv = cast(qkv_proj(self._normalize(x)), cache.dtype).view(a, heads + 2 * kv, d)
             _rope_pairs(qkv[:, : heads + kv], turns)
             layer_cache[:, :, :, column] = qkv[:, heads:].view(a, 2, kv, d).transpose(0, 1)  # keys and values
             q = qkv[:, :heads].reshape(a * kv, groups, d)
             keys = k_cache[:, :, :end].reshape(a * kv, end, d)
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
+            probs = cast(torch.softmax(scores, dim=-1, dtype=torch.float32), v_cache.dtype)
             out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d)).view(a, heads * d)
             x = o_proj(out, add=x)
-            gate, up = gate_up(self._normalize(x)).chunk(2, dim=-1)
-            x = down(F.silu(gate) * up, add=x)
+            gate_and_up = gate_up(self._normalize(x))
+            x = down(F.silu(gate_and_up[:, :inner]) * gate_and_up[:, inner:], add=x)
         return x
 
     def _prefill(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, mask: Tensor) -> Tensor:

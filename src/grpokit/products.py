@@ -18,6 +18,12 @@ from torch import Tensor, nn
 ONEDNN_MIN_WEIGHTS = 150_000  # smaller decode products stay with MKL: oneDNN's fixed cost per call outweighs its speed
 
 
+def cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)`` without the call when it is already that dtype: a no-op cast still costs a
+    dispatch, which adds up over decoding's thousands of small operators."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def plain_linear(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     """(weight, bias) of a plain linear layer without hooks; None for anything else (called as a module,
     so that wrappers and hooks see their calls)."""
@@ -87,7 +93,7 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
     packed = onednn_pack(weight, rows)
     if packed is None:
         def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
-            x = x.to(weight.dtype)
+            x = cast(x, weight.dtype)
             if add is not None and add.dtype == weight.dtype and bias is None and x.dim() == 2:
                 return torch.addmm(add, x, weight.t())
             out = F.linear(x, weight, bias)
@@ -95,7 +101,7 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
         return linear
 
     def onednn(x: Tensor, add: Tensor | None = None) -> Tensor:
-        x = x.to(weight.dtype)
+        x = cast(x, weight.dtype)
         if add is not None and add.dtype == weight.dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
         out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
