@@ -340,17 +340,20 @@ class LlamaFamily:
         heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
         end, inner = column + 1, self.intermediate
         mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
-        for (qkv_proj, o_proj, gate_up, down), layer_cache in zip(layers, cache):
-            k_cache, v_cache = layer_cache
+        # Every layer's views, taken once per step (each view is a dispatch too): where this column's
+        # keys and values go, (layers, A, 2, kv, D), and the filled columns, (layers, 2, A · kv, end, D).
+        slots = cache[..., column, :].transpose(1, 2)
+        filled = cache[..., :end, :].flatten(2, 3)
+        for i, (qkv_proj, o_proj, gate_up, down) in enumerate(layers):
             # in the cache's dtype before the rotation: one cast (under autocast), then all in place
             qkv = cast(qkv_proj(self._normalize(x)), cache.dtype).view(a, heads + 2 * kv, d)
             _rope_pairs(qkv[:, : heads + kv], turns)
-            layer_cache[:, :, :, column] = qkv[:, heads:].view(a, 2, kv, d).transpose(0, 1)  # keys and values
+            slots[i].copy_(qkv[:, heads:].view(a, 2, kv, d))  # keys and values
             q = qkv[:, :heads].reshape(a * kv, groups, d)
-            keys = k_cache[:, :, :end].reshape(a * kv, end, d)
+            keys, values = filled[i]
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
-            probs = cast(torch.softmax(scores, dim=-1, dtype=torch.float32), v_cache.dtype)
-            out = torch.bmm(probs, v_cache[:, :, :end].reshape(a * kv, end, d)).view(a, heads * d)
+            probs = cast(torch.softmax(scores, dim=-1, dtype=torch.float32), values.dtype)
+            out = torch.bmm(probs, values).view(a, heads * d)
             x = o_proj(out, add=x)
             gate_and_up = gate_up(self._normalize(x))
             x = down(F.silu(gate_and_up[:, :inner]) * gate_and_up[:, inner:], add=x)
