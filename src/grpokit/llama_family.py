@@ -365,7 +365,7 @@ class LlamaFamily:
         b, p, _ = x.shape
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
         for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
-            qkv = qkv_proj(self._normalize(x)).to(cache.dtype).view(b, p, heads + 2 * kv, d)  # as _decode_step
+            qkv = cast(qkv_proj(self._normalize(x)), cache.dtype).view(b, p, heads + 2 * kv, d)  # as _decode_step
             qk = _rope_pairs(qkv[:, :, : heads + kv], turns).transpose(1, 2)  # (B, heads + kv, P, D)
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2)
             k_cache[:, :, :p], v_cache[:, :, :p] = k, v
