@@ -259,8 +259,9 @@ def generate(
     logps.index_put_((rows, columns), torch.cat(logp))
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
-    finished[rows[stopped]] = True
-    lengths[rows[stopped]] = columns[stopped] + 1
+    ended = rows[stopped]
+    finished[ended] = True
+    lengths[ended] = columns[stopped] + 1
 
     width = int(lengths.max().item())
     completion_mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
