@@ -203,7 +203,8 @@ class LlamaFamily:
             out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
-            gate, up = fused(layer.mlp.gate_proj, layer.mlp.up_proj)(h).chunk(2, dim=-1)
+            # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
+            gate, up = fused(layer.mlp.gate_proj)(h), fused(layer.mlp.up_proj)(h)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
         return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
