@@ -204,8 +204,7 @@ class LlamaFamily:
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
             # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
-            gate, up = fused(layer.mlp.gate_proj)(h), fused(layer.mlp.up_proj)(h)
-            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
         return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
