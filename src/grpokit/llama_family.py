@@ -173,9 +173,9 @@ class LlamaFamily:
         turns = self._rotary_turns(width, x)[own.nonzero()[:, 1]].unsqueeze(1)  # (M, 1, D/2)
         # Rows sorted by length in groups of ATTENTION_GROUP_ROWS on the CPU (one group elsewhere, where
         # padding is cheaper than more kernel launches), each padded to its longest row: ``gather`` lists
-        # each group's positions' tokens, all groups at once (one gather per layer, and one sum in its
-        # gradient). Attention's outputs of all groups are concatenated likewise; ``pick`` is where each
-        # of the M tokens' output is in that.
+        # each group's positions' tokens, all groups at once (one gather per layer for q/k and one for v,
+        # and one sum in each's gradient). Attention's outputs of all groups are concatenated likewise;
+        # ``pick`` is where each of the M tokens' output is in that.
         per_group = ATTENTION_GROUP_ROWS if device.type == "cpu" else n
         shapes, gather, pick, offset = [], [], torch.empty(m, dtype=torch.long, device=device), 0
         for rows in lengths.argsort().split(per_group):
@@ -185,20 +185,21 @@ class LlamaFamily:
             gather.append(index.flatten())
             offset += index.numel()
         gather = torch.cat(gather)
-        heads, rotated, d = self.heads + 2 * self.kv_heads, self.heads + self.kv_heads, self.head_dim
-        order = self._pair_order(device)
+        rotated, d, sizes = self.heads + self.kv_heads, self.head_dim, [r * c for r, c in shapes]
+        order = self._pair_order(device)[: rotated * d]
         compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
         for layer in self.backbone.layers:
             attention = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
-            qkv = fused(attention.q_proj, attention.k_proj, attention.v_proj, order=order)(h).view(m, heads, d)
-            qk = _rotated_pairs(qkv[:, :rotated], turns)
-            # attention in autocast's dtype (what autocast gives SDPA)
-            qkv = torch.cat([qk, qkv[:, rotated:]], dim=1).to(compute)
+            # q/k and v as two products, gathered apart: one product's slices, or their concatenation, would
+            # cost passes over the whole in the gradient. Attention in autocast's dtype (what autocast gives SDPA).
+            qk = _rotated_pairs(fused(attention.q_proj, attention.k_proj, order=order)(h).view(m, rotated, d), turns)
+            values = attention.v_proj(h).view(m, self.kv_heads, d).to(compute)
             outs = []
-            for part, shape in zip(qkv.index_select(0, gather).split([r * c for r, c in shapes]), shapes):
-                q, k, v = part.view(*shape, heads, d).transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads],
-                                                                             dim=1)
+            for qk_part, v_part, shape in zip(qk.to(compute).index_select(0, gather).split(sizes),
+                                              values.index_select(0, gather).split(sizes), shapes):
+                q, k = qk_part.view(*shape, rotated, d).transpose(1, 2).split([self.heads, self.kv_heads], dim=1)
+                v = v_part.view(*shape, self.kv_heads, d).transpose(1, 2)
                 outs.append(self._attention(q, k, v).transpose(1, 2).flatten(0, 1))  # (its positions, heads, D)
             out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size).to(x.dtype)
             x = x + attention.o_proj(out)
