@@ -235,7 +235,7 @@ def generate(
         else:
             probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
             chosen = sample_tokens(probs, generator)
-        stopped = torch.isin(chosen, stop_ids)
+        stopped = chosen == stop_ids[0] if len(stop_ids) == 1 else torch.isin(chosen, stop_ids)  # == is cheaper
         # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5). log_softmax
         # is one operator; token_logprobs' logsumexp (kept for training: a smaller autograd graph) is
         # several, which shows at decoding's few rows.
