@@ -297,14 +297,18 @@ def main() -> None:
                            if key != "peak_rss_mb"}
                     raw["peak_rss_mb"] = max(run["peak_rss_mb"] for run in raws[trainer])
                     peak_key = "float32_large" if mode == "fp32" else "bfloat16_large"
+                    # each process's own median, in the order they ran: the spread between processes
+                    per_process = [statistics.median(run["step"]) for run in raws[trainer]]
                     record = {"trainer": trainer, "config": config_name, "mode": mode,
-                              **summarize(raw, model_config, peak[peak_key]), "raw": raw}
+                              **summarize(raw, model_config, peak[peak_key]), "process_medians": per_process,
+                              "raw": raw}
                     results.append(record)
                     s = record["s_per_step"]
                     print(f"{config_name:5} {mode} {trainer:7} {s['median']:.3f} s/step "
                           f"[{s['min']:.3f}, {s['max']:.3f}]  {record['generated_tokens_per_s']:,.0f} gen tok/s  "
                           f"{record['useful_gflops_per_s']:.0f} useful GFLOP/s "
-                          f"({100 * record['fraction_of_peak']:.0f} % of peak)", flush=True)
+                          f"({100 * record['fraction_of_peak']:.0f} % of peak); per process: "
+                          + ", ".join(f"{m:.3f}" for m in per_process), flush=True)
     out = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads},
            "matmul_peak_gflops": peak, "args": vars(args), "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
