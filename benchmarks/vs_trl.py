@@ -263,12 +263,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="workers per trainer, in alternating order")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    parser.add_argument("--pool", nargs="+", metavar="JSON", help="no run: pool the timed steps of earlier runs' "
+                        "results files and print each row's median s/step and grpokit ÷ TRL")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         job = json.loads(args.worker)
         work = {"peak": lambda j: matmul_peak(), "trl": trl_worker, "grpokit": grpokit_worker}[job["kind"]]
         print(json.dumps(work(job)))
+        return
+    if args.pool:
+        pool(args.pool)
         return
 
     from transformers import AutoConfig
@@ -315,6 +320,20 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=1))
     print()
     print(markdown(results))
+
+
+def pool(paths: list[str]) -> None:
+    """Every timed step of the same (trainer, config, mode) in several results files, as one sample."""
+    steps: dict[tuple, list[float]] = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["results"]:
+            steps.setdefault((r["config"], r["mode"], r["trainer"]), []).extend(r["raw"]["step"])
+    for (config, mode, trainer), values in steps.items():
+        trl = steps.get((config, mode, "trl"))
+        ratio = ""
+        if trainer == "grpokit" and trl:
+            ratio = f"  grpokit ÷ TRL {statistics.median(trl) / statistics.median(values):.2f}×"
+        print(f"{config:5} {mode} {trainer:7} {statistics.median(values):.3f} s/step over {len(values)} steps{ratio}")
 
 
 def markdown(results: list[dict]) -> str:
