@@ -73,6 +73,32 @@ def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name,
         assert torch.allclose(grads_fast[key], grad, atol=1e-6, rtol=1e-4), key
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
+def test_rows_and_lengths_padded_for_onednn_change_nothing(tokenizer, name, monkeypatch):
+    """Off float32 on the CPU (bfloat16: oneDNN, whose kernels are built per shape), the training passes
+    compute extra rows up to a multiple of ONEDNN_ROW_BUCKET and pad each attention group's length to a
+    multiple of ATTENTION_LENGTH_BUCKET, so that shapes recur from step to step. Float64 takes that path
+    too, with rounding fine enough to show that the padding changes no log-prob and no gradient."""
+    model = models(tokenizer)[name].double().train()
+    monkeypatch.setattr(llama_family, "ATTENTION_GROUP_ROWS", 3)
+    rows = []
+    model.model.embed_tokens.register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
+    batch = fixed_batch(tokenizer)
+    results = []
+    for row_bucket, length_bucket in ((1, 1), (64, 8)):
+        monkeypatch.setattr(llama_family, "ONEDNN_ROW_BUCKET", row_bucket)
+        monkeypatch.setattr(llama_family, "ATTENTION_LENGTH_BUCKET", length_bucket)
+        model.zero_grad()
+        logp, _ = sequence_logprobs(model, *batch, fast=True)
+        (logp * torch.linspace(-1, 1, logp.numel(), dtype=logp.dtype).view_as(logp)).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert rows == [78, 128]  # 4 prompts once each and 8 completions: 78 tokens, padded to 2 × 64
+    (logp, grads), (logp_padded, grads_padded) = results
+    assert torch.allclose(logp_padded, logp, rtol=0, atol=1e-12)
+    for key, grad in grads.items():
+        assert torch.allclose(grads_padded[key], grad, rtol=1e-10, atol=1e-14), key
+
+
 def test_onednn_linear_ops_still_work_as_called():
     """The decode products call torch's private oneDNN linear ops; this fails first if a torch changes
     them (the fast path would then quietly use MKL, slower)."""

@@ -33,6 +33,10 @@ SUPPORTED = ("llama", "qwen2", "mistral")
 CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
 ATTENTION_GROUP_ROWS = 8  # training attention on the CPU: rows of similar length padded to a common length
 MATMUL_ATTENTION_MAX_SCORES = 1 << 21  # float32 training attention on the CPU: matmuls up to this many scores
+# Training passes in bfloat16 on the CPU run their token rows in multiples of this: oneDNN builds (and caches,
+# ~0.65 MB each) a kernel per product shape, ~1 ms each, and a batch's token count is new almost every step.
+ONEDNN_ROW_BUCKET = 64
+ATTENTION_LENGTH_BUCKET = 8
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -162,24 +166,40 @@ class LlamaFamily:
             others = prefix_source != torch.arange(n, device=device)
             borrowed = (columns < prefix_lengths.unsqueeze(1)) & others.unsqueeze(1)
             own = real & ~borrowed
-        x = self.backbone.embed_tokens(input_ids[own])  # (M, hidden), row-major order of ``own``
-        m = x.shape[0]
+        ids = input_ids[own]  # row-major order of ``own``
+        m = owned_count = len(ids)
+        autocast = torch.is_autocast_enabled(device.type)
+        compute = torch.get_autocast_dtype(device.type) if autocast else self.backbone.embed_tokens.weight.dtype
+        # On the CPU in bfloat16 (oneDNN), M rows: the owned tokens and then token 0 (at position 0) up to a
+        # multiple of ONEDNN_ROW_BUCKET, so that product shapes recur from step to step. The extra rows
+        # are never read, so their gradient is exactly zero.
+        if device.type == "cpu" and compute != torch.float32:
+            m = -(-owned_count // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+            ids = torch.cat([ids, ids.new_zeros(m - owned_count)])
+        x = self.backbone.embed_tokens(ids)  # (M, hidden)
         # Each position's row of x. Padding reads row 0: padding only trails, so no real token attends to
         # it, and its outputs are never read (so its gradient is exactly zero).
         token = torch.zeros((n, width), dtype=torch.long, device=device)
-        token[own] = torch.arange(m, device=device)
+        token[own] = torch.arange(owned_count, device=device)
         if prefix_source is not None:
             token = torch.where(borrowed, token[prefix_source], token)
-        turns = self._rotary_turns(width, x)[own.nonzero()[:, 1]].unsqueeze(1)  # (M, 1, D/2)
+        position = F.pad(own.nonzero()[:, 1], (0, m - owned_count))
+        turns = self._rotary_turns(width, x)[position].unsqueeze(1)  # (M, 1, D/2)
         # Rows sorted by length in groups of ATTENTION_GROUP_ROWS on the CPU (one group elsewhere, where
         # padding is cheaper than more kernel launches), each padded to its longest row: ``gather`` lists
         # each group's positions' tokens, all groups at once (one gather per layer for q/k and one for v,
         # and one sum in each's gradient). Attention's outputs of all groups are concatenated likewise;
         # ``pick`` is where each of the M tokens' output is in that.
         per_group = ATTENTION_GROUP_ROWS if device.type == "cpu" else n
-        shapes, gather, pick, offset = [], [], torch.empty(m, dtype=torch.long, device=device), 0
+        shapes, gather, pick, offset = [], [], torch.zeros(m, dtype=torch.long, device=device), 0
+        bucket = 1
+        if m > owned_count:  # attention's shapes too: each group's length a multiple of ATTENTION_LENGTH_BUCKET
+            bucket = ATTENTION_LENGTH_BUCKET
+            extra = -(-width // bucket) * bucket - width
+            token, own = F.pad(token, (0, extra)), F.pad(own, (0, extra), value=False)
         for rows in lengths.argsort().split(per_group):
-            index, owned = token[rows, :int(lengths[rows].max())], own[rows, :int(lengths[rows].max())]
+            length = -(-int(lengths[rows].max()) // bucket) * bucket
+            index, owned = token[rows, :length], own[rows, :length]
             pick[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
             shapes.append(index.shape)
             gather.append(index.flatten())
@@ -187,7 +207,6 @@ class LlamaFamily:
         gather = torch.cat(gather)
         rotated, d, sizes = self.heads + self.kv_heads, self.head_dim, [r * c for r, c in shapes]
         order = self._pair_order(device)[: rotated * d]
-        compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
         for layer in self.backbone.layers:
             attention = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
