@@ -2,6 +2,8 @@
 
 import json
 import re
+import resource
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit import GRPOConfig, build_trainer
+from grpokit import models as grpokit_models
+from grpokit import trainer as grpokit_trainer
 from grpokit.data import DataError
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import generate
@@ -40,6 +44,29 @@ def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **
     values.update(overrides)
     return build_trainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
                          reward_funcs=list(reward_funcs))
+
+
+def test_cpu_training_keeps_freed_memory_for_the_next_step(tokenizer, tiny_model, tmp_path, monkeypatch):
+    """On the CPU the trainer has malloc keep freed memory (unless ``keep_freed_memory: false``): on Linux a
+    step's worth of large tensors freed and allocated again then takes no new page from the system."""
+    calls = []
+    real = grpokit_models.keep_freed_memory
+    monkeypatch.setattr(grpokit_trainer, "keep_freed_memory", lambda: calls.append(1) or real())
+    make_trainer(tokenizer, tiny_model, tmp_path / "off", keep_freed_memory=False)
+    assert calls == []
+    make_trainer(tokenizer, tiny_model, tmp_path / "on")
+    assert calls == [1]
+    if not sys.platform.startswith("linux") or not real():
+        pytest.skip("glibc's mallopt only")
+
+    def page_faults_of_a_step() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        tensors = [torch.ones(1 << 20) for _ in range(16)]  # 16 × 4 MB
+        del tensors
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    page_faults_of_a_step()
+    assert page_faults_of_a_step() < 100  # by default: ~16,000 (a 4 KB page each), every time
 
 
 def test_tiny_run_changes_every_parameter_and_raises_the_reward(tokenizer, tiny_model, tmp_path):

@@ -174,6 +174,12 @@ class GRPOConfig:
         "matrix units (recent x86 CPUs, GPUs); log-probs then differ from float32 by ~1e-2.",
         choices=("no", "bf16"),
     )
+    keep_freed_memory: bool = _field(
+        True, "Training on the CPU under Linux (glibc): keep the memory each step frees for the next step's tensors "
+        "instead of returning it to the system and taking it back page by page (as PyTorch keeps GPU memory). "
+        "Faster steps (docs/benchmarks.md); the process's resident memory stays near its peak. Affects the whole "
+        "process.",
+    )
 
     # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
     lora_rank: int = _field(0, "LoRA rank r (peft); 0 trains every weight. With LoRA the reference policy is the "

@@ -40,7 +40,15 @@ from grpokit.distributed import (
     gradient_sync,
     init_world,
 )
-from grpokit.models import BUILTIN, autocast, load_model_and_tokenizer, resolve_device, seed_everything, with_lora
+from grpokit.models import (
+    BUILTIN,
+    autocast,
+    keep_freed_memory,
+    load_model_and_tokenizer,
+    resolve_device,
+    seed_everything,
+    with_lora,
+)
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.optim import adamw_with_schedule
 from grpokit.rewards import (
@@ -80,6 +88,8 @@ class GRPOTrainer:
         # Bad launcher settings fail here, before any work (docs/distributed.md).
         self.world = init_world(config.device, config.prompts_per_step)
         self.device = device_for(self.world, resolve_device(config.device))
+        if config.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
 
         self.reward_funcs = resolve_reward_functions(reward_funcs or config.reward_funcs)
         names = [reward_name(fn) for fn in self.reward_funcs]
