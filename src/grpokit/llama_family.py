@@ -220,7 +220,7 @@ class LlamaFamily:
                 q, k = qk_part.view(*shape, rotated, d).transpose(1, 2).split([self.heads, self.kv_heads], dim=1)
                 v = v_part.view(*shape, self.kv_heads, d).transpose(1, 2)
                 outs.append(self._attention(q, k, v).transpose(1, 2).flatten(0, 1))  # (its positions, heads, D)
-            out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size).to(x.dtype)
+            out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size)  # o_proj takes it in its dtype
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
             # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
