@@ -33,8 +33,9 @@ SUPPORTED = ("llama", "qwen2", "mistral")
 CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
 ATTENTION_GROUP_ROWS = 8  # training attention on the CPU: rows of similar length padded to a common length
 MATMUL_ATTENTION_MAX_SCORES = 1 << 21  # float32 training attention on the CPU: matmuls up to this many scores
-# Training passes in bfloat16 on the CPU run their token rows in multiples of this: oneDNN builds (and caches,
-# ~0.65 MB each) a kernel per product shape, ~1 ms each, and a batch's token count is new almost every step.
+# Training passes in bfloat16 on the CPU run their token rows in multiples of ONEDNN_ROW_BUCKET and each attention
+# group's length in multiples of ATTENTION_LENGTH_BUCKET: oneDNN builds a kernel per product shape (0.15-0.5 ms,
+# and ~0.65 MB in its cache), and a batch's token count and lengths are new almost every step.
 ONEDNN_ROW_BUCKET = 64
 ATTENTION_LENGTH_BUCKET = 8
 
@@ -173,7 +174,8 @@ class LlamaFamily:
         # On the CPU in bfloat16 (oneDNN), M rows: the owned tokens and then token 0 (at position 0) up to a
         # multiple of ONEDNN_ROW_BUCKET, so that product shapes recur from step to step. The extra rows
         # are never read, so their gradient is exactly zero.
-        if device.type == "cpu" and compute != torch.float32:
+        onednn = device.type == "cpu" and compute != torch.float32
+        if onednn:
             m = -(-owned_count // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
             ids = torch.cat([ids, ids.new_zeros(m - owned_count)])
         x = self.backbone.embed_tokens(ids)  # (M, hidden)
@@ -192,9 +194,8 @@ class LlamaFamily:
         # ``pick`` is where each of the M tokens' output is in that.
         per_group = ATTENTION_GROUP_ROWS if device.type == "cpu" else n
         shapes, gather, pick, offset = [], [], torch.zeros(m, dtype=torch.long, device=device), 0
-        bucket = 1
-        if m > owned_count:  # attention's shapes too: each group's length a multiple of ATTENTION_LENGTH_BUCKET
-            bucket = ATTENTION_LENGTH_BUCKET
+        bucket = ATTENTION_LENGTH_BUCKET if onednn else 1  # attention's shapes too (its padding trails, as above)
+        if onednn:
             extra = -(-width // bucket) * bucket - width
             token, own = F.pad(token, (0, extra)), F.pad(own, (0, extra), value=False)
         for rows in lengths.argsort().split(per_group):
