@@ -24,27 +24,19 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
 
+from common import export_source
 from vs_trl import CONFIGS, PROMPTS, G, build, rows
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def export_base(revision: str, into: Path) -> None:
     """``revision``'s src/grpokit as the package ``grpokit_base`` under ``into``."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "src/grpokit"], check=True,
-                             capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
     package = into / "grpokit_base"
-    (into / "src" / "grpokit").rename(package)
+    (export_source(revision, into) / "grpokit").rename(package)
     for path in package.glob("*.py"):
         path.write_text(re.sub(r"\b(from|import) grpokit\b", r"\1 grpokit_base", path.read_text()))
 

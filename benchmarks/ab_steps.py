@@ -23,12 +23,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 
 import yaml
+from common import export_source
 from vs_trl import CONFIGS, build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,17 +50,14 @@ def main() -> None:
                  for side in ("base", "tree")}
     script = str(REPO / "benchmarks" / "vs_trl.py")
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.base, "src/grpokit"], check=True,
-                                 capture_output=True).stdout
-        with tarfile.open(fileobj=BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
+        base_source = export_source(args.base, Path(tmp))
         build(args.config, Path(tmp) / "model")
         runs: dict[str, list[dict]] = {"base": [], "tree": []}
         for r in range(args.rounds):
             for side in ("base", "tree") if r % 2 == 0 else ("tree", "base"):
                 env = dict(os.environ)
                 if side == "base":
-                    env["PYTHONPATH"] = os.pathsep.join([str(Path(tmp) / "src"), env.get("PYTHONPATH", "")])
+                    env["PYTHONPATH"] = os.pathsep.join([str(base_source), env.get("PYTHONPATH", "")])
                 job = {"kind": "grpokit", "config": args.config, "mode": args.mode, "model": str(Path(tmp) / "model"),
                        "out": str(Path(tmp) / f"{side}-{r}"), "warmup": 2, "steps": args.steps,
                        "threads": args.threads, "overrides": overrides[side]}

@@ -1,10 +1,14 @@
-"""Shared by the benchmark scripts: measurement workers in fresh processes, mean-and-spread curves."""
+"""Shared by the benchmark scripts: measurement workers in fresh processes, mean-and-spread curves, a git
+revision's source."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tarfile
+from io import BytesIO
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,3 +30,13 @@ def run_worker(script: str, job: dict[str, Any]) -> dict[str, Any]:
     if done.returncode != 0:
         sys.exit(f"worker {job} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def export_source(revision: str, into: Path) -> Path:
+    """``revision``'s ``src/grpokit`` written under ``into`` (as ``into/src/grpokit``); returns ``into/src``."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", revision, "src/grpokit"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
