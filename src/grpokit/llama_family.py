@@ -40,6 +40,10 @@ ONEDNN_ROW_BUCKET = 64
 ATTENTION_LENGTH_BUCKET = 8
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def _inner(model: nn.Module) -> nn.Module:
     """The ``*ForCausalLM`` under a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -169,14 +173,15 @@ class LlamaFamily:
             own = real & ~borrowed
         ids = input_ids[own]  # row-major order of ``own``
         m = owned_count = len(ids)
-        autocast = torch.is_autocast_enabled(device.type)
-        compute = torch.get_autocast_dtype(device.type) if autocast else self.backbone.embed_tokens.weight.dtype
+        compute = self.backbone.embed_tokens.weight.dtype
+        if torch.is_autocast_enabled(device.type):
+            compute = torch.get_autocast_dtype(device.type)
         # On the CPU in bfloat16 (oneDNN), M rows: the owned tokens and then token 0 (at position 0) up to a
         # multiple of ONEDNN_ROW_BUCKET, so that product shapes recur from step to step. The extra rows
         # are never read, so their gradient is exactly zero.
         onednn = device.type == "cpu" and compute != torch.float32
         if onednn:
-            m = -(-owned_count // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+            m = _round_up(owned_count, ONEDNN_ROW_BUCKET)
             ids = torch.cat([ids, ids.new_zeros(m - owned_count)])
         x = self.backbone.embed_tokens(ids)  # (M, hidden)
         # Each position's row of x. Padding reads row 0: padding only trails, so no real token attends to
@@ -196,10 +201,10 @@ class LlamaFamily:
         shapes, gather, pick, offset = [], [], torch.zeros(m, dtype=torch.long, device=device), 0
         bucket = ATTENTION_LENGTH_BUCKET if onednn else 1  # attention's shapes too (its padding trails, as above)
         if onednn:
-            extra = -(-width // bucket) * bucket - width
+            extra = _round_up(width, bucket) - width
             token, own = F.pad(token, (0, extra)), F.pad(own, (0, extra), value=False)
         for rows in lengths.argsort().split(per_group):
-            length = -(-int(lengths[rows].max()) // bucket) * bucket
+            length = _round_up(int(lengths[rows].max()), bucket)
             index, owned = token[rows, :length], own[rows, :length]
             pick[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
             shapes.append(index.shape)
