@@ -193,25 +193,32 @@ class LlamaFamily:
         position = F.pad(own.nonzero()[:, 1], (0, m - owned_count))
         turns = self._rotary_turns(width, x)[position].unsqueeze(1)  # (M, 1, D/2)
         # Rows sorted by length in groups of ATTENTION_GROUP_ROWS on the CPU (one group elsewhere, where
-        # padding is cheaper than more kernel launches), each padded to its longest row: ``gather`` lists
-        # each group's positions' tokens, all groups at once (one gather per layer for q/k and one for v,
-        # and one sum in each's gradient). Attention's outputs of all groups are concatenated likewise;
-        # ``pick`` is where each of the M tokens' output is in that.
+        # padding is cheaper than more kernel launches), each padded to its longest row. A group's positions
+        # are gathered head-major, (heads · rows, L, D), the layout batched matmuls read without a copy: all
+        # groups at once, one gather per layer for q/k and one for v (and one sum in each's gradient), from
+        # the projections viewed as one row per (token, head). Attention's outputs of all groups are
+        # concatenated likewise; ``pick`` lists where each of the M tokens' heads are in that, token-major,
+        # as ``o_proj`` reads them.
         per_group = ATTENTION_GROUP_ROWS if device.type == "cpu" else n
-        shapes, gather, pick, offset = [], [], torch.zeros(m, dtype=torch.long, device=device), 0
         bucket = ATTENTION_LENGTH_BUCKET if onednn else 1  # attention's shapes too (its padding trails, as above)
         if onednn:
             extra = _round_up(width, bucket) - width
             token, own = F.pad(token, (0, extra)), F.pad(own, (0, extra), value=False)
+        rotated, kv, d = self.heads + self.kv_heads, self.kv_heads, self.head_dim
+        groups, gather_qk, gather_v, offset = [], [], [], 0
+        pick_start, pick_stride = torch.zeros(m, dtype=torch.long, device=device), torch.ones_like(position)
         for rows in lengths.argsort().split(per_group):
             length = _round_up(int(lengths[rows].max()), bucket)
             index, owned = token[rows, :length], own[rows, :length]
-            pick[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
-            shapes.append(index.shape)
-            gather.append(index.flatten())
-            offset += index.numel()
-        gather = torch.cat(gather)
-        rotated, d, sizes = self.heads + self.kv_heads, self.head_dim, [r * c for r, c in shapes]
+            flat = index.flatten()
+            gather_qk.append((flat * rotated + torch.arange(rotated, device=device).unsqueeze(1)).flatten())
+            gather_v.append((flat * kv + torch.arange(kv, device=device).unsqueeze(1)).flatten())
+            pick_start[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
+            pick_stride[index[owned]] = flat.numel()
+            groups.append((len(rows), length))
+            offset += self.heads * flat.numel()
+        gather_qk, gather_v = torch.cat(gather_qk), torch.cat(gather_v)
+        pick = (pick_start.unsqueeze(1) + pick_stride.unsqueeze(1) * torch.arange(self.heads, device=device)).flatten()
         order = self._pair_order(device)[: rotated * d]
         for layer in self.backbone.layers:
             attention = layer.self_attn
@@ -219,36 +226,38 @@ class LlamaFamily:
             # q/k and v as two products, gathered apart: one product's slices, or their concatenation, would
             # cost passes over the whole in the gradient. Attention in autocast's dtype (what autocast gives SDPA).
             qk = _rotated_pairs(fused(attention.q_proj, attention.k_proj, order=order)(h).view(m, rotated, d), turns)
-            values = attention.v_proj(h).view(m, self.kv_heads, d).to(compute)
+            values = attention.v_proj(h).view(m * kv, d).to(compute)
             outs = []
-            for qk_part, v_part, shape in zip(qk.to(compute).index_select(0, gather).split(sizes),
-                                              values.index_select(0, gather).split(sizes), shapes):
-                q, k = qk_part.view(*shape, rotated, d).transpose(1, 2).split([self.heads, self.kv_heads], dim=1)
-                v = v_part.view(*shape, self.kv_heads, d).transpose(1, 2)
-                outs.append(self._attention(q, k, v).transpose(1, 2).flatten(0, 1))  # (its positions, heads, D)
-            out = torch.cat(outs).index_select(0, pick).reshape(m, self.q_size)  # o_proj takes it in its dtype
+            for qk_part, v_part, (rows, length) in zip(
+                qk.to(compute).flatten(0, 1).index_select(0, gather_qk).split([rotated * r * c for r, c in groups]),
+                values.index_select(0, gather_v).split([kv * r * c for r, c in groups]), groups,
+            ):
+                q, k = qk_part.view(rotated * rows, length, d).split([self.heads * rows, kv * rows])
+                outs.append(self._attention(q, k, v_part.view(kv * rows, length, d), rows).flatten(0, 1))
+            out = torch.cat(outs).index_select(0, pick).view(m, self.q_size)  # o_proj takes it in its dtype
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
             # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
             x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
         return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
-    def _attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Causal attention (rows, heads, L, D). On the CPU, scores, float32 softmax and the product run
-        as matmuls: SDPA's fused kernel is slower for bfloat16 (its backward) and, in float32, for
-        attention groups of a few short rows (~30 % for 4 rows of 76 tokens, forward and backward). Its
-        kernel runs elsewhere and where the float32 scores would be large (it never holds them whole)."""
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:
+        """Causal attention of ``rows`` rows laid out head-major: q (heads · rows, L, D), k and v
+        (kv heads · rows, L, D). On the CPU, scores, float32 softmax and the product run as matmuls: SDPA's
+        fused kernel is slower for bfloat16 (its backward) and, in float32, for attention groups of a few
+        short rows (~30 % for 4 rows of 76 tokens, forward and backward). Its kernel runs elsewhere and
+        where the float32 scores would be large (it never holds them whole)."""
         if self.kv_heads != self.heads:
-            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
-        rows, heads, length, d = q.shape
-        large = q.dtype == torch.float32 and rows * heads * length * length > MATMUL_ATTENTION_MAX_SCORES
+            k, v = (t.unflatten(0, (self.kv_heads, rows)).repeat_interleave(self.heads // self.kv_heads, dim=0)
+                    .flatten(0, 1) for t in (k, v))
+        batch, length, _ = q.shape
+        large = q.dtype == torch.float32 and batch * length * length > MATMUL_ATTENTION_MAX_SCORES
         if q.device.type != "cpu" or large:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
         causal = torch.full((length, length), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
-        scores = torch.baddbmm(causal, q.reshape(-1, length, d), k.reshape(-1, length, d).transpose(1, 2),
-                               alpha=self.scaling)
+        scores = torch.baddbmm(causal, q, k.transpose(1, 2), alpha=self.scaling)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-        return torch.bmm(probs, v.reshape(-1, length, d)).view(rows, heads, length, d)
+        return torch.bmm(probs, v)
 
     # ---- decoding: a preallocated cache ------------------------------------------------------------
 
