@@ -220,6 +220,7 @@ class LlamaFamily:
         gather_qk, gather_v = torch.cat(gather_qk), torch.cat(gather_v)
         pick = (pick_start.unsqueeze(1) + pick_stride.unsqueeze(1) * torch.arange(self.heads, device=device)).flatten()
         order = self._pair_order(device)[: rotated * d]
+        causal_masks: dict[int, Tensor] = {}  # by length, made once for every layer
         for layer in self.backbone.layers:
             attention = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
@@ -233,7 +234,7 @@ class LlamaFamily:
                 values.index_select(0, gather_v).split([kv * r * c for r, c in groups]), groups,
             ):
                 q, k = qk_part.view(rotated * rows, length, d).split([self.heads * rows, kv * rows])
-                outs.append(self._attention(q, k, v_part.view(kv * rows, length, d), rows).flatten(0, 1))
+                outs.append(self._attention(q, k, v_part.view(kv * rows, length, d), rows, causal_masks).flatten(0, 1))
             out = torch.cat(outs).index_select(0, pick).view(m, self.q_size)  # o_proj takes it in its dtype
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
@@ -241,12 +242,13 @@ class LlamaFamily:
             x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
         return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
-    def _attention(self, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, rows: int, causal_masks: dict[int, Tensor]) -> Tensor:
         """Causal attention of ``rows`` rows laid out head-major: q (heads · rows, L, D), k and v
         (kv heads · rows, L, D). On the CPU, scores, float32 softmax and the product run as matmuls: SDPA's
         fused kernel is slower for bfloat16 (its backward) and, in float32, for attention groups of a few
         short rows (~30 % for 4 rows of 76 tokens, forward and backward). Its kernel runs elsewhere and
-        where the float32 scores would be large (it never holds them whole)."""
+        where the float32 scores would be large (it never holds them whole). ``causal_masks``: the additive
+        masks made so far, by length."""
         if self.kv_heads != self.heads:
             k, v = (t.unflatten(0, (self.kv_heads, rows)).repeat_interleave(self.heads // self.kv_heads, dim=0)
                     .flatten(0, 1) for t in (k, v))
@@ -254,8 +256,9 @@ class LlamaFamily:
         large = q.dtype == torch.float32 and batch * length * length > MATMUL_ATTENTION_MAX_SCORES
         if q.device.type != "cpu" or large:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
-        causal = torch.full((length, length), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
-        scores = torch.baddbmm(causal, q, k.transpose(1, 2), alpha=self.scaling)
+        if length not in causal_masks:
+            causal_masks[length] = torch.full((length, length), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+        scores = torch.baddbmm(causal_masks[length], q, k.transpose(1, 2), alpha=self.scaling)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
         return torch.bmm(probs, v)
 
