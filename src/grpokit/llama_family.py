@@ -206,7 +206,8 @@ class LlamaFamily:
             token, own = F.pad(token, (0, extra)), F.pad(own, (0, extra), value=False)
         rotated, kv, d = self.heads + self.kv_heads, self.kv_heads, self.head_dim
         groups, gather_qk, gather_v, offset = [], [], [], 0
-        pick_start, pick_stride = torch.zeros(m, dtype=torch.long, device=device), torch.ones_like(position)
+        pick_start = torch.zeros(m, dtype=torch.long, device=device)  # padding reads row 0 for every head
+        pick_stride = torch.zeros_like(pick_start)
         for rows in lengths.argsort().split(per_group):
             length = _round_up(int(lengths[rows].max()), bucket)
             index, owned = token[rows, :length], own[rows, :length]
@@ -229,12 +230,13 @@ class LlamaFamily:
             qk = _rotated_pairs(fused(attention.q_proj, attention.k_proj, order=order)(h).view(m, rotated, d), turns)
             values = attention.v_proj(h).view(m * kv, d).to(compute)
             outs = []
-            for qk_part, v_part, (rows, length) in zip(
+            for qk_part, v_part, (count, length) in zip(
                 qk.to(compute).flatten(0, 1).index_select(0, gather_qk).split([rotated * r * c for r, c in groups]),
                 values.index_select(0, gather_v).split([kv * r * c for r, c in groups]), groups,
             ):
-                q, k = qk_part.view(rotated * rows, length, d).split([self.heads * rows, kv * rows])
-                outs.append(self._attention(q, k, v_part.view(kv * rows, length, d), rows, causal_masks).flatten(0, 1))
+                q, k = qk_part.view(rotated * count, length, d).split([self.heads * count, kv * count])
+                v = v_part.view(kv * count, length, d)
+                outs.append(self._attention(q, k, v, count, causal_masks).flatten(0, 1))
             out = torch.cat(outs).index_select(0, pick).view(m, self.q_size)  # o_proj takes it in its dtype
             x = x + attention.o_proj(out)
             h = self._norm(layer.post_attention_layernorm, x)
