@@ -214,12 +214,13 @@ class LlamaFamily:
             flat = index.flatten()
             gather_qk.append((flat * rotated + torch.arange(rotated, device=device).unsqueeze(1)).flatten())
             gather_v.append((flat * kv + torch.arange(kv, device=device).unsqueeze(1)).flatten())
-            pick_start[index[owned]] = offset + owned.flatten().nonzero().squeeze(1)
-            pick_stride[index[owned]] = flat.numel()
+            tokens = index[owned]
+            pick_start[tokens], pick_stride[tokens] = offset + owned.flatten().nonzero().squeeze(1), flat.numel()
             groups.append((len(rows), length))
             offset += self.heads * flat.numel()
         gather_qk, gather_v = torch.cat(gather_qk), torch.cat(gather_v)
         pick = (pick_start.unsqueeze(1) + pick_stride.unsqueeze(1) * torch.arange(self.heads, device=device)).flatten()
+        qk_sizes, v_sizes = [rotated * r * c for r, c in groups], [kv * r * c for r, c in groups]
         order = self._pair_order(device)[: rotated * d]
         causal_masks: dict[int, Tensor] = {}  # by length, made once for every layer
         for layer in self.backbone.layers:
@@ -231,8 +232,8 @@ class LlamaFamily:
             values = attention.v_proj(h).view(m * kv, d).to(compute)
             outs = []
             for qk_part, v_part, (count, length) in zip(
-                qk.to(compute).flatten(0, 1).index_select(0, gather_qk).split([rotated * r * c for r, c in groups]),
-                values.index_select(0, gather_v).split([kv * r * c for r, c in groups]), groups,
+                qk.to(compute).flatten(0, 1).index_select(0, gather_qk).split(qk_sizes),
+                values.index_select(0, gather_v).split(v_sizes), groups,
             ):
                 q, k = qk_part.view(rotated * count, length, d).split([self.heads * count, kv * count])
                 v = v_part.view(kv * count, length, d)
