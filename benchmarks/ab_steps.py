@@ -18,16 +18,13 @@ ratio (working tree ÷ base: below 1 is faster). Run it alone on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
-from common import export_source
+from common import export_source, run_worker
 from vs_trl import CONFIGS, build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,11 +58,7 @@ def main() -> None:
                 job = {"kind": "grpokit", "config": args.config, "mode": args.mode, "model": str(Path(tmp) / "model"),
                        "out": str(Path(tmp) / f"{side}-{r}"), "warmup": 2, "steps": args.steps,
                        "threads": args.threads, "overrides": overrides[side]}
-                done = subprocess.run([sys.executable, script, "--worker", json.dumps(job)], capture_output=True,
-                                      text=True, env=env)
-                if done.returncode != 0:
-                    sys.exit(f"{side} worker failed:\n{done.stderr[-3000:]}")
-                run = json.loads(done.stdout.strip().splitlines()[-1])
+                run = run_worker(script, job, env)
                 runs[side].append(run)
                 print(f"{side}: " + ", ".join(f"{k} {statistics.median(run[k]):.4f}" for k in PHASES), flush=True)
     print(f"{args.config} {args.mode}, base {args.base} {overrides['base'] or ''} vs working tree "

@@ -23,10 +23,12 @@ def mean_band(ax, runs: list[list[dict]], x_key: str, y_key: str, *, color: str,
     ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.15)
 
 
-def run_worker(script: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Run ``script --worker JOB`` in a fresh Python process (so that its peak RSS is its own) and return
-    the JSON record it prints last; a failing worker stops the benchmark with its stderr."""
-    done = subprocess.run([sys.executable, script, "--worker", json.dumps(job)], capture_output=True, text=True)
+def run_worker(script: str, job: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``script --worker JOB`` in a fresh Python process (so that its peak RSS is its own; ``env``: its
+    environment, default this one's) and return the JSON record it prints last; a failing worker stops the
+    benchmark with its stderr."""
+    done = subprocess.run([sys.executable, script, "--worker", json.dumps(job)], capture_output=True, text=True,
+                          env=env)
     if done.returncode != 0:
         sys.exit(f"worker {job} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
