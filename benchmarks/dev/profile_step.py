@@ -1,23 +1,24 @@
 """Where a grpokit step spends its time, with the fast path off (the models' own forward) and on.
 
-    python benchmarks/profile_step.py --config large
+    python benchmarks/dev/profile_step.py --config large
 
 First times the decode step's matrix products for ``--config``'s shapes (every layer's own weights,
 32 down to 8 rows) three ways: MKL on rows (``x @ Wᵀ``, the models' own), MKL on columns (``W @ x``) and
 oneDNN on packed weights (the fast path's, on the CPU). Then builds vs_trl.py's model, runs two untimed
 warm-up steps, profiles one step per setting with ``torch.profiler`` and prints the step's phases and
-the operators with the most self CPU time. The numbers behind "what moved" in docs/benchmarks.md. Run
-it alone on the machine.
+the operators with the most self CPU time. Run it alone on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import tempfile
 from pathlib import Path
 
-from vs_trl import BETA, CONFIGS, PROMPTS, G, build, rows
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
+from vs_trl import BETA, CONFIGS, PROMPTS, G, build, rows  # noqa: E402
 
 
 def decode_products(config_name: str) -> None:

@@ -1,6 +1,6 @@
 """The fast path's passes at one git revision against the working tree, timed alternately in one process.
 
-    python benchmarks/ab_passes.py --base HEAD~1 --config small --mode fp32 --reps 20
+    python benchmarks/dev/ab_passes.py --base HEAD~1 --config small --mode fp32 --reps 20
 
 Whole-step runs of ``vs_trl.py`` move by ±15 % from one process to the next on a shared machine, more
 than most single changes gain; alternating two versions call by call in one process puts that drift on
@@ -29,8 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import export_source
-from vs_trl import CONFIGS, PROMPTS, G, build, rows
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
+from common import export_source  # noqa: E402
+from vs_trl import CONFIGS, PROMPTS, G, build, rows  # noqa: E402
 
 
 def export_base(revision: str, into: Path) -> None:

@@ -1,6 +1,6 @@
 """One decode step of the fast path on fixed inputs, by the number of rows still decoding.
 
-    python benchmarks/decode_step.py --config small --rows 8 16 32
+    python benchmarks/dev/decode_step.py --config small --rows 8 16 32
 
 Builds ``vs_trl.py``'s model for ``--config`` and, for each row count, what a rollout's decode step
 runs: the layers' products, norms, RoPE, the cache write and one-query attention, then the final norm
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from vs_trl import CONFIGS, build
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
+from vs_trl import CONFIGS, build  # noqa: E402
 
 
 def main() -> None:

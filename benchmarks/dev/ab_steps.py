@@ -1,13 +1,13 @@
 """Whole grpokit training steps at one git revision against the working tree, in alternating processes.
 
-    python benchmarks/ab_steps.py --base HEAD~1 --config small --mode bf16 --rounds 4
-    python benchmarks/ab_steps.py --base HEAD --base-set keep_freed_memory=false --config small --mode fp32
+    python benchmarks/dev/ab_steps.py --base HEAD~1 --config small --mode bf16 --rounds 4
+    python benchmarks/dev/ab_steps.py --base HEAD --base-set keep_freed_memory=false --config small --mode fp32
 
 ``ab_passes.py`` times single passes on one fixed rollout in one process; what depends on the rollout
 changing from step to step (oneDNN building kernels for new shapes) or on the process (its allocator)
-needs whole steps on new rollouts in fresh processes. This runs ``vs_trl.py``'s grpokit worker (its
-model, data and settings: 2 untimed warm-up steps, then ``--steps`` timed ones) ``--rounds`` times for
-each side, in ABBA order so that drift in the machine's speed falls on both: ``--base``'s
+needs whole steps on new rollouts in fresh processes. This runs ``benchmarks/vs_trl.py``'s grpokit
+worker (its model, data and settings: 2 untimed warm-up steps, then ``--steps`` timed ones) ``--rounds``
+times for each side, in ABBA order so that drift in the machine's speed falls on both: ``--base``'s
 ``src/grpokit`` (exported into a temporary directory, first on ``PYTHONPATH``) and the working tree.
 ``--base-set KEY=VALUE`` and ``--tree-set KEY=VALUE`` override one side's config (to compare a setting at
 one revision, or one change of several).
@@ -20,14 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
 import yaml
-from common import export_source, run_worker
-from vs_trl import CONFIGS, build
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
+from common import export_source, run_worker  # noqa: E402
+from vs_trl import CONFIGS, build  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
 PHASES = ("step", "generate", "score_and_reference", "update")
 
 
