@@ -1,4 +1,4 @@
-"""Run ``grpokit demo`` from scratch for several seeds and check the foundation issue's bar.
+"""Run ``grpokit demo`` from scratch for several seeds and check the demo's bar.
 
     python benchmarks/demo_seeds.py --seeds 0 1 2 --out benchmarks/results/demo_seeds.json
 
