@@ -34,12 +34,13 @@ import torch
 from common import mean_band
 from transformers.utils import logging as hf_logging
 
-from grpokit.arithmetic import held_out_rows, warm_started_model_path
+from grpokit.arithmetic import held_out_rows
 from grpokit.config import GRPOConfig
 from grpokit.demo import DEMO_CONFIG
 from grpokit.evaluate import evaluate, summarize
 from grpokit.models import BUILTIN, load_model_and_tokenizer
 from grpokit.trainer import GRPOTrainer
+from grpokit.warm_start import warm_started_model_path
 
 OUTCOME = dict(supervision="outcome", reward_funcs=["accuracy", "format"])
 VARIANTS: dict[str, dict] = {

@@ -25,6 +25,7 @@ Markdown tables for ``docs/benchmarks.md``. Needs matplotlib (``pip install -e .
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -75,12 +76,12 @@ def saved_for_backward(fn) -> float:
 def counted_memory(trainer, prompt_length: int) -> dict[str, float]:
     import torch
 
-    from grpokit.ppo import value_loss
     from grpokit.rollout import Rollout
+    from grpokit.update import NonfiniteGuard, UpdateBatch, update
 
-    models = [m for m in (trainer.model, trainer.ref_model, getattr(trainer, "value_model", None)) if m is not None]
-    trained = [trainer.model] + ([trainer.value_model] if hasattr(trainer, "value_model") else [])
-    optimizers = [trainer.optimizer] + ([trainer.value_optimizer] if hasattr(trainer, "value_optimizer") else [])
+    trained = [learner.module for learner in trainer.learners]
+    models = trained + ([trainer.reference.model] if trainer.reference is not None else [])
+    optimizers = [learner.optimizer for learner in trainer.learners]
     mb = lambda tensors: sum(t.numel() * t.element_size() for t in tensors) / 2**20  # noqa: E731
     unique = {p.data_ptr(): p for m in models for p in m.parameters()}
     counted = {
@@ -101,19 +102,21 @@ def counted_memory(trainer, prompt_length: int) -> dict[str, float]:
         completion_mask=torch.ones(n, width, dtype=torch.long, device=device),
         logp=torch.zeros(n, width, device=device), truncated=torch.zeros(n, dtype=torch.bool, device=device),
     )
-    ref_logp = trainer._reference_logprobs(rollout)
     advantages = torch.randn(n, width).to(device)
-    policy = saved_for_backward(lambda: trainer.accumulate_gradients(rollout, advantages, None, ref_logp))
-    value = 0.0
-    if hasattr(trainer, "value_model"):
-        def value_pass():
-            values = trainer.value_model.completion_values(rollout.prompt_ids, rollout.prompt_mask,
-                                                           rollout.completion_ids, rollout.completion_mask)
-            value_loss(values, values.detach(), advantages, rollout.completion_mask)[0].backward()
-        value = saved_for_backward(value_pass)
-    for m in trained:
-        m.zero_grad(set_to_none=True)
-    counted["activations"] = max(policy, value)
+    with torch.no_grad():  # the critic's targets: its own predictions
+        values = trainer.critic.value_model(*rollout.sequences()) if trainer.critic else None
+    batch = UpdateBatch(rollout, rollout.completion_mask, advantages, ref_logp=trainer.reference_logprobs(rollout),
+                        returns=advantages, old_values=values)
+
+    def one_update(learner) -> float:
+        """The saved tensors of one learner's update on the micro-batch, with an optimizer that moves nothing."""
+        still = torch.optim.SGD(learner.module.parameters(), lr=0.0)
+        learner = dataclasses.replace(learner, optimizer=still,
+                                      scheduler=torch.optim.lr_scheduler.LambdaLR(still, lambda _: 1.0))
+        return saved_for_backward(lambda: update([learner], batch, micro_batch_size=n, max_grad_norm=0,
+                                                 guard=NonfiniteGuard(1)))
+
+    counted["activations"] = max(one_update(learner) for learner in trainer.learners)
     counted["total"] = sum(counted.values())
     return counted
 
@@ -122,12 +125,14 @@ def worker(job: dict) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from grpokit.arithmetic import TinyModelSpec, build_model, build_tokenizer, held_out_rows, warm_started_model_path
+    from grpokit.arithmetic import held_out_rows
     from grpokit.config import GRPOConfig
     from grpokit.demo import DEMO_CONFIG
     from grpokit.evaluate import evaluate, summarize
     from grpokit.models import BUILTIN, load_model_and_tokenizer
-    from grpokit.trainer import build_trainer
+    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from grpokit.trainer import GRPOTrainer
+    from grpokit.warm_start import warm_started_model_path
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(job["threads"])
@@ -147,9 +152,9 @@ def worker(job: dict) -> dict:
         config = GRPOConfig.from_dict({**DEMO_CONFIG, "algorithm": job["algorithm"], "model": "benchmark",
                                        "dataset": BUILTIN, "seed": job["seed"], "output_dir": tmp,
                                        "progress_bar": False, "device": job["device"], "log_completions": 0})
-        trainer = build_trainer(config, model=model, tokenizer=tokenizer)
+        trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
         if not warm:  # a random model stops at random: never stop, so both algorithms do the same work
-            trainer.stop_ids = [-1]
+            trainer.sampler.stop_ids = [-1]
         curve, seconds = [], 0.0
         for _ in range(job["steps"]):
             metrics = trainer.training_step()
@@ -157,7 +162,7 @@ def worker(job: dict) -> dict:
             curve.append({"step": trainer.step, "seconds": seconds, "accuracy": metrics["accuracy"],
                           "reward": metrics["reward"], **{k: metrics[k] for k in PHASES + ("time_step",)}})
         peak_cuda = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-        prompt_length = max(len(tokenizer(row["prompt"])["input_ids"]) for row in trainer.rows)
+        prompt_length = max(len(tokenizer(row["prompt"])["input_ids"]) for row in trainer.sampler.rows)
         counted = counted_memory(trainer, prompt_length)
         final = None
         if warm:
@@ -166,8 +171,8 @@ def worker(job: dict) -> dict:
             final = summarize(scores)["greedy_correct"]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     parameters = {"policy": sum(p.numel() for p in trainer.model.parameters())}
-    if hasattr(trainer, "value_model"):
-        parameters["value"] = sum(p.numel() for p in trainer.value_model.parameters())
+    if trainer.critic is not None:
+        parameters["value"] = sum(p.numel() for p in trainer.critic.value_model.parameters())
     return {**job, "spec": asdict(spec), "parameters": parameters, "curve": curve, "counted_mb": counted,
             "peak_rss_mb": peak_rss, "rss_before_model_mb": baseline, "peak_cuda_mb": peak_cuda,
             "held_out_greedy": final}
@@ -291,7 +296,8 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
 
-    from grpokit.arithmetic import TinyModelSpec, warm_started_model_path
+    from grpokit.tiny_model import TinyModelSpec
+    from grpokit.warm_start import warm_started_model_path
 
     records = []
     for size in args.sizes:

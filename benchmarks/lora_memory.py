@@ -28,10 +28,10 @@ LORA = dict(lora_rank=8, lora_alpha=16.0,
 def worker(job: dict) -> dict:
     import torch
 
-    from grpokit.arithmetic import TinyModelSpec, build_model, build_tokenizer
     from grpokit.config import GRPOConfig
     from grpokit.models import BUILTIN
-    from grpokit.trainer import build_trainer
+    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from grpokit.trainer import GRPOTrainer
 
     torch.set_num_threads(2)
     baseline = rss_mb()
@@ -43,7 +43,7 @@ def worker(job: dict) -> dict:
             "max_completion_length": 8, "micro_batch_size": 4, "max_steps": 2, "progress_bar": False,
             "log_completions": 0, **(LORA if job["mode"] == "lora" else {}),
         })
-        trainer = build_trainer(config, model=model, tokenizer=tokenizer)
+        trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
         for _ in range(2):
             trainer.training_step()
         counted = counted_memory(trainer, prompt_length=16)

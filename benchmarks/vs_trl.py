@@ -53,7 +53,7 @@ def build(config_name: str, directory: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpokit.arithmetic import build_tokenizer
+    from grpokit.tiny_model import build_tokenizer
 
     tokenizer = build_tokenizer()
     shape, _ = CONFIGS[config_name]

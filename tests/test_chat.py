@@ -71,8 +71,8 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     import shutil
 
     import grpokit.evaluate
-    from grpokit.arithmetic import build_tokenizer
     from grpokit.cli import main
+    from grpokit.tiny_model import build_tokenizer
 
     model_dir = tmp_path / "chat_model"
     shutil.copytree(tiny_model_dir, model_dir)

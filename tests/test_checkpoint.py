@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, verify
+from grpokit.checkpoint import CheckpointError, find_checkpoint, verify
 from test_trainer import make_trainer
 
 TESTS = Path(__file__).parent
@@ -30,8 +30,8 @@ SCRIPT = textwrap.dedent(f"""
     torch.set_num_threads(1)
     import grpokit.checkpoint
     from conftest import TINY
-    from grpokit import GRPOConfig, build_trainer
-    from grpokit.arithmetic import build_model, build_tokenizer
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.tiny_model import build_model, build_tokenizer
     from test_trainer import ROWS, ones
 
     out, resume, kill = sys.argv[1], sys.argv[2] or None, os.environ.get("KILL", "")
@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent(f"""
     config = GRPOConfig(output_dir=out, prompts_per_step=2, num_generations=4, max_completion_length=8,
                         max_steps={STEPS}, save_every=1, keep_checkpoints=2, learning_rate=1e-2,
                         progress_bar=False, resume=resume, micro_batch_size=5)
-    trainer = build_trainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
+    trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
                             train_dataset=ROWS, reward_funcs=[ones])
     kind, _, at = kill.partition(":")
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -147,14 +147,14 @@ def checkpoint(tokenizer, tiny_model, tmp_path):
 
 def fresh_trainer(tokenizer, tmp_path, **overrides):
     from conftest import TINY
-    from grpokit.arithmetic import build_model
+    from grpokit.tiny_model import build_model
 
     return make_trainer(tokenizer, build_model(tokenizer, TINY, seed=0), tmp_path, **{"max_steps": 2, **overrides})
 
 
 def test_resume_restores_the_step_and_the_metrics(tokenizer, checkpoint, tmp_path):
     trainer = fresh_trainer(tokenizer, tmp_path)
-    load_checkpoint(trainer, checkpoint)
+    trainer.resume(checkpoint)
     assert trainer.step == 2 and [m["step"] for m in trainer.history] == [1, 2]
 
 
@@ -162,38 +162,38 @@ def test_truncated_file_is_refused(tokenizer, checkpoint, tmp_path):
     weights = checkpoint / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(CheckpointError, match=r"model/model.safetensors has \d+ bytes, the manifest says \d+"):
-        load_checkpoint(fresh_trainer(tokenizer, tmp_path), checkpoint)
+        fresh_trainer(tokenizer, tmp_path).resume(checkpoint)
 
 
 def test_corrupted_file_is_refused(tokenizer, checkpoint, tmp_path):
     state = checkpoint / "state.json"
     state.write_text(state.read_text().replace('"step": 2', '"step": 3'))
     with pytest.raises(CheckpointError, match="state.json does not match its SHA-256"):
-        load_checkpoint(fresh_trainer(tokenizer, tmp_path), checkpoint)
+        fresh_trainer(tokenizer, tmp_path).resume(checkpoint)
 
 
 def test_missing_file_and_missing_manifest_are_refused(tokenizer, checkpoint, tmp_path):
     (checkpoint / "trainer_state.pt").unlink()
     with pytest.raises(CheckpointError, match="trainer_state.pt is missing"):
-        load_checkpoint(fresh_trainer(tokenizer, tmp_path), checkpoint)
+        fresh_trainer(tokenizer, tmp_path).resume(checkpoint)
     (checkpoint / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="no manifest.json, so it is incomplete"):
-        load_checkpoint(fresh_trainer(tokenizer, tmp_path), checkpoint)
+        fresh_trainer(tokenizer, tmp_path).resume(checkpoint)
 
 
 def test_checkpoint_of_another_config_is_refused(tokenizer, checkpoint, tmp_path):
     with pytest.raises(CheckpointError, match=r"different config \(beta: 0.04 in the checkpoint, 0.1 now"):
-        load_checkpoint(fresh_trainer(tokenizer, tmp_path, beta=0.1), checkpoint)
+        fresh_trainer(tokenizer, tmp_path, beta=0.1).resume(checkpoint)
 
 
 def test_checkpoint_of_another_model_is_refused(tokenizer, checkpoint, tmp_path):
-    from grpokit.arithmetic import TinyModelSpec, build_model
+    from grpokit.tiny_model import TinyModelSpec, build_model
 
     other = build_model(tokenizer, TinyModelSpec(hidden_size=48, num_layers=2, num_heads=2, intermediate_size=64,
                                                  max_positions=64))
     trainer = make_trainer(tokenizer, other, tmp_path, max_steps=2)
     with pytest.raises(CheckpointError, match=r"has shape \(103, 32\) in the checkpoint but \(103, 48\) in the model"):
-        load_checkpoint(trainer, checkpoint)
+        trainer.resume(checkpoint)
 
 
 def test_a_pickled_object_is_never_executed(tokenizer, checkpoint, tmp_path):
@@ -209,7 +209,7 @@ def test_a_pickled_object_is_never_executed(tokenizer, checkpoint, tmp_path):
 
     _write_manifest(checkpoint)  # a consistent manifest: only the unpickler stands in the way
     with pytest.raises(CheckpointError, match="trainer_state.pt cannot be read safely"):
-        load_checkpoint(fresh_trainer(tokenizer, tmp_path), checkpoint)
+        fresh_trainer(tokenizer, tmp_path).resume(checkpoint)
     assert not marker.exists()
 
 
@@ -231,7 +231,8 @@ def test_ppo_checkpoint_holds_the_value_model(tokenizer, tiny_model, tmp_path):
     path = find_checkpoint(tmp_path / "run", "latest")
     assert (path / "value_model.safetensors").is_file()
     fresh = fresh_trainer(tokenizer, tmp_path, algorithm="ppo")
-    load_checkpoint(fresh, path)
-    for a, b in zip(trainer.value_model.parameters(), fresh.value_model.parameters()):
+    fresh.resume(path)
+    for a, b in zip(trainer.critic.value_model.parameters(), fresh.critic.value_model.parameters()):
         assert torch.equal(a, b)
-    assert fresh.value_optimizer.state_dict()["state"].keys() == trainer.value_optimizer.state_dict()["state"].keys()
+    optimizers = [t.critic.learner.optimizer.state_dict()["state"].keys() for t in (fresh, trainer)]
+    assert optimizers[0] == optimizers[1] and optimizers[0]

@@ -34,8 +34,8 @@ SCRIPT = textwrap.dedent(f"""
     torch.set_num_threads(1)
     import grpokit.sampling, grpokit.runlog
     from conftest import TINY
-    from grpokit import GRPOConfig, build_trainer
-    from grpokit.arithmetic import build_model, build_tokenizer
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.tiny_model import build_model, build_tokenizer
     from grpokit.rollout import Rollout
     from test_trainer import ROWS, ones
 
@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(f"""
         config = GRPOConfig(output_dir=os.path.join(sys.argv[1], name), prompts_per_step=4, num_generations=4,
                             max_completion_length=6, max_steps={STEPS}, learning_rate=1e-2, progress_bar=False,
                             micro_batch_size=3, save_every=0, fast_path=False, **overrides)
-        trainer = build_trainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
+        trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
                                 train_dataset=ROWS, reward_funcs=[ones])
         if rank != 0:
             trainer.model.save_pretrained = trainer.tokenizer.save_pretrained = refuse
@@ -120,7 +120,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_and_two_processes_end_with_the_same_parameters(runs, variant):
     from conftest import TINY
-    from grpokit.arithmetic import build_model, build_tokenizer
+    from grpokit.tiny_model import build_model, build_tokenizer
 
     one, two = (load_file(str(run / variant / "model" / "model.safetensors")) for run in runs)
     start = build_model(build_tokenizer(), TINY, seed=0).state_dict()
@@ -176,8 +176,8 @@ RESUME_SCRIPT = textwrap.dedent(f"""
     import torch
     torch.set_num_threads(1)
     from conftest import TINY
-    from grpokit import GRPOConfig, build_trainer
-    from grpokit.arithmetic import build_model, build_tokenizer
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.tiny_model import build_model, build_tokenizer
     from test_trainer import ROWS, ones
 
     out, steps, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None
@@ -185,7 +185,7 @@ RESUME_SCRIPT = textwrap.dedent(f"""
     config = GRPOConfig(output_dir=out, prompts_per_step=4, num_generations=4, max_completion_length=6,
                         max_steps=steps, learning_rate=1e-2, progress_bar=False, save_every=1, resume=resume,
                         lr_schedule="constant")  # the first leg stops at step 2: same schedule as the straight run
-    build_trainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer, train_dataset=ROWS,
+    GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer, train_dataset=ROWS,
                   reward_funcs=[ones]).train()
 """)
 

@@ -20,7 +20,7 @@ def test_nonfinite_updates_are_skipped_then_stop_training(tokenizer, tiny_model,
     poison_training_passes(tiny_model)
     history = [trainer.training_step() for _ in range(2)]
     assert [m["skipped_updates"] for m in history] == [1, 1]
-    assert trainer.scheduler.last_epoch == 1  # the schedule advanced for the good update only
+    assert trainer.policy.scheduler.last_epoch == 1  # the schedule advanced for the good update only
     assert all(torch.equal(a, b) for a, b in zip(good, tiny_model.parameters()))  # weights untouched
     match = r"3 updates in a row had a non-finite loss or gradient norm \(last: loss nan"
     with pytest.raises(TrainingError, match=match):
@@ -33,7 +33,7 @@ def test_a_good_update_resets_the_count(tokenizer, tiny_model, tmp_path):
     hook = poison_training_passes(tiny_model)
     assert trainer.training_step()["skipped_updates"] == 1
     hook.remove()
-    assert trainer.training_step()["skipped_updates"] == 0 and trainer.nonfinite_streak == 0
+    assert trainer.training_step()["skipped_updates"] == 0 and trainer.guard.streak == 0
 
 
 def flaky(prompts, completions, **kw):

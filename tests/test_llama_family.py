@@ -9,10 +9,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit import llama_family, products
-from grpokit.arithmetic import TinyModelSpec, build_model
 from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.rollout import generate, sequence_logprobs
-from test_trainer import ROWS, make_trainer
+from grpokit.tiny_model import TinyModelSpec, build_model
+from grpokit.update import UpdateBatch
+from test_trainer import ROWS, loss_and_gradient, make_trainer
 
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None)
@@ -197,10 +198,9 @@ def test_trainer_loss_and_gradient_equal_the_unoptimised_path(tokenizer, tmp_pat
     old_logp = rollout.logp + 0.05 * torch.randn(rollout.logp.shape, generator=torch.Generator().manual_seed(2))
     out = {}
     for fast, trainer in trainers.items():
-        ref_logp = trainer._reference_logprobs(rollout)
-        stats = trainer.accumulate_gradients(rollout, advantages, old_logp, ref_logp, with_entropy=True)
-        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
-        out[fast] = ref_logp, stats, grad
+        ref_logp = trainer.reference_logprobs(rollout)
+        batch = UpdateBatch(rollout, rollout.completion_mask, advantages, old_logp, ref_logp)
+        out[fast] = ref_logp, *loss_and_gradient(trainer, batch)
     (ref_fast, stats_fast, grad_fast), (ref_slow, stats_slow, grad_slow) = out[True], out[False]
     assert torch.allclose(ref_fast, ref_slow, atol=1e-5)
     assert stats_fast["loss"] == pytest.approx(stats_slow["loss"], abs=1e-6)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpokit.checkpoint import find_checkpoint, load_checkpoint
+from grpokit.checkpoint import find_checkpoint
 from test_trainer import make_trainer
 
 peft = pytest.importorskip("peft")
@@ -19,7 +19,7 @@ def lora_trainer(tokenizer, model, tmp_path, **overrides):
 def test_only_the_adapter_trains_and_the_reference_is_the_base(tokenizer, tiny_model, tmp_path):
     base = {name: p.detach().clone() for name, p in tiny_model.named_parameters()}
     trainer = lora_trainer(tokenizer, tiny_model, tmp_path, max_steps=4)
-    assert trainer.ref_model is None  # no second copy of the weights
+    assert trainer.reference.model is trainer.model and trainer.reference.adapter_disabled  # no second copy
     history = trainer.train()
     assert history[0]["kl"] == 0.0  # the adapter starts at zero: policy = base = reference
     assert history[-1]["kl"] > 0.0
@@ -46,12 +46,12 @@ def test_adapter_saves_loads_and_merges(tokenizer, tiny_model, tiny_model_dir, t
 
 def test_checkpoint_restores_the_adapter(tokenizer, tiny_model, tmp_path):
     from conftest import TINY
-    from grpokit.arithmetic import build_model
+    from grpokit.tiny_model import build_model
 
     trainer = lora_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, save_every=1)
     trainer.train()
     fresh = lora_trainer(tokenizer, build_model(tokenizer, TINY, seed=0), tmp_path, max_steps=2)
-    load_checkpoint(fresh, find_checkpoint(tmp_path / "run", "latest"))
+    fresh.resume(find_checkpoint(tmp_path / "run", "latest"))
     for (name, a), b in zip(trainer.model.named_parameters(), fresh.model.parameters()):
         assert torch.equal(a, b), name
 

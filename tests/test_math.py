@@ -61,11 +61,11 @@ def test_math_accuracy_falls_back_to_the_strict_parser(monkeypatch, completion, 
 
 
 def test_gsm8k_dataset_through_the_trainer(tokenizer, tiny_model, tmp_path):
-    from grpokit import GRPOConfig, build_trainer
+    from grpokit import GRPOConfig, GRPOTrainer
 
     config = GRPOConfig(dataset=f"gsm8k:{SAMPLE}", reward_funcs=["math_accuracy", "format"], prompts_per_step=2,
                         num_generations=2, max_completion_length=4, max_steps=1, output_dir=str(tmp_path / "run"),
                         progress_bar=False)
     tiny_model.config.max_position_embeddings = 512  # the sample's questions are longer than the tiny context
-    trainer = build_trainer(config, model=tiny_model, tokenizer=tokenizer)
-    assert len(trainer.rows) == 4 and trainer.rows[0]["answer"] == "72"
+    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer)
+    assert len(trainer.sampler.rows) == 4 and trainer.sampler.rows[0]["answer"] == "72"

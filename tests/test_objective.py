@@ -176,15 +176,15 @@ def test_empty_completion_counts_but_adds_nothing():
     assert loss.item() == 0.0
 
 
-def test_normalizer_makes_micro_batches_add_up():
+def test_whole_batch_counts_make_micro_batches_add_up():
     torch.manual_seed(0)
     logp, old, adv = torch.randn(6, 5), torch.randn(6, 5), torch.randn(6)
     mask = (torch.rand(6, 5) > 0.3).long()
     for aggregation in ("sequence", "token", "constant"):
         kw = dict(beta=0.0, aggregation=aggregation, max_completion_length=5)
         whole, _ = grpo_loss(logp, old, None, adv, mask, **kw)
-        norm = float(mask.sum()) if aggregation == "token" else 6
-        parts = sum(grpo_loss(logp[s], old[s], None, adv[s], mask[s], normalizer=norm, **kw)[0]
+        counts = dict(num_sequences=6, num_tokens=float(mask.sum()))  # aggregate_loss picks its denominator
+        parts = sum(grpo_loss(logp[s], old[s], None, adv[s], mask[s], **counts, **kw)[0]
                     for s in (slice(0, 2), slice(2, 6)))
         assert parts.item() == pytest.approx(whole.item(), abs=1e-6)
 

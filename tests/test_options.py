@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from grpokit import group_advantages, grpo_loss, process_advantages
+from grpokit import trainer as grpokit_trainer
 from grpokit.rollout import Rollout, generate, sequence_logprobs
+from grpokit.sampling import group_relative_advantages
+from grpokit.update import UpdateBatch
 from test_process import brute_force_ends
-from test_trainer import ROWS, make_trainer, ones
+from test_trainer import ROWS, loss_and_gradient, make_trainer, ones
 
 
 def fixed_rollout(trainer, tokenizer, max_new_tokens=8) -> Rollout:
@@ -38,7 +41,7 @@ def test_each_option_changes_the_loss_as_the_formula_says(tokenizer, tiny_model,
     ref_logp = logp + torch.randn(logp.shape, generator=gen)  # large enough for k1, k2 and k3 to differ clearly
     advantages = torch.randn(32, generator=gen)
 
-    loss = trainer.accumulate_gradients(rollout, advantages, old_logp, ref_logp)["loss"]
+    loss = loss_and_gradient(trainer, UpdateBatch(rollout, mask, advantages, old_logp, ref_logp))[0]["loss"]
 
     c = trainer.config
     expected, _ = grpo_loss(logp, old_logp, ref_logp, advantages, mask, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
@@ -49,27 +52,39 @@ def test_each_option_changes_the_loss_as_the_formula_says(tokenizer, tiny_model,
     assert abs(expected.item() - default.item()) > 1e-4
 
 
+def spy_on_update(monkeypatch) -> dict:
+    """The batch each training step hands to the update, recorded under ``"batch"``."""
+    seen = {}
+    real = grpokit_trainer.update
+    monkeypatch.setattr(grpokit_trainer, "update", lambda learners, batch, **kw: seen.update(batch=batch)
+                        or real(learners, batch, **kw))
+    return seen
+
+
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_scale_rewards_reaches_the_advantages(tokenizer, tiny_model, tmp_path, scale):
+def test_scale_rewards_reaches_the_advantages(tokenizer, tiny_model, tmp_path, scale, monkeypatch):
+    """The training step's advantages are group_advantages of the batch's rewards with the configured scale,
+    on every token of each completion."""
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, scale_rewards=scale)
-    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
-    assert torch.equal(trainer.sampler.advantages(batch), group_advantages(batch.rewards, 8, scale=scale))
+    seen, sample = spy_on_update(monkeypatch), trainer.sampler.sample
+    monkeypatch.setattr(trainer.sampler, "sample", lambda model: seen.update(sampled=sample(model)) or seen["sampled"])
+    trainer.training_step()
+    batch, mask = seen["sampled"][0], seen["batch"].loss_mask
+    expected = group_advantages(batch.rewards, 8, scale=scale).unsqueeze(1) * mask
+    assert torch.allclose(seen["batch"].advantages, expected, atol=1e-6)
+    if scale != "group":
+        assert not torch.allclose(expected, group_advantages(batch.rewards, 8).unsqueeze(1) * mask, atol=1e-3)
 
 
-def test_several_iterations_compute_old_logprobs_once_per_batch(tokenizer, tiny_model, tmp_path, monkeypatch):
+def test_several_iterations_compute_old_logprobs_once_per_batch(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, num_iterations=3, beta=0.0, learning_rate=5e-2)
-    calls, updates = [], []
-    frozen, accumulate = trainer._frozen_logprobs, trainer.accumulate_gradients
-    monkeypatch.setattr(trainer, "_frozen_logprobs", lambda model, rollout: calls.append(1) or frozen(model, rollout))
-
-    def spy(rollout, advantages, old_logp, ref_logp, **kw):
-        updates.append(old_logp)
-        return accumulate(rollout, advantages, old_logp, ref_logp, **kw)
-
-    monkeypatch.setattr(trainer, "accumulate_gradients", spy)
+    calls, old_logps = [], []
+    frozen, loss = trainer.frozen_logprobs, trainer.policy.loss
+    trainer.frozen_logprobs = lambda model, rollout: calls.append(1) or frozen(model, rollout)
+    trainer.policy.loss = lambda model, batch, *args: old_logps.append(batch.old_logp) or loss(model, batch, *args)
     metrics = trainer.training_step()
-    assert len(calls) == 1 and len(updates) == 3
-    assert all(torch.equal(u, updates[0]) for u in updates)  # the same π_old for all μ updates
+    assert len(calls) == 1 and len(old_logps) == 3 * 3  # μ passes of 3 micro-batches (12, 12, 8 completions)
+    assert all(torch.equal(u, old_logps[k % 3]) for k, u in enumerate(old_logps))  # one π_old for all μ updates
     assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)  # the last update has moved away from it
 
 
@@ -87,31 +102,23 @@ def test_masked_truncations_leave_the_loss_like_a_batch_without_them(tokenizer, 
     advantages = torch.randn(32, generator=torch.Generator().manual_seed(2))
 
     grads = []
-    for sub, mask in ((rollout, rollout.completion_mask * kept.unsqueeze(1)), (rollout.select(kept), None)):
-        tiny_model.zero_grad()
-        sub_advantages = advantages if mask is not None else advantages[kept]
-        loss = trainer.accumulate_gradients(sub, sub_advantages, None, None if trainer.ref_model is None else
-                                            trainer._frozen_logprobs(trainer.ref_model, sub), loss_mask=mask)["loss"]
-        grads.append((loss, torch.cat([p.grad.flatten() for p in tiny_model.parameters()])))
-    assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
+    for sub, mask, sub_advantages in ((rollout, rollout.completion_mask * kept.unsqueeze(1), advantages),
+                                      (rollout.select(kept), rollout.select(kept).completion_mask, advantages[kept])):
+        grads.append(loss_and_gradient(trainer, UpdateBatch(sub, mask, sub_advantages,
+                                                            ref_logp=trainer.reference_logprobs(sub))))
+    assert grads[0][0]["loss"] == pytest.approx(grads[1][0]["loss"], abs=1e-6)
     assert torch.allclose(grads[0][1], grads[1][1], atol=1e-6)
 
 
 def test_training_step_masks_truncated_completions(tokenizer, tiny_model, tmp_path, monkeypatch):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_completion_length=2, mask_truncated_completions=True)
-    seen = {}
-    accumulate = trainer.accumulate_gradients
-
-    def spy(rollout, advantages, old_logp, ref_logp, **kw):
-        seen.update(rollout=rollout, loss_mask=kw["loss_mask"])
-        return accumulate(rollout, advantages, old_logp, ref_logp, **kw)
-
-    monkeypatch.setattr(trainer, "accumulate_gradients", spy)
+    seen = spy_on_update(monkeypatch)
     metrics = trainer.training_step()
-    truncated = seen["rollout"].truncated
+    rollout, loss_mask = seen["batch"].rollout, seen["batch"].loss_mask
+    truncated = rollout.truncated
     assert metrics["truncated_frac"] > 0
-    assert seen["loss_mask"][truncated].sum() == 0
-    assert torch.equal(seen["loss_mask"][~truncated], seen["rollout"].completion_mask[~truncated])
+    assert loss_mask[truncated].sum() == 0
+    assert torch.equal(loss_mask[~truncated], rollout.completion_mask[~truncated])
 
 
 # ---- dynamic sampling ----------------------------------------------------------------------------
@@ -169,7 +176,7 @@ def each_one(prompts, completions, **kw):
 def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(each_one, ones),
                            reward_weights=[1.0, 0.5], supervision="process")
-    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
+    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
     # each character's step ends on the token that holds it; the outcome reward `ones` ends with the EOS
     for i, (text, steps) in enumerate(zip(batch.completions, batch.steps)):
         ids = batch.rollout.completion_ids[i, : int(batch.rollout.lengths[i])].tolist()
@@ -179,7 +186,7 @@ def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny
         for end, reward in zip(ends, rewards):
             expected[end] = expected.get(end, 0.0) + reward
         assert steps == sorted(expected.items())
-    advantages = trainer.sampler.advantages(batch)
+    advantages = group_relative_advantages(batch, 8, "group")
     assert advantages.shape == batch.rollout.completion_ids.shape
     assert torch.equal(advantages, process_advantages(
         [[r for _, r in s] for s in batch.steps], [[e for e, _ in s] for s in batch.steps],

@@ -8,13 +8,14 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from grpokit import GRPOConfig, GRPOTrainer, PPOTrainer, build_trainer, gae
+from grpokit import GRPOConfig, GRPOTrainer, gae
 from grpokit.cli import main
 from grpokit.config import ConfigError
-from grpokit.ppo import ValueModel, explained_variance, value_loss, whiten
+from grpokit.ppo import ValueModel, explained_variance, token_rewards, value_loss, whiten
+from grpokit.update import UpdateBatch
 from test_cli import data_file, write_config  # noqa: F401 - data_file is a fixture
 from test_options import fixed_rollout
-from test_trainer import ROWS, documented_metrics, logged_keys, make_trainer, ones
+from test_trainer import ROWS, documented_metrics, logged_keys, loss_and_gradient, make_trainer, ones
 
 # ---- GAE -----------------------------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ def test_value_loss_masks_and_normalizer():
     returns, mask = torch.tensor([[3.0, -7.0]]), torch.tensor([[1, 0]])
     loss, stats = value_loss(values, old, returns, mask, clip_range=0.2)
     assert loss.item() == pytest.approx(0.5 * 3.24) and stats["value_clipfrac"] == 1.0
-    half, _ = value_loss(values, old, returns, mask, clip_range=0.2, normalizer=2.0)
+    half, _ = value_loss(values, old, returns, mask, clip_range=0.2, num_tokens=2.0)
     assert half.item() == pytest.approx(0.5 * 3.24 / 2)
 
 
@@ -122,10 +123,10 @@ def test_values_do_not_depend_on_left_padding(tiny_model, tokenizer):
     prompts = tokenizer(["Count 1:", "Count 100000:"], padding=True, padding_side="left", return_tensors="pt")
     completion = torch.tensor([tokenizer("12", add_special_tokens=False)["input_ids"]] * 2)
     with torch.no_grad():
-        batch = value_model.completion_values(prompts["input_ids"], prompts["attention_mask"], completion,
+        batch = value_model(prompts["input_ids"], prompts["attention_mask"], completion,
                                               torch.ones_like(completion))
         alone = tokenizer(["Count 1:"], return_tensors="pt")
-        single = value_model.completion_values(alone["input_ids"], alone["attention_mask"], completion[:1],
+        single = value_model(alone["input_ids"], alone["attention_mask"], completion[:1],
                                                torch.ones_like(completion[:1]))
         # by hand: the backbone's last hidden states at the positions before each completion token
         ids = torch.cat([alone["input_ids"], completion[:1]], dim=1)
@@ -144,11 +145,11 @@ def make_ppo(tokenizer, model, tmp_path, **overrides):
 
 def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.5)
-    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
+    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
     mask = batch.rollout.completion_mask
     logp = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
     ref = logp + 0.25
-    rewards = trainer.token_rewards(batch, logp, ref)
+    rewards = token_rewards(batch, logp, ref, beta=0.5)
     last = batch.rollout.lengths - 1
     expected = torch.where(mask.bool(), torch.full(mask.shape, 0.5 * 0.25), 0.0)  # −β(logp − ref) = +0.125
     expected[torch.arange(32), last] += batch.rewards
@@ -159,8 +160,8 @@ def test_token_rewards_process_steps(tokenizer, tiny_model, tmp_path):
     from test_options import each_one
 
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.0, supervision="process", reward_funcs=(each_one,))
-    batch = trainer.sampler.generate_and_score(trainer.model, ROWS[:4])
-    rewards = trainer.token_rewards(batch, None, None)
+    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
+    rewards = token_rewards(batch, None, None, beta=0.0)
     assert any(len(steps) > 1 for steps in batch.steps)  # a step per character
     for i, steps in enumerate(batch.steps):
         expected = torch.zeros(rewards.shape[1])
@@ -173,14 +174,14 @@ def test_tiny_ppo_run_changes_every_parameter_and_the_value_loss_falls(tokenizer
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, max_steps=16, num_minibatches=2, num_iterations=2,
                        value_learning_rate=3e-3)
     before = {f"policy.{n}": p.detach().clone() for n, p in trainer.model.named_parameters()}
-    before.update({f"value.{n}": p.detach().clone() for n, p in trainer.value_model.named_parameters()})
+    before.update({f"value.{n}": p.detach().clone() for n, p in trainer.critic.value_model.named_parameters()})
     history = trainer.train()
     after = {f"policy.{n}": p for n, p in trainer.model.named_parameters()}
-    after.update({f"value.{n}": p for n, p in trainer.value_model.named_parameters()})
+    after.update({f"value.{n}": p for n, p in trainer.critic.value_model.named_parameters()})
     assert [name for name, p in after.items() if torch.equal(p, before[name])] == []
     first, last = [sum(m["value_loss"] for m in chunk) / 4 for chunk in (history[:4], history[-4:])]
     assert last < 0.5 * first, (first, last)
-    assert trainer.scheduler.last_epoch == trainer.value_scheduler.last_epoch == 16 * 2 * 2
+    assert trainer.policy.scheduler.last_epoch == trainer.critic.learner.scheduler.last_epoch == 16 * 2 * 2
     # the critic starts from the policy's features and a random head, and learns to predict the returns
     explained = [m["explained_variance"] for m in history]
     assert all(e <= 1 for e in explained) and sum(explained[-4:]) / 4 > sum(explained[:4]) / 4 + 1
@@ -197,30 +198,35 @@ def test_ppo_raises_the_reward(tokenizer, tiny_model, tmp_path):
 
 
 def test_value_gradient_does_not_depend_on_micro_batch_size(tokenizer, tiny_model, tmp_path):
-    trainer = make_ppo(tokenizer, tiny_model, tmp_path)
+    """The critic's update: its loss and gradient with micro-batches of 5 equal one pass over all 32, and
+    its loss is value_loss of the value model's predictions (vf_coef weighs the gradient only)."""
+    trainer = make_ppo(tokenizer, tiny_model, tmp_path, vf_coef=0.5)
     rollout = fixed_rollout(trainer, tokenizer)
     mask = rollout.completion_mask
     gen = torch.Generator().manual_seed(3)
     returns, old_values = torch.randn(mask.shape, generator=gen), torch.randn(mask.shape, generator=gen)
-    grads = []
+    batch = UpdateBatch(rollout, mask, torch.zeros(mask.shape), returns=returns, old_values=old_values)
+    results = []
     for micro in (32, 5):
         trainer.config.micro_batch_size = micro
-        trainer.value_model.zero_grad()
-        total = float(mask.sum())
-        for idx in trainer._micro_batches(rollout):
-            values = trainer.value_model.completion_values(rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                                                           rollout.completion_ids[idx], mask[idx])
-            value_loss(values, old_values[idx], returns[idx], mask[idx], normalizer=total)[0].backward()
-        grads.append(torch.cat([p.grad.flatten() for p in trainer.value_model.parameters()]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+        results.append(loss_and_gradient(trainer, batch, trainer.critic.learner))
+    with torch.no_grad():
+        expected, _ = value_loss(trainer.critic.value_model(*rollout.sequences()), old_values, returns, mask,
+                                 clip_range=trainer.config.cliprange_value)
+    for stats, _ in results:
+        assert stats["value_loss"] == pytest.approx(expected.item(), abs=1e-5)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-6) and results[0][1].abs().sum() > 0
 
 
 def test_algorithm_switch(tokenizer, tiny_model, tmp_path):
-    config = GRPOConfig(algorithm="ppo", output_dir=str(tmp_path), progress_bar=False, max_completion_length=8)
-    trainer = build_trainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=ROWS, reward_funcs=[ones])
-    assert isinstance(trainer, PPOTrainer)
-    with pytest.raises(ConfigError, match="algorithm: ppo needs its own trainer: use build_trainer"):
-        GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=ROWS, reward_funcs=[ones])
+    """The algorithm is chosen once, by the config: PPO adds a critic as a second learner of the update."""
+    def trainer_for(algorithm):
+        config = GRPOConfig(algorithm=algorithm, output_dir=str(tmp_path), progress_bar=False, max_completion_length=8)
+        return GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=ROWS, reward_funcs=[ones])
+
+    grpo, ppo = trainer_for("grpo"), trainer_for("ppo")
+    assert grpo.critic is None and grpo.learners == [grpo.policy]
+    assert ppo.learners == [ppo.policy, ppo.critic.learner] and ppo.critic.learner.loss_weight == ppo.config.vf_coef
     with pytest.raises(ConfigError, match="PPO has no groups"):
         GRPOConfig(algorithm="ppo", dynamic_sampling=True)
 

@@ -1,5 +1,6 @@
 """The trainer end to end on a tiny model, its invariances, its outputs, and its errors on bad input."""
 
+import dataclasses
 import json
 import platform
 import re
@@ -10,12 +11,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpokit import GRPOConfig, build_trainer
+from grpokit import GRPOConfig, GRPOTrainer
 from grpokit import models as grpokit_models
 from grpokit import trainer as grpokit_trainer
 from grpokit.data import DataError
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import generate
+from grpokit.update import NonfiniteGuard, UpdateBatch, update
 
 
 def ones(prompts, completions, **kw):
@@ -42,8 +44,26 @@ def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **
     values = dict(output_dir=str(tmp_path / "run"), prompts_per_step=4, num_generations=8, max_completion_length=8,
                   learning_rate=1e-2, max_steps=20, micro_batch_size=12, progress_bar=False, lr_schedule="constant")
     values.update(overrides)
-    return build_trainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
-                         reward_funcs=list(reward_funcs))
+    return GRPOTrainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
+                       reward_funcs=list(reward_funcs))
+
+
+def loss_and_gradient(trainer, batch: UpdateBatch, learner=None) -> tuple[dict[str, float], torch.Tensor]:
+    """The trainer's update of ``learner`` (default: the policy) on ``batch``, with an optimizer that moves
+    nothing: the update's diagnostics and the gradient it accumulated (before clipping), over every parameter."""
+    learner = learner or trainer.policy
+    params = list(learner.module.parameters())
+    grads = {}
+    hooks = [p.register_post_accumulate_grad_hook(lambda p, i=i: grads.__setitem__(i, p.grad.clone()))
+             for i, p in enumerate(params)]
+    optimizer = torch.optim.SGD(params, lr=0.0)
+    still = dataclasses.replace(learner, optimizer=optimizer,
+                                scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+    (stats,) = update([still], batch, micro_batch_size=trainer.config.micro_batch_size, max_grad_norm=0,
+                      guard=NonfiniteGuard(1))
+    for hook in hooks:
+        hook.remove()
+    return stats, torch.cat([grads.get(i, torch.zeros_like(p)).flatten() for i, p in enumerate(params)])
 
 
 def test_cpu_training_keeps_freed_memory_for_the_next_step(tokenizer, tiny_model, tmp_path, monkeypatch):
@@ -72,7 +92,7 @@ def test_tiny_run_changes_every_parameter_and_raises_the_reward(tokenizer, tiny_
     # μ = 1: π_old is π_θ itself, so the ratio is exactly 1 and the clip never binds
     assert all(m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clipfrac"] == 0.0 for m in history)
     # the reference stays frozen at the starting weights
-    for name, p in trainer.ref_model.named_parameters():
+    for name, p in trainer.reference.model.named_parameters():
         assert torch.equal(p, before[name])
 
 
@@ -104,28 +124,27 @@ def test_gradient_does_not_depend_on_micro_batch_size(tokenizer, tiny_model, tmp
     rollout = generate(tiny_model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=8,
                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                        generator=torch.Generator().manual_seed(0))
-    advantages = torch.randn(32)
-    ref_logp = trainer._frozen_logprobs(trainer.ref_model, rollout)
-    grads, losses = [], []
+    advantages = torch.randn(32, 1) * rollout.completion_mask
+    batch = UpdateBatch(rollout, rollout.completion_mask, advantages, ref_logp=trainer.reference_logprobs(rollout))
+    results = []
     for micro in (32, 5):
         trainer.config.micro_batch_size = micro
-        tiny_model.zero_grad()
-        losses.append(trainer.accumulate_gradients(rollout, advantages, None, ref_logp)["loss"])
-        grads.append(torch.cat([p.grad.flatten() for p in tiny_model.parameters()]))
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+        results.append(loss_and_gradient(trainer, batch))
+    assert results[0][0]["loss"] == pytest.approx(results[1][0]["loss"], abs=1e-6)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
+    assert results[0][1].abs().sum() > 0
 
 
 def test_beta_zero_never_creates_a_reference(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, beta=0.0, max_steps=2)
-    assert trainer.ref_model is None
+    assert trainer.reference is None
     assert all(m["kl"] == 0.0 for m in trainer.train())
 
 
 def test_several_iterations_use_old_logprobs(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, num_iterations=3, max_steps=2, learning_rate=5e-2)
     history = trainer.train()
-    assert trainer.scheduler.last_epoch == 6  # μ optimizer steps per batch
+    assert trainer.policy.scheduler.last_epoch == 6  # μ optimizer steps per batch
     # on the later passes the policy has moved away from π_old, so the ratio is no longer 1
     assert any(m["ratio_mean"] != pytest.approx(1.0, abs=1e-7) for m in history)
 

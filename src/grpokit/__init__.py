@@ -1,9 +1,9 @@
 """grpokit: GRPO (Group Relative Policy Optimization) for causal language models.
 
 The objective's pure functions (``group_advantages``, ``process_advantages``, ``kl_penalty``,
-``grpo_loss``) are the public core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop; ``PPOTrainer``
-(with ``gae``) is the baseline it replaces, and ``build_trainer`` picks one by ``config.algorithm``;
-``format_reward`` and ``accuracy_reward`` are the built-in rule-based rewards.
+``grpo_loss``) are the public core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop, GRPO's or (with
+``algorithm: ppo``) that of PPO, the baseline it replaces, whose GAE is ``gae``; ``format_reward`` and
+``accuracy_reward`` are the built-in rule-based rewards. ``docs/architecture.md`` maps the modules.
 """
 
 from grpokit.config import ConfigError, GRPOConfig, load_config
@@ -16,15 +16,15 @@ from grpokit.objective import (
     process_advantages,
     token_logprobs,
 )
-from grpokit.ppo import PPOTrainer, gae
+from grpokit.ppo import gae, value_loss
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import Rollout, generate
-from grpokit.trainer import GRPOTrainer, build_trainer
+from grpokit.trainer import GRPOTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "PPOTrainer", "RewardError", "Rollout",
-    "accuracy_reward", "aggregate_loss", "build_trainer", "format_reward", "gae", "generate", "group_advantages",
-    "grpo_loss", "kl_penalty", "load_config", "load_jsonl", "process_advantages", "token_logprobs",
+    "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "RewardError", "Rollout", "accuracy_reward",
+    "aggregate_loss", "format_reward", "gae", "generate", "group_advantages", "grpo_loss", "kl_penalty",
+    "load_config", "load_jsonl", "process_advantages", "token_logprobs", "value_loss",
 ]

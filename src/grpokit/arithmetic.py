@@ -1,5 +1,5 @@
-"""The built-in task: two-digit addition, a character-level tokenizer, a tiny Llama, and a warm start
-from a deliberately flawed corpus — so that GRPO has something real to fix.
+"""The built-in task: two-digit addition, with worked solutions, a process reward that scores each
+column step, and a fixed split of the problems into training and held-out pairs.
 
 Prompts read ``What is 47 + 85?``; a worked solution adds column by column::
 
@@ -9,39 +9,23 @@ Prompts read ``What is 47 + 85?``; a worked solution adds column by column::
     </think>
     <answer>132</answer>
 
-The warm-start corpus is *systematically* wrong: on problems whose units column carries, most of its
-solutions forget the carry (``4+8=12`` → ``122``). The warm-started model therefore formats well and
-adds carry-free problems correctly, but its most likely (greedy) answer on the carry class is wrong;
-it still samples the right method now and then, which is the signal GRPO amplifies. Random errors
-would not do: the model would learn to sample noise while its greedy answer stayed right.
-
-Everything is built locally from config classes and the ``tokenizers`` library; nothing is downloaded.
+``worked_solution(..., forget_carry=True)`` makes the mistake that the warm-start corpus makes on
+purpose (:mod:`grpokit.warm_start`), so that GRPO has something real to fix; the tokenizer and the
+tiny Llama are in :mod:`grpokit.tiny_model`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import os
 import random
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from grpokit.answers import answers_match, extract_answer
 
-from grpokit.rewards import answers_match, extract_answer
-
-TASK_VERSION = 1  # bump when prompts, solutions or the tokenizer change, to invalidate the cache
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
-TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+# Bump when prompts, solutions or the tokenizer (tiny_model.py) change, to invalidate the warm-start cache.
+TASK_VERSION = 1
 
 
 # ---- problems and worked solutions ---------------------------------------------------------------
@@ -156,159 +140,3 @@ def held_out_rows(num_rows: int = 400) -> list[dict]:
     pairs = sorted(HELD_OUT_PAIRS)
     random.Random(1234).shuffle(pairs)
     return [make_row(*p) for p in pairs[:num_rows]]
-
-
-# ---- tokenizer and model -------------------------------------------------------------------------
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over printable ASCII and newline, with the think/answer tags as
-    single (ordinary, decoded) tokens. Offsets map every token back to its characters."""
-    characters = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + characters)}
-    # BPE with no merges splits text into single characters and keeps character offsets.
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-        padding_side="left", model_input_names=["input_ids", "attention_mask"],  # no token_type_ids for a Llama
-    )
-
-
-@dataclass
-class TinyModelSpec:
-    """Shape of the built-in Llama (~0.8 M parameters at the defaults)."""
-
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_positions: int = 128
-
-
-def build_model(
-    tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec | None = None, seed: int = 0
-) -> LlamaForCausalLM:
-    spec = spec or TinyModelSpec()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
-
-
-# ---- warm start ----------------------------------------------------------------------------------
-
-
-@dataclass
-class WarmStartSpec:
-    """The supervised warm start on the flawed corpus."""
-
-    steps: int = 1000
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    warmup_steps: int = 50
-    forget_carry_rate: float = 0.8  # share of carry problems whose solution forgets the carry
-
-
-def corpus_example(rng: random.Random, forget_carry_rate: float) -> tuple[str, str]:
-    a, b = rng.choice(TRAIN_PAIRS)
-    forget = has_carry(a, b) and rng.random() < forget_carry_rate
-    return prompt_text(a, b), worked_solution(a, b, forget_carry=forget)
-
-
-def supervised_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion+EOS ids with labels only on the completion and EOS."""
-    sequences, labels = [], []
-    for prompt, completion in pairs:
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        sequences.append(prompt_ids + completion_ids)
-        labels.append([-100] * len(prompt_ids) + completion_ids)
-    width = max(map(len, sequences))
-    pad = tokenizer.pad_token_id
-    return {
-        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in sequences]),
-        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences]),
-        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
-    }
-
-
-def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool = True) -> list[float]:
-    """Supervised training on the flawed corpus; returns the loss per step."""
-    from tqdm.auto import tqdm
-
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
-
-    def lr_at(step: int) -> float:
-        if step < spec.warmup_steps:
-            return (step + 1) / spec.warmup_steps
-        progress_ = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-        return 0.5 * (1 + math.cos(math.pi * progress_))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    model.train()
-    losses = []
-    bar = tqdm(range(spec.steps), desc="warm start", disable=not progress, dynamic_ncols=True)
-    for _ in bar:
-        examples = [corpus_example(rng, spec.forget_carry_rate) for _ in range(spec.batch_size)]
-        batch = supervised_batch(tokenizer, examples)
-        loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    model.eval()
-    return losses
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit"))
-
-
-def warm_started_model_path(
-    seed: int = 0,
-    model_spec: TinyModelSpec | None = None,
-    warm_spec: WarmStartSpec | None = None,
-    *,
-    progress: bool = True,
-) -> Path:
-    """Directory of the warm-started model and tokenizer (``save_pretrained`` format), built and
-    cached on first use, keyed by everything that determines it."""
-    model_spec, warm_spec = model_spec or TinyModelSpec(), warm_spec or WarmStartSpec()
-    key = json.dumps([TASK_VERSION, asdict(model_spec), asdict(warm_spec), seed], sort_keys=True)
-    target = cache_dir() / f"arithmetic-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if (target / "grpokit_warm_start.json").is_file():
-        return target
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, model_spec, seed=seed)
-    losses = warm_start(model, tokenizer, warm_spec, seed=seed, progress=progress)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so an interrupted build never looks complete.
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / "grpokit_warm_start.json").write_text(
-        json.dumps({"key": json.loads(key), "final_loss": losses[-1]}, indent=2)
-    )
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
-    return target

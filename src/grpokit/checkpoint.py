@@ -8,6 +8,9 @@ A checkpoint is a directory ``output_dir/checkpoints/step-NNNNNN/`` holding:
   tensors and plain containers only, read back with ``torch.load(weights_only=True)``;
 - ``state.json``: step, data position, each process's Python and NumPy RNG states, the config and
   every metric so far;
+
+What it holds is the trainer's :meth:`~grpokit.trainer.GRPOTrainer.state_dict`, and on resume the
+trainer's ``load_state_dict`` takes it back: this module reads nothing else of the trainer.
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
 
 It is written into a temporary directory beside its final place and renamed into place, so a crash
@@ -23,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import threading
@@ -37,9 +39,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
-from grpokit.distributed import barrier, gather, is_sharded
+from grpokit.distributed import SINGLE, World, barrier, gather, is_sharded
+from grpokit.models import is_lora, save_pretrained
 
 FORMAT = 1
+JSON_RNG = ("python", "numpy")  # random streams kept in state.json; the torch ones are tensors
 # Keys that may change between a checkpoint and the run that resumes it: they do not change the math.
 RESUMABLE_CHANGES = {
     "max_steps", "output_dir", "progress_bar", "log_completions", "save_every", "keep_checkpoints", "resume",
@@ -79,62 +83,54 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save_checkpoint(trainer: Any) -> Path:
-    """Write the trainer's state as ``checkpoints/step-NNNNNN`` (atomically) and prune old ones. With
-    several processes every one calls this (each one's RNG states are saved) and the first writes."""
-    world = trainer.world
-    root = checkpoints_dir(trainer.config.output_dir)
-    final = root / f"step-{trainer.step:06d}"
-    if is_sharded(trainer.model):
-        if world.main and not getattr(trainer, "_warned_fsdp", False):
+def save_checkpoint(state: dict[str, Any], output_dir: str | Path, keep: int, world: World = SINGLE) -> Path:
+    """Write ``state`` (a trainer's :meth:`~grpokit.trainer.GRPOTrainer.state_dict`) as
+    ``output_dir/checkpoints/step-NNNNNN`` (atomically) and keep the last ``keep`` checkpoints. With
+    several processes every one calls this (each one's random streams are saved) and the first writes."""
+    root = checkpoints_dir(output_dir)
+    final = root / f"step-{state['step']:06d}"
+    if any(is_sharded(module) for module in state["modules"].values()):
+        if world.main:
             warnings.warn("parallelism: fsdp writes no checkpoints yet (the final model is saved); see "
                           "docs/distributed.md", stacklevel=2)
-        trainer._warned_fsdp = True
         return final
-    rng = gather({"torch": _torch_rng_states(trainer), "python": _jsonable(random.getstate()),
-                  "numpy": _jsonable(np.random.get_state())}, world)
+    rng = gather(state["rng"], world)
     if world.main:
-        _write(trainer, root, final, rng)
+        _write(state, root, final, rng, keep)
     barrier(world)
     return final
 
 
-def _write(trainer: Any, root: Path, final: Path, rng: list[dict[str, Any]]) -> None:
+def _write(state: dict[str, Any], root: Path, final: Path, rng: list[dict[str, Any]], keep: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     staging = root / f".tmp-{final.name}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
 
-    trainer.model.save_pretrained(staging / "model", safe_serialization=True)
-    trainer.tokenizer.save_pretrained(staging / "model")
-    for name, module in trainer.checkpointed_modules().items():
+    modules = dict(state["modules"])
+    save_pretrained(modules.pop("model"), state["tokenizer"], staging / "model")
+    for name, module in modules.items():
         save_model(module, str(staging / f"{name}.safetensors"))
-    torch.save(
-        {
-            **{name: obj.state_dict() for name, obj in trainer.checkpointed_state().items()},
-            "rng": [per_rank["torch"] for per_rank in rng],
-        },
-        staging / "trainer_state.pt",
-    )
-    state = {
+    tensors = [{k: v for k, v in per_rank.items() if k not in JSON_RNG} for per_rank in rng]
+    torch.save({**state["optimizers"], "rng": tensors}, staging / "trainer_state.pt")
+    saved = {
         "format": FORMAT,
-        "step": trainer.step,
-        "data": {"order": trainer.sampler.order, "epoch": trainer.sampler.epoch},
+        "step": state["step"],
+        "data": state["data"],
         "world_size": len(rng),
-        "python_rng": [per_rank["python"] for per_rank in rng],
-        "numpy_rng": [per_rank["numpy"] for per_rank in rng],
-        "nonfinite_streak": trainer.nonfinite_streak,
-        "config": trainer.config.to_dict(),
-        "history": trainer.history,
+        **{f"{kind}_rng": [_jsonable(per_rank[kind]) for per_rank in rng] for kind in JSON_RNG},
+        "nonfinite_streak": state["nonfinite_streak"],
+        "config": state["config"],
+        "history": state["history"],
     }
-    (staging / "state.json").write_text(json.dumps(state))
+    (staging / "state.json").write_text(json.dumps(saved))
     _write_manifest(staging)
 
     if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
         shutil.rmtree(final)
     os.replace(staging, final)
-    _prune(root, trainer.config.keep_checkpoints)
+    _prune(root, keep)
 
 
 def _write_manifest(directory: Path) -> None:
@@ -198,44 +194,44 @@ def verify(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(trainer: Any, path: str | Path) -> None:
-    """Restore the trainer from ``path``: weights, optimizer, scheduler, RNG states, data position, metrics."""
+def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SINGLE) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` for the run whose :meth:`~grpokit.trainer.GRPOTrainer.state_dict`
+    is ``state``: the weights of ``state["modules"]`` in place, after checking every file, the config
+    and the world size; returns the rest of the state (this process's random streams) for the trainer's
+    ``load_state_dict``."""
     path = Path(path)
     verify(path)
-    state = json.loads((path / "state.json").read_text())
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path}: format {state.get('format')!r}, this grpokit reads {FORMAT}")
-    _check_config(path, state["config"], trainer.config.to_dict())
-    rank, size = trainer.world.rank, trainer.world.size
-    if is_sharded(trainer.model):
+    saved = json.loads((path / "state.json").read_text())
+    if saved.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: format {saved.get('format')!r}, this grpokit reads {FORMAT}")
+    _check_config(path, saved["config"], state["config"])
+    if any(is_sharded(module) for module in state["modules"].values()):
         raise CheckpointError("resume with parallelism: fsdp is not supported yet (docs/distributed.md); use ddp")
-    if state["world_size"] != size:
-        raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} processes; resume it with "
-                              f"the same number (now {size}): each one's random streams are in it")
+    if saved["world_size"] != world.size:
+        raise CheckpointError(f"checkpoint {path} was written by {saved['world_size']} processes; resume it with "
+                              f"the same number (now {world.size}): each one's random streams are in it")
 
-    if trainer.config.lora_rank:
-        _load_adapter(trainer.model, path / "model" / "adapter_model.safetensors", f"checkpoint {path}: model")
-    else:
-        load_weights(trainer.model, sorted((path / "model").glob("*.safetensors")), f"checkpoint {path}: model")
-    for name, module in trainer.checkpointed_modules().items():
-        load_weights(module, [path / f"{name}.safetensors"], f"checkpoint {path}: {name}")
+    for name, module in state["modules"].items():
+        source = f"checkpoint {path}: {name}"
+        if name != "model":
+            load_weights(module, [path / f"{name}.safetensors"], source)
+        elif is_lora(module):
+            _load_adapter(module, path / "model" / "adapter_model.safetensors", source)
+        else:
+            load_weights(module, sorted((path / "model").glob("*.safetensors")), source)
     try:
-        saved = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+        tensors = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     except Exception as error:  # an unpicklable object is refused here, never executed
         raise CheckpointError(f"checkpoint {path}: trainer_state.pt cannot be read safely ({error})") from None
-    for name, obj in trainer.checkpointed_state().items():
-        try:
-            obj.load_state_dict(saved[name])
-        except (KeyError, ValueError, RuntimeError) as error:
-            raise CheckpointError(f"checkpoint {path}: {name} state does not fit ({error})") from None
-    _restore_torch_rng(trainer, saved["rng"][rank])
-    random.setstate(_tuples(state["python_rng"][rank]))
-    numpy_state = state["numpy_rng"][rank]
-    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
-    trainer.step = state["step"]
-    trainer.sampler.order, trainer.sampler.epoch = list(state["data"]["order"]), state["data"]["epoch"]
-    trainer.nonfinite_streak = state["nonfinite_streak"]
-    trainer.history = state["history"]
+    missing = [name for name in state["optimizers"] if name not in tensors]
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: no {missing[0]} state in trainer_state.pt")
+    numpy_state = saved["numpy_rng"][world.rank]
+    rng = {**tensors["rng"][world.rank], "python": _tuples(saved["python_rng"][world.rank]),
+           "numpy": (numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:])}
+    return {"step": saved["step"], "optimizers": {name: tensors[name] for name in state["optimizers"]},
+            "rng": rng, "data": saved["data"], "nonfinite_streak": saved["nonfinite_streak"],
+            "history": saved["history"]}
 
 
 def load_weights(module: torch.nn.Module, files: list[Path], source: str) -> None:
@@ -285,22 +281,6 @@ def _check_config(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
     if different:
         details = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in different[:5])
         raise CheckpointError(f"checkpoint {path} was written by a run with a different config ({details})")
-
-
-def _torch_rng_states(trainer: Any) -> dict[str, torch.Tensor]:
-    states = {"torch": torch.get_rng_state(), "sampling": trainer.sampler.generator.get_state(),
-              "minibatches": trainer._shuffle.get_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _restore_torch_rng(trainer: Any, states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    trainer.sampler.generator.set_state(states["sampling"])
-    trainer._shuffle.set_state(states["minibatches"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def _jsonable(value: Any) -> Any:

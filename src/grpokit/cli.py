@@ -14,7 +14,7 @@ from pathlib import Path
 
 from grpokit.config import GRPOConfig, load_config, parse_overrides
 from grpokit.data import check_columns, load_rows
-from grpokit.trainer import TrainingError
+from grpokit.update import TrainingError
 
 
 def _train_epilog() -> str:
@@ -95,13 +95,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from grpokit.trainer import build_trainer
+    from grpokit.trainer import GRPOTrainer
 
     overrides = parse_overrides(extra)
     if args.resume is not None:
         overrides["resume"] = args.resume
     config = load_config(args.config, overrides)
-    trainer = build_trainer(config)
+    trainer = GRPOTrainer(config)
     history = trainer.train()
     if not trainer.world.main:  # under torchrun, one process reports
         return 0

@@ -76,16 +76,16 @@ class GRPOConfig:
         None, "Weight of each reward function in the total reward; None means 1.0 each."
     )
 
-    # ---- sampling (GRPO.md §1.1) -----------------------------------------------------------------
+    # ---- sampling (docs/math.md, step 1) ---------------------------------------------------------
     prompts_per_step: int = _field(16, "B: prompts sampled per training step.", min=1)
     num_generations: int = _field(8, "G: completions sampled per prompt (the group).", min=2)
     max_completion_length: int = _field(64, "Maximum new tokens per completion.", min=1)
     temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
 
-    # ---- objective (GRPO.md §2-3) ----------------------------------------------------------------
+    # ---- objective (docs/math.md: advantages, the objective) ------------------------------------
     algorithm: str = _field(
-        "grpo", "'grpo', or 'ppo': the baseline with a value model and GAE (GRPO.md §4; keys under PPO).",
+        "grpo", "'grpo', or 'ppo': the baseline with a value model and GAE (docs/math.md, PPO; keys under PPO).",
         choices=("grpo", "ppo"),
     )
     supervision: str = _field(
@@ -134,7 +134,7 @@ class GRPOConfig:
         "them is filled with dropped groups (counted in the metrics).", min=1
     )
 
-    # ---- PPO (algorithm: ppo; GRPO.md §4) ---------------------------------------------------------
+    # ---- PPO (algorithm: ppo; docs/math.md, "PPO") -------------------------------------------------
     gamma: float = _field(1.0, "PPO: discount γ of the per-token rewards in GAE.", min=0, max=1)
     lam: float = _field(0.95, "PPO: GAE's λ (0 = one-step TD, 1 = Monte Carlo returns).", min=0, max=1)
     vf_coef: float = _field(0.1, "PPO: weight of the value loss.", gt=0)
@@ -234,13 +234,9 @@ class GRPOConfig:
             value = _coerce(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)
             _check_bounds(f.name, value, f.metadata)
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
-            raise ConfigError(
-                f"reward_weights has {len(self.reward_weights)} values but reward_funcs has "
-                f"{len(self.reward_funcs)}; give one weight per function"
-            )
         if not self.reward_funcs:
             raise ConfigError("reward_funcs is empty; give at least one reward function")
+        check_reward_weights(self.reward_weights, len(self.reward_funcs))
         if self.num_minibatches > self.num_completions:
             raise ConfigError(
                 f"num_minibatches={self.num_minibatches} exceeds the {self.num_completions} completions of a step "
@@ -283,6 +279,13 @@ class GRPOConfig:
     @classmethod
     def help(cls) -> dict[str, str]:
         return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+
+def check_reward_weights(weights: list[float] | None, num_functions: int) -> None:
+    """``reward_weights`` holds one weight per reward function, or is None (1.0 each)."""
+    if weights is not None and len(weights) != num_functions:
+        raise ConfigError(f"reward_weights has {len(weights)} values but reward_funcs has {num_functions}; give "
+                          "one weight per function")
 
 
 def _type_name(tp: Any) -> str:

@@ -102,10 +102,17 @@ def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str,
     return rows
 
 
-def load_rows(source: str | Path) -> list[dict[str, Any]]:
-    """A dataset by its kind: ``gsm8k:FILE``, a ``save_to_disk`` directory, ``.csv``, ``.parquet``, else JSON
-    lines."""
+BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.arithmetic)
+
+
+def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
+    """A dataset by its kind: ``gsm8k:FILE``, a ``save_to_disk`` directory, ``.csv``, ``.parquet``, the
+    built-in task's training rows (in an order set by ``seed``), else JSON lines."""
     source = str(source)
+    if source == BUILTIN:
+        from grpokit.arithmetic import train_rows
+
+        return train_rows(4096, seed)
     if source.startswith("gsm8k:"):
         return load_gsm8k(source.removeprefix("gsm8k:"))
     if Path(source).is_dir():

@@ -9,31 +9,36 @@ from __future__ import annotations
 
 import json
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from transformers.utils import logging as hf_logging
 
-from grpokit.arithmetic import held_out_rows, warm_started_model_path
+from grpokit.arithmetic import held_out_rows
 from grpokit.config import GRPOConfig
 from grpokit.evaluate import evaluate, summarize
 from grpokit.models import BUILTIN, load_model_and_tokenizer
 from grpokit.rollout import generate, stop_token_ids
 from grpokit.trainer import GRPOTrainer
+from grpokit.warm_start import warm_started_model_path
 
-# The demo's GRPO settings (also in examples/arithmetic.yaml). Learning rates above ~3e-4 collapse
-# this model within a few steps; a linear decay keeps the late steps from drifting.
-DEMO_CONFIG: dict[str, Any] = dict(
-    prompts_per_step=16,
-    num_generations=8,
-    max_completion_length=48,
-    temperature=1.0,
-    beta=0.04,
-    learning_rate=2e-4,
-    lr_schedule="linear",
-    max_steps=60,
-)
+# The keys of a recipe that run_demo sets itself.
+_RUN_KEYS = ("model", "dataset", "output_dir", "seed")
+
+
+def recipe(name: str) -> dict[str, Any]:
+    """The settings of a packaged recipe, ``grpokit/recipes/<name>.yaml``, as a dict."""
+    text = (resources.files("grpokit") / "recipes" / f"{name}.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+# The demo's GRPO settings: those of the recipe recipes/arithmetic.yaml (``grpokit train`` runs the same),
+# less what run_demo sets. Learning rates above ~3e-4 collapse this model within a few steps; a linear
+# decay keeps the late steps from drifting.
+DEMO_CONFIG: dict[str, Any] = {k: v for k, v in recipe("arithmetic").items() if k not in _RUN_KEYS}
 
 
 def _table(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[list[str]]:

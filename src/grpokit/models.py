@@ -1,19 +1,22 @@
-"""Loading models and choosing devices: a local Hugging Face checkpoint or the built-in tiny model; the CPU
-allocator's settings for training."""
+"""Models: loading a local Hugging Face checkpoint or the built-in tiny model, LoRA, the reference
+policy, saving; choosing devices; the CPU allocator's settings for training."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import ctypes
 import random
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from grpokit.config import ConfigError
-
-BUILTIN = "builtin:arithmetic"
+from grpokit.data import BUILTIN
 
 
 def resolve_device(name: str) -> torch.device:
@@ -73,7 +76,7 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
     if not progress:
         hf_logging.disable_progress_bar()
     if name == BUILTIN:
-        from grpokit.arithmetic import warm_started_model_path
+        from grpokit.warm_start import warm_started_model_path
 
         name = str(warm_started_model_path(seed=seed, progress=progress))
     try:
@@ -85,6 +88,11 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
     except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
         raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
     return model, tokenizer
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a peft model, whose only trained weights are its adapter's."""
+    return hasattr(model, "peft_config")
 
 
 def with_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
@@ -101,3 +109,40 @@ def with_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
         return get_peft_model(model, lora)
     except ValueError as error:  # e.g. no default target modules for this architecture
         raise ConfigError(f"lora_target_modules: {error}") from None
+
+
+@dataclass
+class Reference:
+    """π_ref, the frozen starting policy (docs/math.md, "KL to the reference"): a frozen copy of its
+    weights, or, with LoRA, the policy itself with its adapter disabled (no second copy)."""
+
+    model: torch.nn.Module
+    adapter_disabled: bool = False
+
+    def active(self) -> contextlib.AbstractContextManager:
+        """The context in which ``model`` computes π_ref."""
+        return self.model.disable_adapter() if self.adapter_disabled else contextlib.nullcontext()
+
+
+def build_reference(policy: torch.nn.Module, beta: float) -> Reference | None:
+    """π_ref for ``policy`` as it is now; None when β = 0, which turns the reference off entirely: it is
+    then never created nor run."""
+    if beta == 0:
+        return None
+    if is_lora(policy):
+        return Reference(policy, adapter_disabled=True)
+    return Reference(copy.deepcopy(policy).eval().requires_grad_(False))
+
+
+def save_pretrained(model: torch.nn.Module, tokenizer: Any, path: str | Path,
+                    state_dict: dict[str, torch.Tensor] | None = None, merged_path: str | Path | None = None) -> None:
+    """``save_pretrained`` (safetensors) of the model and the tokenizer: loadable by plain transformers. A
+    LoRA model saves its adapter alone (adapter_model.safetensors + adapter_config.json), and with
+    ``merged_path`` also the adapter merged into the base weights there. ``state_dict``: the model's
+    full weights when its own parameters are shards."""
+    lora = is_lora(model)
+    model.save_pretrained(path, state_dict=None if lora else state_dict, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    if lora and merged_path is not None:
+        copy.deepcopy(model).merge_and_unload().save_pretrained(merged_path, safe_serialization=True)
+        tokenizer.save_pretrained(merged_path)

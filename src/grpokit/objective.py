@@ -1,4 +1,4 @@
-"""The GRPO objective as pure functions on tensors (``shared/GRPO.md`` §2, §3, §5).
+"""The GRPO objective as pure functions on tensors (docs/math.md: advantages, the objective, numerical care).
 
 Notation, used in every shape comment: ``N`` completions (= B prompts × G generations, each group of
 ``G`` contiguous), ``T`` completion tokens (right-padded), ``V`` vocabulary size.
@@ -92,7 +92,7 @@ def process_advantages(
     eps: float = 1e-4,
     batch_std: float | None = None,
 ) -> Tensor:
-    """Process-supervision advantages (GRPO.md §2), one per token: (N, T).
+    """Process-supervision advantages (docs/math.md, "Process supervision"), one per token: (N, T).
 
     ``step_rewards[i]``: the rewards of completion i's steps; ``step_ends[i]``: the 0-based token
     index at which each step ends (same length, strictly increasing, < T). Every step reward of a
@@ -227,34 +227,38 @@ def aggregate_loss(
     aggregation: str = "sequence",
     *,
     max_completion_length: int | None = None,
-    normalizer: float | None = None,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
 ) -> Tensor:
-    """Reduce an (N, T) matrix of per-token terms to one number (GRPO.md §3, "Loss aggregation").
+    """Reduce an (N, T) matrix of per-token terms to one number (docs/math.md, "Loss aggregation").
 
-    - ``"sequence"``: mean over each completion's tokens, then ``sum over completions / normalizer``
+    - ``"sequence"``: mean over each completion's tokens, then ``sum over completions / num_sequences``
       (the paper: 1/G Σ_i 1/|o_i| Σ_t). An empty completion adds 0 and still counts.
-    - ``"token"``: sum over all unmasked tokens ``/ normalizer`` (DAPO).
-    - ``"constant"``: sum over all unmasked tokens ``/ (normalizer · max_completion_length)`` (Dr. GRPO).
+    - ``"token"``: sum over all unmasked tokens ``/ num_tokens`` (DAPO).
+    - ``"constant"``: sum over all unmasked tokens ``/ (num_sequences · max_completion_length)`` (Dr. GRPO).
 
-    ``normalizer`` defaults to this call's own count — completions for ``"sequence"`` and
-    ``"constant"``, unmasked tokens for ``"token"``. A caller that splits a batch into micro-batches
-    (or ranks) passes the whole batch's count, so the summed losses equal the loss of the whole batch.
+    The denominator is chosen here, from the counts given: ``num_sequences`` and ``num_tokens`` default to
+    this call's own (N and the unmasked tokens). A caller that splits a batch into micro-batches (or
+    processes) passes the whole batch's counts, so the summed losses equal the loss of the whole batch.
+
+    >>> per_token, mask = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
+    >>> [aggregate_loss(per_token, mask, a, max_completion_length=4).item() for a in AGGREGATIONS]
+    [2.0, 2.0, 0.75]
     """
     _check_choice("aggregation", aggregation, AGGREGATIONS)
     _check_same_shape("per_token", per_token, "mask", mask)
     mask = mask.to(per_token.dtype)
+    sequences = per_token.shape[0] if num_sequences is None else num_sequences
     if aggregation == "sequence":
         per_sequence = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        return per_sequence.sum() / (per_token.shape[0] if normalizer is None else normalizer)
+        return per_sequence.sum() / sequences
     if aggregation == "token":
-        total = (per_token * mask).sum()
-        return total / (mask.sum().clamp(min=1) if normalizer is None else normalizer)
+        return (per_token * mask).sum() / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
     if max_completion_length is None or max_completion_length < 1:
         raise ValueError(
             f"aggregation='constant' requires max_completion_length >= 1, got {max_completion_length!r}"
         )
-    count = per_token.shape[0] if normalizer is None else normalizer
-    return (per_token * mask).sum() / (count * max_completion_length)
+    return (per_token * mask).sum() / (sequences * max_completion_length)
 
 
 def grpo_loss(
@@ -271,14 +275,15 @@ def grpo_loss(
     ratio_level: str = "token",
     max_completion_length: int | None = None,
     kl_kind: str = "k3",
-    normalizer: float | None = None,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The negative GRPO objective (GRPO.md §3) and its diagnostics.
+    """The negative GRPO objective (docs/math.md, "The objective") and its diagnostics.
 
     Per token: ``min(ρA, clip(ρ, 1−epsilon, 1+epsilon_high)·A) − beta·D``, ρ = exp(logp − old_logp),
-    D = ``kl_penalty(logp, ref_logp, kl_kind)``; the loss is minus its aggregate (see
-    :func:`aggregate_loss`). Shapes: ``logp``, ``old_logp``, ``ref_logp``, ``mask``: (N, T);
-    ``advantages``: (N,) or (N, T).
+    D = ``kl_penalty(logp, ref_logp, kl_kind)``; the loss is minus its aggregate (see :func:`aggregate_loss`,
+    which takes ``num_sequences`` and ``num_tokens``). Shapes: ``logp``, ``old_logp``, ``ref_logp``,
+    ``mask``: (N, T); ``advantages``: (N,) or (N, T).
 
     ``old_logp=None`` means π_old = π_θ (μ = 1): ρ is 1 in value but carries the gradient.
     ``ref_logp`` may be None only when ``beta == 0``. ``ratio_level="sequence"`` uses one ratio per
@@ -331,9 +336,8 @@ def grpo_loss(
     if beta != 0:
         per_token = per_token - beta * kl
 
-    loss = -aggregate_loss(
-        per_token, mask, aggregation, max_completion_length=max_completion_length, normalizer=normalizer
-    )
+    loss = -aggregate_loss(per_token, mask, aggregation, max_completion_length=max_completion_length,
+                           num_sequences=num_sequences, num_tokens=num_tokens)
 
     with torch.no_grad():
         low = ((ratio < 1 - epsilon) & (advantages < 0)).to(logp.dtype)

@@ -1,13 +1,13 @@
-"""PPO, the baseline GRPO replaces (GRPO.md §4): a value model beside the policy, GAE advantages.
+"""PPO, the baseline GRPO replaces (docs/math.md, "PPO"): a value model beside the policy, GAE advantages.
 
 Per token ``t`` of completion ``i`` the reward is ``−β (logp − ref_logp)``, plus the completion's
 rule-based reward at its last token (or, with ``supervision: process``, each step's reward at the
 token that ends it). GAE over those rewards and the value model's estimates gives the advantages
 (whitened over the batch) and the returns; the policy takes the same clipped surrogate as GRPO
 (``grpo_loss`` with per-token advantages and no KL term: the KL is in the reward), and the value model
-a clipped squared error on the returns. Everything else — rollout, rewards, micro-batching, logging,
-saving, the CLI — is GRPO's: :class:`PPOTrainer` subclasses :class:`GRPOTrainer` and replaces only
-the step's middle.
+a clipped squared error on the returns. Everything else — rollout, rewards, the update's loops,
+logging, saving, the CLI — is GRPO's: with ``algorithm: ppo`` the trainer holds a :class:`Critic` (the
+value model, its optimizer and loss) and trains it as a second learner of the same update.
 
 The value model is the cost GRPO removes: as many weights as the policy again, their gradients and
 Adam states, and a forward and backward pass per batch. ``benchmarks/grpo_vs_ppo.py`` measures it.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,12 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from grpokit.config import ConfigError
-from grpokit.distributed import all_sum, all_sum_dict, data_parallel, full_state_dict, gradient_sync
+from grpokit.distributed import World, all_sum_dict, data_parallel, full_state_dict
 from grpokit.objective import kl_penalty, masked_mean
+from grpokit.optim import adamw_with_schedule
 from grpokit.rollout import Rollout, sequence_inputs
-from grpokit.runlog import step_metrics
 from grpokit.sampling import Batch
-from grpokit.trainer import GRPOTrainer
+from grpokit.update import Learner, LossCounts, UpdateBatch
 
 # --------------------------------------------------------------------------------------------------
 # The math: pure functions on tensors. Shapes: (N, T) completion tokens, right-padded, mask 1 on real
@@ -81,12 +79,12 @@ def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, *, moments: tuple[fl
 
 def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip_range: float = 0.2,
-    normalizer: float | None = None,
+    num_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped value loss ``½ · max((V − R)², (clip(V, V_old ± c) − R)²)``, summed over unmasked
-    tokens and divided by ``normalizer`` (default: their count; a micro-batch passes the whole
-    batch's). Returns the loss and ``value_clipfrac``: the share of tokens where the clipped term is
-    the larger.
+    tokens and divided by ``num_tokens`` (default: their count; a micro-batch passes the whole
+    batch's). Returns the loss and ``value_clipfrac``: the share of tokens whose prediction moved more
+    than ``clip_range`` from ``old_values``, so that the clip is active.
 
     >>> loss, stats = value_loss(torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[3.0]]),
     ...                          torch.ones(1, 1), clip_range=0.5)
@@ -99,10 +97,11 @@ def value_loss(
     unclipped_error, clipped_error = (values - returns) ** 2, (clipped - returns) ** 2
     per_token = 0.5 * torch.maximum(unclipped_error, clipped_error)
     valid = mask.bool()
-    count = valid.sum().clamp(min=1) if normalizer is None else normalizer
+    count = valid.sum().clamp(min=1) if num_tokens is None else num_tokens
     loss = torch.where(valid, per_token, 0.0).sum() / count
     with torch.no_grad():
-        clipfrac = masked_mean((clipped_error > unclipped_error).float(), mask).item()
+        # Compared directly, not as ``clipped != values``: old + (v − old) can land one ulp from v.
+        clipfrac = masked_mean(((values - old_values).abs() > clip_range).float(), mask).item()
     return loss, {"value_clipfrac": clipfrac}
 
 
@@ -152,11 +151,6 @@ class ValueModel(nn.Module):
         ).last_hidden_state[:, -width - 1 : -1]  # (N, T, H)
         return self.head(hidden).squeeze(-1).float()
 
-    def completion_values(self, *inputs: Tensor) -> Tensor:
-        """``self(*inputs)``, under the name that says what it returns (through ``__call__``, so that
-        wrappers' hooks, FSDP2's included, run)."""
-        return self(*inputs)
-
     def save(self, path: str | Path, state_dict: dict[str, Tensor] | None = None) -> None:
         """The backbone with ``save_pretrained`` (safetensors) and the head in ``value_head.safetensors``;
         ``state_dict``: this module's full state when its own parameters are shards."""
@@ -168,144 +162,90 @@ class ValueModel(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# The trainer
+# The critic: PPO's state beside the policy, and its part of the step
 
 
-class PPOTrainer(GRPOTrainer):
-    """PPO with the same rollout, rewards, logging, saving and CLI as GRPO (``algorithm: ppo``)."""
+def token_rewards(batch: Batch, old_logp: Tensor | None, ref_logp: Tensor | None, beta: float) -> Tensor:
+    """(N, T): ``−β (old_logp − ref_logp)`` per token, plus each step's weighted reward at the token that
+    ends it (outcome supervision: one step, the completion's reward at its last token)."""
+    mask = batch.rollout.completion_mask
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if ref_logp is not None:
+        rewards -= beta * torch.where(mask.bool(), old_logp - ref_logp, 0.0)
+    for i, steps in enumerate(batch.steps):
+        for end, reward in steps:
+            rewards[i, end] += reward
+    return rewards
 
-    def __init__(self, config, **kwargs: Any):
-        if config.algorithm != "ppo":
-            raise ConfigError(f"PPOTrainer needs algorithm: ppo, got {config.algorithm!r}")
-        super().__init__(config, **kwargs)
-        self.loss_beta = 0.0  # the KL is in the per-token reward, not the loss
-        self.train_value_model = data_parallel(self.value_model, self.world, config.parallelism)
-        self.value_optimizer, self.value_scheduler = self._adamw(
-            self.value_model, config.value_learning_rate or config.learning_rate
+
+def moments(tensors: dict[str, Tensor], mask: Tensor, world: World) -> dict[str, float]:
+    """Means of each tensor and of its square over the unmasked tokens of the whole batch (every
+    process's): ``{"x": E[x], "x²": E[x²]}``."""
+    valid = mask.bool()
+    sums = {"n": float(valid.sum())}
+    for name, tensor in tensors.items():
+        picked = tensor[valid].double()
+        sums[name], sums[name + "²"] = picked.sum().item(), (picked**2).sum().item()
+    sums = all_sum_dict(sums, world)
+    n = max(sums.pop("n"), 1.0)
+    return {name: value / n for name, value in sums.items()}
+
+
+class Critic:
+    """PPO's value model with its optimizer, its schedule and its loss: a :class:`~grpokit.update.Learner`
+    trained beside the policy, and the GAE advantages it gives the step."""
+
+    def __init__(self, policy: nn.Module, config: Any, world: World, device: torch.device):
+        self.config, self.world = config, world
+        self.value_model = ValueModel(policy).to(device)  # copied before the policy is sharded
+        train_module = data_parallel(self.value_model, world, config.parallelism)  # FSDP shards it in place
+        optimizer, scheduler = adamw_with_schedule(  # over the parameters as sharded
+            self.value_model, config, config.value_learning_rate or config.learning_rate
         )
+        self.learner = Learner(prefix="value_", module=self.value_model, train_module=train_module,
+                               optimizer=optimizer, scheduler=scheduler, loss=self.loss, loss_weight=config.vf_coef)
 
-    def _copy_models(self) -> None:
-        self.value_model = ValueModel(self.model).to(self.device)
-
-    def training_step(self) -> dict[str, float]:
-        config = self.config
-        start = time.perf_counter()
-
-        # 1-2. Sample B prompts × G completions from π_old and score them (as GRPO).
-        batch, sampled, sampling = self.sampler.sample(self.model)
-        rollout = batch.rollout
-        sampled_time = time.perf_counter()
-        loss_mask = self._loss_mask(rollout)
-
-        # 3. Fixed for the update: π_old and π_ref log-probs, and the value model's estimates.
-        old_logp = self._frozen_logprobs(self.model, rollout)
-        ref_logp = self._reference_logprobs(rollout)
-        old_values = self._frozen_values(rollout)
-        frozen = time.perf_counter()
-
-        # 4. Per-token rewards, then GAE advantages and returns (GRPO.md §4).
-        rewards = self.token_rewards(batch, old_logp, ref_logp)
-        advantages, returns = gae(rewards, old_values, loss_mask, config.gamma, config.lam)
-        if config.whiten_advantages:
-            moments = self._moments({"a": advantages}, loss_mask)
-            advantages = whiten(advantages, loss_mask, moments=(moments["a"], moments["a²"] - moments["a"] ** 2))
-
-        # 5. PPO epochs (μ) over minibatches: the clipped surrogate for the policy, the clipped value loss.
-        self.train_value_model.train()
-        first_update, update = self._optimize(
-            rollout, advantages=advantages, loss_mask=loss_mask, old_logp=old_logp, ref_logp=ref_logp,
-            returns=returns, old_values=old_values,
-        )
-        updated = time.perf_counter()
-
-        # 6. Metrics: GRPO's, with the KL of the rollout policy, and the critic's.
-        self.step += 1
-        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), first_update, update,
-                               (start, sampled_time, frozen, updated))
-        kl = kl_penalty(old_logp, ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)
-        m = self._moments({"kl": kl, "V": old_values, "R": returns, "R-V": returns - old_values}, loss_mask)
-        metrics.update(
-            kl=m["kl"], value_loss=update["value_loss"], value_clipfrac=update["value_clipfrac"],
-            value_grad_norm=update["value_grad_norm"],
-            explained_variance=explained_variance_from_moments(m["R"], m["R²"], m["R-V"], m["R-V²"]),
-            value_mean=m["V"], return_mean=m["R"],
-        )
-        self._log(metrics, batch, advantages)
-        return metrics
-
-    def _moments(self, tensors: dict[str, Tensor], mask: Tensor) -> dict[str, float]:
-        """Means of each tensor and of its square over the unmasked tokens of the whole batch (every
-        process's): ``{"x": E[x], "x²": E[x²]}``."""
-        valid = mask.bool()
-        sums = {"n": float(valid.sum())}
-        for name, tensor in tensors.items():
-            picked = tensor[valid].double()
-            sums[name], sums[name + "²"] = picked.sum().item(), (picked**2).sum().item()
-        sums = all_sum_dict(sums, self.world)
-        n = max(sums.pop("n"), 1.0)
-        return {name: value / n for name, value in sums.items()}
-
-    def token_rewards(self, batch: Batch, old_logp: Tensor, ref_logp: Tensor | None) -> Tensor:
-        """(N, T): ``−β (logp − ref_logp)`` per token, plus the rule-based reward at the last token
-        (process supervision: each step's weighted reward at the token that ends it)."""
-        mask = batch.rollout.completion_mask
-        rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        if ref_logp is not None:
-            rewards -= self.config.beta * torch.where(mask.bool(), old_logp - ref_logp, 0.0)
-        if batch.steps is None:
-            last = (batch.rollout.lengths - 1).clamp(min=0)
-            rows = torch.arange(mask.shape[0], device=mask.device)
-            rewards[rows, last] += batch.rewards.to(mask.device) * (batch.rollout.lengths > 0)
-        else:
-            for i, steps in enumerate(batch.steps):
-                for end, reward in steps:
-                    rewards[i, end] += reward
-        return rewards
+    def loss(self, model: nn.Module, batch: UpdateBatch, counts: LossCounts, first_pass: bool):
+        """The clipped value loss of a micro-batch, over the minibatch's tokens."""
+        values = model(*batch.rollout.sequences())
+        loss, stats = value_loss(values, batch.old_values, batch.returns, batch.loss_mask,
+                                 clip_range=self.config.cliprange_value, num_tokens=counts.tokens)
+        return loss, {"clipfrac": stats["value_clipfrac"]}
 
     @torch.no_grad()
-    def _frozen_values(self, rollout: Rollout) -> Tensor:
+    def frozen_values(self, rollout: Rollout) -> Tensor:
+        """V(s_t) (N, T) at sampling time, micro-batch by micro-batch."""
         self.value_model.eval()
-        return torch.cat([
-            self.value_model.completion_values(rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                                               rollout.completion_ids[idx], rollout.completion_mask[idx])
-            for idx in self._micro_batches(rollout)
-        ])
+        values = [self.value_model(*micro.sequences()) for micro in rollout.split(self.config.micro_batch_size)]
+        self.value_model.train()
+        return torch.cat(values)
 
-    def _update(self, rollout, advantages, loss_mask, old_logp, ref_logp, returns, old_values, *,
-                with_entropy: bool) -> dict[str, float]:
-        """One optimizer step of the policy and one of the value model, on a minibatch."""
-        stats = super()._update(rollout, advantages, loss_mask, old_logp, ref_logp, with_entropy=with_entropy)
-        world = self.world
-        total_tokens = max(1.0, all_sum(float(loss_mask.sum()), world))  # every process's tokens
-        totals = {"value_loss": 0.0, "value_clipfrac": 0.0}
-        micro_batches = self._micro_batches(rollout)
-        for k, idx in enumerate(micro_batches):
-            with gradient_sync(self.train_value_model, enabled=k == len(micro_batches) - 1):
-                values = self.train_value_model(
-                    rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                    rollout.completion_mask[idx],
-                )
-                loss, value_stats = value_loss(values, old_values[idx], returns[idx], loss_mask[idx],
-                                               clip_range=self.config.cliprange_value, normalizer=total_tokens)
-                (self.config.vf_coef * world.size * loss).backward()  # DDP averages over processes
-            totals["value_loss"] += loss.item()
-            totals["value_clipfrac"] += value_stats["value_clipfrac"] * float(loss_mask[idx].sum()) / total_tokens
-        totals = all_sum_dict(totals, world)
-        totals["value_grad_norm"], skipped = self._step(
-            self.value_model, self.value_optimizer, self.value_scheduler, totals["value_loss"]
-        )
-        return {**stats, **totals, "skipped_updates": stats["skipped_updates"] + skipped}
+    def update_batch(self, batch: Batch, loss_mask: Tensor, old_logp: Tensor, ref_logp: Tensor | None) -> UpdateBatch:
+        """The step's per-token rewards, GAE advantages (whitened over the batch) and returns."""
+        config = self.config
+        old_values = self.frozen_values(batch.rollout)
+        rewards = token_rewards(batch, old_logp, ref_logp, config.beta)
+        advantages, returns = gae(rewards, old_values, loss_mask, gamma=config.gamma, lam=config.lam)
+        if config.whiten_advantages:
+            m = moments({"a": advantages}, loss_mask, self.world)
+            advantages = whiten(advantages, loss_mask, moments=(m["a"], m["a²"] - m["a"] ** 2))
+        return UpdateBatch(batch.rollout, loss_mask, advantages, old_logp, ref_logp, returns, old_values)
 
-    def checkpointed_modules(self) -> dict[str, nn.Module]:
-        return {"value_model": self.value_model}
-
-    def checkpointed_state(self) -> dict[str, Any]:
-        return {**super().checkpointed_state(), "value_optimizer": self.value_optimizer,
-                "value_scheduler": self.value_scheduler}
+    def metrics(self, fixed: UpdateBatch, last_pass: dict[str, float]) -> dict[str, float]:
+        """The KL of the rollout policy (it is in the reward, not the loss) and the critic's diagnostics."""
+        old_logp, ref_logp = fixed.old_logp, fixed.ref_logp
+        kl = kl_penalty(old_logp, ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)
+        m = moments({"kl": kl, "V": fixed.old_values, "R": fixed.returns, "R-V": fixed.returns - fixed.old_values},
+                    fixed.loss_mask, self.world)
+        return {
+            "kl": m["kl"], "value_loss": last_pass["value_loss"], "value_clipfrac": last_pass["value_clipfrac"],
+            "value_grad_norm": last_pass["value_grad_norm"],
+            "explained_variance": explained_variance_from_moments(m["R"], m["R²"], m["R-V"], m["R-V²"]),
+            "value_mean": m["V"], "return_mean": m["R"],
+        }
 
     def save(self, path: str | Path) -> None:
-        """The policy as GRPO saves it, and the value model beside it in ``value_model/``."""
-        super().save(path)
-        state = full_state_dict(self.value_model, self.world)  # every process: a collective when sharded
+        """The value model in ``path`` (every process calls it: a sharded model is gathered first)."""
+        state = full_state_dict(self.value_model, self.world)
         if self.world.main:
-            self.value_model.save(Path(path).parent / "value_model", state)
+            self.value_model.save(path, state)

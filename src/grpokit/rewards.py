@@ -17,10 +17,13 @@ import numbers
 import re
 import threading
 from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import torch
+
+from grpokit.answers import answers_match, extract_answer, parse_number
+from grpokit.arithmetic import arithmetic_steps_reward
+from grpokit.config import check_reward_weights
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
@@ -29,9 +32,6 @@ _TAG = r"</?(?:think|answer)>"
 _FORMAT_RE = re.compile(
     rf"\s*<think>((?:(?!{_TAG}).)*)</think>\s*<answer>((?:(?!{_TAG}).)*)</answer>\s*", re.DOTALL
 )
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-# Plain decimal numbers, optionally signed, with optional thousands separators. ASCII digits only.
-_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|[+-]?\.[0-9]+", re.ASCII)
 
 
 def format_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
@@ -43,48 +43,6 @@ def format_reward(prompts: Sequence[str], completions: Sequence[str], **columns:
     [1.0, 0.0, 0.0]
     """
     return [1.0 if _FORMAT_RE.fullmatch(c) else 0.0 for c in completions]
-
-
-def extract_answer(completion: str) -> str | None:
-    """The text inside the completion's only ``<answer>…</answer>``; None if there is not exactly one.
-
-    >>> extract_answer("<think>x</think><answer> 42 </answer>")
-    ' 42 '
-    >>> extract_answer("<answer>1</answer><answer>2</answer>") is None
-    True
-    """
-    found = _ANSWER_RE.findall(completion)
-    if len(found) != 1 or completion.count("<answer>") != 1:
-        return None
-    return found[0]
-
-
-def parse_number(text: str) -> Decimal | None:
-    """A number written plainly (``" +1,234.0 "`` → 1234), or None. Never evaluates expressions.
-
-    >>> parse_number(" +007 "), parse_number("1,234.50"), parse_number("3+4"), parse_number("")
-    (Decimal('7'), Decimal('1234.50'), None, None)
-    """
-    text = text.strip()
-    if not _NUMBER_RE.fullmatch(text):
-        return None
-    try:
-        return Decimal(text.replace(",", ""))
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid literals
-        return None
-
-
-def answers_match(predicted: str, reference: Any) -> bool:
-    """Numeric equality when both sides parse as numbers, else whitespace-insensitive text equality.
-
-    >>> answers_match("0132", 132), answers_match("132.0", "132"), answers_match("", "0")
-    (True, True, False)
-    """
-    predicted_number, reference_number = parse_number(predicted), parse_number(str(reference))
-    if predicted_number is not None and reference_number is not None:
-        return predicted_number == reference_number
-    normalized = " ".join(predicted.split())
-    return bool(normalized) and normalized == " ".join(str(reference).split())
 
 
 def accuracy_reward(
@@ -144,8 +102,6 @@ def _math_verify(predicted: str, reference: str) -> bool:
 
 def builtin_rewards() -> dict[str, RewardFunction]:
     """Reward functions available by name in a config."""
-    from grpokit.arithmetic import arithmetic_steps_reward  # imported here: the task module imports this one
-
     return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
             "arithmetic_steps": arithmetic_steps_reward}
 
@@ -158,9 +114,11 @@ def reward_name(fn: RewardFunction) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def resolve_reward_functions(specs: Sequence[str | RewardFunction]) -> list[RewardFunction]:
-    """Turn names of built-in rewards (``"accuracy"``, ``"format"``, ``"arithmetic_steps"``) and callables
-    into callables."""
+def resolve_reward_functions(
+    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None
+) -> tuple[list[RewardFunction], list[float]]:
+    """The reward functions (names of built-in rewards — ``"accuracy"``, ``"format"``, ``"arithmetic_steps"``
+    — or callables) and their weights (None: 1.0 each), checked: names unique, one weight per function."""
     functions, builtin = [], builtin_rewards()
     for spec in specs:
         if callable(spec):
@@ -172,7 +130,11 @@ def resolve_reward_functions(specs: Sequence[str | RewardFunction]) -> list[Rewa
                 f"reward_funcs: unknown reward {spec!r}; built-in rewards are {sorted(builtin)}, "
                 "or pass a callable"
             )
-    return functions
+    names = [reward_name(fn) for fn in functions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs: names must be unique, got {names}")
+    check_reward_weights(weights, len(functions))
+    return functions, [1.0] * len(functions) if weights is None else list(weights)
 
 
 def required_columns(fn: RewardFunction) -> list[str]:

@@ -1,4 +1,4 @@
-"""Rollouts: sample G completions per prompt with a KV cache (GRPO.md §1.1), and score sequences.
+"""Rollouts: sample G completions per prompt with a KV cache (docs/math.md, step 1), and score sequences.
 
 Works with any Hugging Face causal LM that accepts ``attention_mask``, ``position_ids``, a KV
 cache (``cache`` or ``past_key_values``) and ``logits_to_keep``. Prompts are left-padded so that every row's next token
@@ -42,9 +42,17 @@ class Rollout:
         ids = [row[: int(n)].tolist() for row, n in zip(self.completion_ids, self.lengths)]
         return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    def select(self, index: Tensor) -> Rollout:
-        """The completions at ``index`` (a bool mask or indices over N)."""
+    def sequences(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """What a model reads: ``(prompt_ids, prompt_mask, completion_ids, completion_mask)``."""
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+    def select(self, index: Tensor | slice) -> Rollout:
+        """The completions at ``index`` (a bool mask, indices or a slice over N)."""
         return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def split(self, size: int) -> list[Rollout]:
+        """Consecutive micro-batches of at most ``size`` completions (views, not copies)."""
+        return [self.select(slice(start, start + size)) for start in range(0, len(self.truncated), size)]
 
     @staticmethod
     def cat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:

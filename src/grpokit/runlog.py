@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 import yaml
 
+from grpokit.config import ConfigError
 from grpokit.sampling import Batch
 
 
@@ -67,12 +69,12 @@ def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt
             "prompt": batch.rows[i // group_size][prompt_column],
             "completion": batch.completions[i],
             "reward": batch.rewards[i].item(),
-            # for process supervision: the first token's, the sum of all its normalised steps
-            "advantage": advantages[i].view(-1)[0].item(),
+            # the first token's: for process supervision the sum of all its normalised steps
+            "advantage": advantages[i, 0].item(),
             **{name: (None if math.isnan(s[i]) else s[i].item()) for name, s in batch.per_function.items()},
+            # (token that ends the step, weighted reward); outcome supervision: one, at the last token
+            "steps": [[end, reward] for end, reward in batch.steps[i]],
         }
-        if batch.steps is not None:
-            record["steps"] = [[end, reward] for end, reward in batch.steps[i]]
         records.append(record)
     return records
 
@@ -109,11 +111,14 @@ class RunLog:
                 handle.writelines(json.dumps(record) + "\n" for record in completions)
 
 
+def check_tensorboard() -> None:
+    """``tensorboard: true`` needs the tensorboard package; a ConfigError says how to install it."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("tensorboard: true needs the tensorboard package: pip install 'grpokit[tensorboard]'")
+
+
 def tensorboard_writer(log_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ValueError(
-            "tensorboard: true needs the tensorboard package: pip install 'grpokit[tensorboard]'"
-        ) from None
+    check_tensorboard()
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter(log_dir=str(log_dir))

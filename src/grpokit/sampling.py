@@ -1,8 +1,12 @@
-"""Steps 1–3 of the loop (GRPO.md §1): B prompts from the data, G completions each, their rewards,
-and the group-relative advantages — with dynamic sampling when asked.
+"""Steps 1–3 of the loop (docs/math.md, "One step"): B prompts from the data, G completions each, their
+rewards, and the group-relative advantages — with dynamic sampling when asked.
 
 ``Sampler`` owns what decides *which* completions a step trains on: the data order, the sampling
 generator, the reward functions. The trainer owns the models and the update.
+
+Every completion's reward arrives as steps ``(token that ends the step, reward)``: with outcome
+supervision one step, the whole reward at the completion's last token; with process supervision the
+reward functions' steps. Both then take one path to the advantages (:func:`group_relative_advantages`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.distributed import SINGLE, World, gather
 from grpokit.models import autocast
-from grpokit.objective import group_advantages, process_advantages
+from grpokit.objective import process_advantages
 from grpokit.rewards import score_completions, score_steps
 from grpokit.rollout import Rollout, generate, step_token_ends
 
@@ -32,7 +36,7 @@ class Batch:
     completions: list[str]  # N decoded completions
     rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
     per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
-    steps: list[list[tuple[int, float]]] | None = None  # process supervision: per completion (end token, reward)
+    steps: list[list[tuple[int, float]]]  # per completion: (token that ends a step, its weighted reward)
 
     def groups(self, index: torch.Tensor, group_size: int) -> Batch:
         """The groups at ``index`` (a bool mask or indices over B)."""
@@ -44,7 +48,7 @@ class Batch:
             completions=[self.completions[i] for i in rows.tolist()],
             rewards=self.rewards[rows],
             per_function={name: scores[rows] for name, scores in self.per_function.items()},
-            steps=None if self.steps is None else [self.steps[i] for i in rows.tolist()],
+            steps=[self.steps[i] for i in rows.tolist()],
         )
 
     @staticmethod
@@ -55,7 +59,7 @@ class Batch:
             completions=[c for b in batches for c in b.completions],
             rewards=torch.cat([b.rewards for b in batches]),
             per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
-            steps=None if batches[0].steps is None else [s for b in batches for s in b.steps],
+            steps=[s for b in batches for s in b.steps],
         )
 
 
@@ -78,39 +82,54 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_
     return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
 
 
+def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: World = SINGLE) -> torch.Tensor:
+    """(N, T) advantages from the batch's steps (docs/math.md, "Advantages"): with one step per completion
+    these are :func:`~grpokit.objective.group_advantages` on every token. With ``scale="batch"`` over
+    several processes, the std is that of the whole batch's step rewards (a collective: every process
+    calls it)."""
+    batch_std = None
+    if scale == "batch" and world.distributed:
+        pooled = [reward for steps in batch.steps for _, reward in steps]
+        everything = torch.tensor([r for part in gather(pooled, world) for r in part])
+        batch_std = everything.std().item() if everything.numel() > 1 else 0.0
+    return process_advantages(
+        [[reward for _, reward in steps] for steps in batch.steps],
+        [[end for end, _ in steps] for steps in batch.steps],
+        batch.rollout.completion_mask, group_size, scale=scale, batch_std=batch_std,
+    )
+
+
 class Sampler:
-    """Samples and scores the groups of each step. ``rows``: the dataset; ``stop_ids``: the tokens that
-    end a completion."""
+    """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
+    as the model reads it (:func:`render_prompt`); ``stop_ids``: the tokens that end a completion;
+    ``sharded``: the policy is sharded across processes, which must then run every decoding pass."""
 
     def __init__(
-        self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], reward_funcs: Sequence[Callable],
-        reward_weights: Sequence[float], stop_ids: list[int], device: torch.device, world: World = SINGLE,
+        self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str],
+        reward_funcs: Sequence[Callable], reward_weights: Sequence[float], stop_ids: list[int],
+        device: torch.device, world: World = SINGLE, sharded: bool = False,
     ):
-        self.config, self.tokenizer, self.rows, self.device = config, tokenizer, rows, device
+        self.config, self.tokenizer, self.rows, self.prompts, self.device = config, tokenizer, rows, prompts, device
         self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
-        self.world = world
+        self.world, self.sharded = world, sharded
         # Each process samples with its own stream (docs/distributed.md); one process: seeded by `seed`.
         self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
         self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
         self.epoch = 0
         self.groups_per_process = config.prompts_per_step // world.size
 
-    def next_rows(self) -> list[dict[str, Any]]:
+    def next_indices(self) -> list[int]:
         """This process's share of the next B rows (all of them in a world of one), walking seeded
         permutations of the dataset without repeats within an epoch."""
-        rows = []
-        while len(rows) < self.config.prompts_per_step:
+        indices = []
+        while len(indices) < self.config.prompts_per_step:
             if not self.order:
                 order = list(range(len(self.rows)))
                 random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
                 self.order, self.epoch = order, self.epoch + 1
-            rows.append(self.rows[self.order.pop()])
+            indices.append(self.order.pop())
         start = self.world.rank * self.groups_per_process
-        return rows[start : start + self.groups_per_process]
-
-    def prompt_text(self, row: dict[str, Any]) -> str:
-        return render_prompt(self.tokenizer, row[self.config.prompt_column], system_prompt=self.config.system_prompt,
-                             chat_template=self.config.chat_template)
+        return indices[start : start + self.groups_per_process]
 
     def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         encoded = self.tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
@@ -135,32 +154,33 @@ class Sampler:
         signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
         """
         config, b, g = self.config, self.groups_per_process, self.config.num_generations
-        rounds, no_signal, timing = [], [], {}
+        rounds, no_signal, stats = [], [], {}
         while True:
-            batch = self.generate_and_score(model, self.next_rows(), timing)
+            batch = self.generate_and_score(model, self.next_indices(), stats)
             rounds.append(batch)
             no_signal.append(self.no_signal_groups(batch))
             with_signal = int(sum((~mask).sum() for mask in no_signal))
             if not config.dynamic_sampling or with_signal >= b or len(rounds) == config.max_sampling_rounds:
                 break
         sampled, no_signal = Batch.cat(rounds, self.tokenizer.pad_token_id), torch.cat(no_signal)
-        stats = {"frac_zero_std_groups": no_signal.float().mean().item(), "sampling_rounds": len(rounds)}
+        stats.update(frac_zero_std_groups=no_signal.float().mean().item(), sampling_rounds=len(rounds))
         if not config.dynamic_sampling:
-            return batch, batch, {**timing, **stats, "dropped_groups": 0, "refilled_groups": 0}
+            return batch, batch, {**stats, "dropped_groups": 0, "refilled_groups": 0}
         # The first B groups with signal, then (if the rounds ran out) the first without.
         refill = max(0, b - with_signal)
         index = torch.cat([(~no_signal).nonzero().squeeze(1)[:b], no_signal.nonzero().squeeze(1)[:refill]])
         stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
-        return sampled.groups(index, g), sampled, {**timing, **stats}
+        return sampled.groups(index, g), sampled, stats
 
     def generate_and_score(
-        self, model: torch.nn.Module, rows: list[dict[str, Any]], timing: dict[str, float] | None = None
+        self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None
     ) -> Batch:
-        """Sample and score one round of prompts; add its seconds and reward errors to ``timing``."""
-        timing = {} if timing is None else timing
+        """Sample and score one round of the dataset rows at ``indices``; add its seconds and its reward
+        errors to ``stats``."""
+        stats = {} if stats is None else stats
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
-        prompts = [self.prompt_text(row) for row in rows]
+        rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         model.eval()
         with autocast(config.mixed_precision, self.device):
@@ -169,22 +189,24 @@ class Sampler:
                 num_generations=g, max_new_tokens=config.max_completion_length,
                 temperature=config.temperature, top_p=config.top_p,
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
-                stop_early=not (config.parallelism == "fsdp" and self.world.distributed), fast=config.fast_path,
+                stop_early=not self.sharded, fast=config.fast_path,
             )
         generated = time.perf_counter()
 
-        # Weighted sum of the reward functions, each kept for logging; for process supervision, the
-        # weighted steps, their character offsets mapped to the tokens that end them.
+        # Weighted sum of the reward functions, each kept for logging, and the weighted steps: with
+        # outcome supervision one per completion, at its last token; with process supervision the
+        # functions' steps, their character offsets mapped to the tokens that end them.
         completions = rollout.decode(self.tokenizer)
         repeated_prompts = [p for p in prompts for _ in range(g)]
         columns = self.reward_columns(rows)
         errors: list[dict[str, Any]] = []
         options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
-        steps = None
         if config.supervision == "outcome":
             rewards, per_function = score_completions(
                 self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
             )
+            last = (rollout.lengths - 1).clamp(min=0).tolist()
+            steps = [[(end, reward)] for end, reward in zip(last, rewards.tolist())]
         else:
             rewards, per_function, char_steps = score_steps(
                 self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
@@ -192,7 +214,7 @@ class Sampler:
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
                            ("reward_errors", len(errors))):
-            timing[key] = timing.get(key, 0) + value
+            stats[key] = stats.get(key, 0) + value
         return Batch(rows, rollout, completions, rewards, per_function, steps)
 
     def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
@@ -204,26 +226,8 @@ class Sampler:
             merged[end] = merged.get(end, 0.0) + reward
         return sorted(merged.items())
 
-    def advantages(self, batch: Batch, scale: str | None = None) -> torch.Tensor:
-        """(N,) for outcome, (N, T) for process supervision. With ``scale="batch"`` over several
-        processes, the std is that of the whole batch's rewards (a collective: every process calls it)."""
-        config, g = self.config, self.config.num_generations
-        scale = scale or config.scale_rewards
-        batch_std = None
-        if scale == "batch" and self.world.distributed:
-            pooled = batch.rewards.tolist() if batch.steps is None else [r for s in batch.steps for _, r in s]
-            everything = torch.tensor([r for part in gather(pooled, self.world) for r in part])
-            batch_std = everything.std().item() if everything.numel() > 1 else 0.0
-        if config.supervision == "outcome":
-            return group_advantages(batch.rewards, g, scale=scale, batch_std=batch_std).to(self.device)
-        return process_advantages(
-            [[reward for _, reward in steps] for steps in batch.steps],
-            [[end for end, _ in steps] for steps in batch.steps],
-            batch.rollout.completion_mask, g, scale=scale, batch_std=batch_std,
-        ).to(self.device)
-
     def no_signal_groups(self, batch: Batch) -> torch.Tensor:
         """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing. Whether an
         advantage is 0 does not depend on the scale, so this stays local to the process."""
-        advantages = self.advantages(batch, scale="none")
+        advantages = group_relative_advantages(batch, self.config.num_generations, "none")
         return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()

@@ -1,13 +1,14 @@
-"""``GRPOTrainer``: the GRPO loop of GRPO.md §1, one step top to bottom.
+"""``GRPOTrainer``: the loop of docs/math.md ("One step"), one step top to bottom, for GRPO and for PPO.
 
     trainer = GRPOTrainer(GRPOConfig(...), model=model, tokenizer=tokenizer,
                           train_dataset=rows, reward_funcs=[accuracy_reward, my_reward])
     trainer.train()
 
-Each step: (1) sample G completions for each of B prompts; (2) score them; (3) group-relative
-advantages; (4) reference (and, for μ > 1, π_old) log-probs; (5) μ optimizer steps over the batch in
-micro-batches with gradient accumulation; (6) metrics. Loss normalisers count over the whole batch, so
-the update does not depend on the micro-batch size.
+Each step: (1) sample G completions for each of B prompts; (2) score them; (3) advantages; (4) the
+log-probs that stay fixed during the update (π_ref, and π_old when the policy moves before the batch's
+last optimizer step); (5) the update (:func:`grpokit.update.update`); (6) metrics. ``algorithm: ppo``
+adds one learner, the :class:`~grpokit.ppo.Critic`, whose value model gives GAE advantages in step 3
+and trains beside the policy in step 5; everything else is shared.
 
 Where it departs from the paper: none in the math. The reference model is the starting checkpoint,
 frozen (the paper also refreshes it between RL iterations; we do not).
@@ -15,54 +16,50 @@ frozen (the paper also refreshes it between RL iterations; we do not).
 
 from __future__ import annotations
 
-import copy
-import math
+import random
 import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from grpokit.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
-from grpokit.config import ConfigError, GRPOConfig
+from grpokit.config import GRPOConfig
 from grpokit.data import check_columns, check_prompt_lengths, load_rows
 from grpokit.distributed import (
     all_max,
     all_sum,
-    all_sum_dict,
     data_parallel,
     device_for,
     full_state_dict,
     gather,
-    gradient_sync,
     init_world,
+    is_sharded,
 )
 from grpokit.models import (
-    BUILTIN,
     autocast,
+    build_reference,
     keep_freed_memory,
     load_model_and_tokenizer,
     resolve_device,
+    save_pretrained,
     seed_everything,
     with_lora,
 )
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.optim import adamw_with_schedule
-from grpokit.rewards import (
-    required_columns,
-    resolve_reward_functions,
-    reward_name,
-)
+from grpokit.ppo import Critic
+from grpokit.rewards import required_columns, resolve_reward_functions, reward_name
 from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
-from grpokit.runlog import RunLog, completion_records, step_metrics
-from grpokit.sampling import Batch, Sampler, render_prompt
+from grpokit.runlog import RunLog, check_tensorboard, completion_records, step_metrics
+from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt
+from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (repeated non-finite updates); the message says why and what was kept."""
+__all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -70,7 +67,8 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class GRPOTrainer:
-    """Trains a causal LM with GRPO. Anything not passed is built from the config."""
+    """Trains a causal LM with ``config.algorithm`` (GRPO, or the PPO baseline). Anything not passed is
+    built from the config."""
 
     def __init__(
         self,
@@ -81,8 +79,6 @@ class GRPOTrainer:
         train_dataset: Sequence[dict[str, Any]] | None = None,
         reward_funcs: Sequence[str | Callable] | None = None,
     ):
-        if config.algorithm != "grpo" and type(self) is GRPOTrainer:
-            raise ConfigError(f"algorithm: {config.algorithm} needs its own trainer: use build_trainer(config)")
         self.config = config
         seed_everything(config.seed)
         # Bad launcher settings fail here, before any work (docs/distributed.md).
@@ -91,24 +87,17 @@ class GRPOTrainer:
         if config.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
 
-        self.reward_funcs = resolve_reward_functions(reward_funcs or config.reward_funcs)
-        names = [reward_name(fn) for fn in self.reward_funcs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"reward_funcs: names must be unique, got {names}")
-        self.reward_weights = config.reward_weights or [1.0] * len(self.reward_funcs)
-        if len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions"
-            )
-
-        if config.tensorboard:  # a missing package fails now, not after the model load
-            import importlib.util
-
-            if importlib.util.find_spec("tensorboard") is None:
-                raise ConfigError("tensorboard: true needs the tensorboard package: pip install 'grpokit[tensorboard]'")
-
-        # Data and rewards are checked before the (possibly slow) model load.
-        self.rows = self._load_rows(train_dataset)
+        # Rewards, data and optional packages are checked before the (possibly slow) model load.
+        self.reward_funcs, self.reward_weights = resolve_reward_functions(
+            reward_funcs or config.reward_funcs, config.reward_weights
+        )
+        if config.tensorboard:
+            check_tensorboard()
+        needed = [config.prompt_column] + [config.answer_column if column == "answer" else column
+                                           for fn in self.reward_funcs for column in required_columns(fn)]
+        rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
+        check_columns(rows, list(dict.fromkeys(needed)),
+                      source="train_dataset" if train_dataset is not None else config.dataset)
 
         if model is None:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
@@ -118,59 +107,29 @@ class GRPOTrainer:
             # The completion mask never looks at pad ids, so pad may safely equal EOS.
             tokenizer.pad_token = tokenizer.eos_token
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
-        self.stop_ids = stop_token_ids(self.model, tokenizer)
-
         prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
-                                 chat_template=config.chat_template) for row in self.rows]
+                                 chat_template=config.chat_template) for row in rows]
         check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
                              getattr(self.model.config, "max_position_embeddings", None))
 
-        # β = 0 turns the reference model off entirely: never created, never run (GRPO.md §3). With LoRA
-        # the reference is the policy with its adapter disabled, so no copy is held.
-        self.loss_beta = config.beta  # the KL term's weight in the loss (PPO puts it in the reward instead)
-        self.ref_model = None
-        if config.beta != 0 and not config.lora_rank:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-
-        self._copy_models()
-        # The training passes go through this: DDP or FSDP2 with several processes, the model otherwise.
-        self.train_model = data_parallel(self.model, self.world, config.parallelism)
-        self.optimizer, self.scheduler = self._adamw(self.model, config.learning_rate)
-        self.sampler = Sampler(config, tokenizer, self.rows, self.reward_funcs, self.reward_weights, self.stop_ids,
-                               self.device, self.world)
-        self._shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
+        # Copies of the starting policy are taken before it is sharded: π_ref, and PPO's value model.
+        self.reference = build_reference(self.model, config.beta)
+        self.critic = Critic(self.model, config, self.world, self.device) if config.algorithm == "ppo" else None
+        # The policy's training passes go through DDP or FSDP2 with several processes, whose hooks the
+        # fast path would bypass: it is off for them there (sampling and frozen passes keep it).
+        self.fast_training = config.fast_path and not self.world.distributed
+        train_model = data_parallel(self.model, self.world, config.parallelism)  # FSDP shards it in place
+        optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate)  # over the shards
+        self.policy = Learner("", self.model, train_model, optimizer, scheduler, loss=self.policy_loss)
+        self.learners = [self.policy] + ([self.critic.learner] if self.critic else [])
+        self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights,
+                               stop_token_ids(self.model, tokenizer), self.device, self.world,
+                               sharded=is_sharded(self.model))
+        self.guard = NonfiniteGuard(config.max_nonfinite_updates)
+        self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
-        self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss or gradient
-
-    # ---- set-up helpers --------------------------------------------------------------------------
-
-    def _load_rows(self, train_dataset: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
-        config = self.config
-        if train_dataset is not None:
-            rows, source = list(train_dataset), "train_dataset"
-        elif config.dataset == BUILTIN:
-            from grpokit.arithmetic import train_rows
-
-            rows, source = train_rows(4096, config.seed), BUILTIN
-        else:
-            rows, source = load_rows(config.dataset), config.dataset
-        needed = [config.prompt_column]
-        for fn in self.reward_funcs:
-            for column in required_columns(fn):
-                column = config.answer_column if column == "answer" else column
-                if column not in needed:
-                    needed.append(column)
-        check_columns(rows, needed, source=source)
-        return rows
-
-    def _copy_models(self) -> None:
-        """Models copied from the policy before it is sharded (PPO's value model)."""
-
-    def _adamw(self, model: torch.nn.Module, lr: float) -> tuple[torch.optim.Optimizer, Any]:
-        """AdamW over the model's trainable parameters, and its warmup + decay schedule over the run."""
-        return adamw_with_schedule(model, self.config, lr)
 
     # ---- the step --------------------------------------------------------------------------------
 
@@ -182,33 +141,82 @@ class GRPOTrainer:
         #      sampling, groups without signal are replaced by groups from further rounds.
         batch, sampled, sampling = self.sampler.sample(self.model)
         rollout = batch.rollout
-        sampled_time = time.perf_counter()
+        sampled_at = time.perf_counter()
+        loss_mask = rollout.completion_mask
+        if config.mask_truncated_completions:
+            loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
 
-        # 3. Advantages relative to the group (§2): (N,) for outcome, (N, T) for process supervision.
-        advantages = self.sampler.advantages(batch)
-        loss_mask = self._loss_mask(rollout)
+        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when the policy moves before
+        #    the last optimizer step on the batch or PPO's reward needs it (with one step, π_old = π_θ and
+        #    ratio = 1 in value, so no extra pass is needed: docs/math.md, "One step").
+        ref_logp = self.reference_logprobs(rollout)
+        moves = config.num_iterations > 1 or config.num_minibatches > 1
+        old_logp = self.frozen_logprobs(self.model, rollout) if moves or self.critic else None
 
-        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when there are several
-        #    optimizer steps (with one, π_old = π_θ and ratio = 1 in value, so no extra pass is
-        #    needed: GRPO.md §1.4).
-        ref_logp = self._reference_logprobs(rollout)
-        several_updates = config.num_iterations > 1 or config.num_minibatches > 1
-        old_logp = self._frozen_logprobs(self.model, rollout) if several_updates else None
+        # 3. Advantages, (N, T): relative to the group (GRPO), or GAE on the value model's estimates (PPO).
+        if self.critic is None:
+            advantages = group_relative_advantages(batch, config.num_generations, config.scale_rewards, self.world)
+            fixed = UpdateBatch(rollout, loss_mask, advantages.to(self.device), old_logp, ref_logp)
+        else:
+            fixed = self.critic.update_batch(batch, loss_mask, old_logp, ref_logp)
         frozen = time.perf_counter()
 
-        # 5. μ passes over the batch, one optimizer step per minibatch, gradients accumulated over
-        #    micro-batches.
-        first_update, update = self._optimize(
-            rollout, advantages=advantages, loss_mask=loss_mask, old_logp=old_logp, ref_logp=ref_logp
-        )
+        # 5. μ passes over the batch, one optimizer step per minibatch and learner, gradients accumulated
+        #    over micro-batches.
+        passes = update(self.learners, fixed, micro_batch_size=config.micro_batch_size,
+                        max_grad_norm=config.max_grad_norm, guard=self.guard, num_iterations=config.num_iterations,
+                        num_minibatches=config.num_minibatches, shuffle=self.shuffle, world=self.world)
+        last = {**passes[-1], "skipped_updates": sum(p["skipped_updates"] for p in passes)}
         updated = time.perf_counter()
 
         # 6. Metrics, over every process's completions.
         self.step += 1
-        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), first_update, update,
-                               (start, sampled_time, frozen, updated))
-        self._log(metrics, batch, advantages)
+        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), passes[0], last,
+                               (start, sampled_at, frozen, updated))
+        if self.critic is not None:
+            metrics.update(self.critic.metrics(fixed, last))
+        self._log(metrics, batch, fixed.advantages)
         return metrics
+
+    def policy_loss(self, model: torch.nn.Module, batch: UpdateBatch, counts: LossCounts,
+                    first_pass: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped surrogate on a micro-batch (``grpo_loss``), with the policy's entropy on the first
+        pass. PPO's KL is in its per-token reward (``ppo.token_rewards``), so its loss has no KL term."""
+        config = self.config
+        with autocast(config.mixed_precision, self.device):
+            logp, entropy = sequence_logprobs(model, *batch.rollout.sequences(), temperature=config.temperature,
+                                              with_entropy=first_pass, fast=self.fast_training)
+        loss, stats = grpo_loss(
+            logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.loss_mask,
+            epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+            beta=0.0 if self.critic else config.beta, aggregation=config.aggregation,
+            ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
+            kl_kind=config.kl_kind, num_sequences=counts.sequences, num_tokens=counts.tokens,
+        )
+        if entropy is not None:
+            stats["entropy"] = masked_mean(entropy, batch.loss_mask).item()
+        return loss, stats
+
+    @torch.no_grad()
+    def frozen_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
+        """Log-probs (N, T) of the sampled tokens under ``model``, without gradient, micro-batch by
+        micro-batch: π_old, or π_ref."""
+        was_training = model.training
+        model.eval()
+        chunks = []
+        for micro in rollout.split(self.config.micro_batch_size):
+            with autocast(self.config.mixed_precision, self.device):
+                chunks.append(sequence_logprobs(model, *micro.sequences(), temperature=self.config.temperature,
+                                                fast=self.config.fast_path)[0])
+        model.train(was_training)
+        return torch.cat(chunks)
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        """π_ref's log-probs (N, T), or None when β = 0."""
+        if self.reference is None:
+            return None
+        with self.reference.active():
+            return self.frozen_logprobs(self.reference.model, rollout)
 
     def _whole(self, batch: Batch, sampled: Batch, sampling: dict[str, float]) -> tuple[Batch, Batch, dict]:
         """The step's batches and sampling counts over all processes (as they are, in a world of one)."""
@@ -221,149 +229,6 @@ class GRPOTrainer:
         sampling = {k: all_max(v, world) if k in slowest else all_sum(v, world) for k, v in sampling.items()}
         sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
         return batch, sampled, sampling
-
-    def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
-        """The tokens in the loss: the completions', less truncated completions when they are masked."""
-        if self.config.mask_truncated_completions:
-            return rollout.completion_mask * ~rollout.truncated.unsqueeze(1)
-        return rollout.completion_mask
-
-    def _reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
-        """π_ref's log-probs: the frozen copy's, the policy's with its LoRA adapter disabled, or None (β = 0)."""
-        if self.config.beta == 0:
-            return None
-        if self.ref_model is not None:
-            return self._frozen_logprobs(self.ref_model, rollout)
-        with self.model.disable_adapter():
-            return self._frozen_logprobs(self.model, rollout)
-
-    @torch.no_grad()
-    def _frozen_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
-        was_training = model.training
-        model.eval()
-        chunks = []
-        for idx in self._micro_batches(rollout):
-            with self._autocast():
-                logp, _ = sequence_logprobs(
-                    model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                    rollout.completion_ids[idx], rollout.completion_mask[idx],
-                    temperature=self.config.temperature, fast=self.config.fast_path,
-                )
-            chunks.append(logp)
-        model.train(was_training)
-        return torch.cat(chunks)
-
-    def _autocast(self):
-        return autocast(self.config.mixed_precision, self.device)
-
-    def _micro_batches(self, rollout: Rollout) -> list[slice]:
-        n, size = rollout.completion_ids.shape[0], self.config.micro_batch_size
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-    def _optimize(self, rollout: Rollout, **tensors: torch.Tensor | None) -> tuple[dict, dict]:
-        """μ passes over the batch, each one optimizer step per minibatch (``_update``); ``tensors``
-        are per-completion and follow the minibatch. Returns the mean diagnostics of the first pass
-        and of the last."""
-        self.train_model.train()
-        passes = []
-        for iteration in range(self.config.num_iterations):
-            stats = []
-            for index in self._minibatches(rollout):
-                picked = {k: None if t is None else t[index.to(t.device)] for k, t in tensors.items()}
-                stats.append(self._update(rollout.select(index), **picked, with_entropy=iteration == 0))
-            passes.append({key: sum(s[key] for s in stats) / len(stats) for key in stats[0]})
-            passes[-1]["skipped_updates"] = sum(s["skipped_updates"] for s in stats)
-        last = passes[-1]
-        last["skipped_updates"] = sum(p["skipped_updates"] for p in passes)  # every skip of the step
-        return passes[0], last
-
-    def _minibatches(self, rollout: Rollout) -> list[torch.Tensor]:
-        """Completion indices of each minibatch: a fresh shuffle per pass when there are several."""
-        n, k = rollout.completion_ids.shape[0], self.config.num_minibatches
-        if k == 1:
-            return [torch.arange(n)]
-        return list(torch.randperm(n, generator=self._shuffle).tensor_split(k))
-
-    def _update(self, rollout, advantages, loss_mask, old_logp, ref_logp, *, with_entropy: bool) -> dict[str, float]:
-        """One optimizer step on the (mini)batch."""
-        stats = self.accumulate_gradients(
-            rollout, advantages, old_logp, ref_logp, loss_mask=loss_mask, with_entropy=with_entropy
-        )
-        stats["lr"] = self.scheduler.get_last_lr()[0]
-        stats["grad_norm"], stats["skipped_updates"] = self._step(
-            self.model, self.optimizer, self.scheduler, stats["loss"]
-        )
-        return stats
-
-    def _step(self, model, optimizer, scheduler, loss: float) -> tuple[float, int]:
-        """Clip and apply the accumulated gradient; returns (grad norm, 1 if skipped else 0). A non-finite
-        loss or gradient norm skips the step (weights, optimizer and schedule untouched) and, after
-        ``max_nonfinite_updates`` in a row, stops training."""
-        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
-            scheduler.step()
-            self.nonfinite_streak = 0
-        optimizer.zero_grad(set_to_none=True)
-        if not finite:
-            self.nonfinite_streak += 1
-            if self.nonfinite_streak >= self.config.max_nonfinite_updates:
-                raise TrainingError(
-                    f"step {self.step + 1}: {self.nonfinite_streak} updates in a row had a non-finite loss or "
-                    f"gradient norm (last: loss {loss}, grad norm {grad_norm}); stopped with the weights of the "
-                    f"last good update (max_nonfinite_updates={self.config.max_nonfinite_updates})"
-                )
-        return grad_norm, int(not finite)
-
-    def accumulate_gradients(
-        self, rollout: Rollout, advantages: torch.Tensor, old_logp: torch.Tensor | None,
-        ref_logp: torch.Tensor | None, *, loss_mask: torch.Tensor | None = None, with_entropy: bool = False,
-    ) -> dict[str, float]:
-        """Backward the GRPO loss of the whole batch, micro-batch by micro-batch, into ``.grad``.
-
-        ``loss_mask`` (default: the completion mask) selects the tokens in the loss. Normalisers count
-        over the whole batch, so each micro-batch's loss is its exact share of the batch loss and the
-        gradient does not depend on ``micro_batch_size``. Returns the loss and the token-weighted means
-        of the diagnostics.
-        """
-        config, world = self.config, self.world
-        mask = rollout.completion_mask if loss_mask is None else loss_mask
-        # Counts over the whole batch, every process's share included; completions left with no token
-        # in the loss (masked truncations) are out of the batch.
-        total_tokens = max(1.0, all_sum(float(mask.sum()), world))
-        sequences = max(1.0, all_sum(float((mask.sum(dim=1) > 0).sum()), world))
-        normalizer = total_tokens if config.aggregation == "token" else sequences
-        totals: dict[str, float] = {"loss": 0.0}
-        micro_batches = self._micro_batches(rollout)
-        for k, idx in enumerate(micro_batches):
-            with gradient_sync(self.train_model, enabled=k == len(micro_batches) - 1):
-                with self._autocast():
-                    logp, entropy = sequence_logprobs(
-                        self.train_model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
-                        rollout.completion_ids[idx], rollout.completion_mask[idx],
-                        temperature=config.temperature, with_entropy=with_entropy, fast=config.fast_path,
-                    )
-                loss, stats = grpo_loss(
-                    logp,
-                    None if old_logp is None else old_logp[idx],
-                    None if ref_logp is None else ref_logp[idx],
-                    advantages[idx], mask[idx],
-                    epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=self.loss_beta,
-                    aggregation=config.aggregation, ratio_level=config.ratio_level,
-                    max_completion_length=config.max_completion_length, kl_kind=config.kl_kind,
-                    normalizer=normalizer,
-                )
-                (loss * world.size).backward()  # DDP averages over processes; the shares must add up
-            totals["loss"] += loss.item()
-            if entropy is not None:
-                stats["entropy"] = masked_mean(entropy, mask[idx]).item()
-            share = float(mask[idx].sum()) / total_tokens
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + value * share
-        return all_sum_dict(totals, world)  # shares of the whole batch: their sums are its totals and means
 
     # ---- metrics and logging ---------------------------------------------------------------------
 
@@ -378,26 +243,61 @@ class GRPOTrainer:
             self.config.log_completions,
         ))
 
-    def _start_run_log(self) -> RunLog:
+    def _start_run_log(self) -> None:
         config = self.config.to_dict()
         config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
         self.run_log = RunLog(self.config.output_dir, tensorboard=self.config.tensorboard)
         self.run_log.start(config, self.history, self.step)
-        return self.run_log
+
+    # ---- checkpoints and saving ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint holds (``checkpoint.py`` reads nothing else of the trainer):
+        ``modules`` (the trained modules themselves, loaded in place on resume; the policy is
+        ``"model"``), ``tokenizer``, ``optimizers`` (each learner's optimizer and schedule state),
+        ``rng`` (this process's random streams), ``data`` (the position in the dataset), ``step``,
+        ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "sampling": self.sampler.generator.get_state(),
+                               "minibatches": self.shuffle.get_state(), "python": random.getstate(),
+                               "numpy": np.random.get_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        modules = {"model": self.model, **({"value_model": self.critic.value_model} if self.critic else {})}
+        optimizers = {}
+        for learner in self.learners:
+            optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
+            optimizers[learner.prefix + "scheduler"] = learner.scheduler.state_dict()
+        return {"step": self.step, "config": self.config.to_dict(), "modules": modules, "tokenizer": self.tokenizer,
+                "optimizers": optimizers, "rng": rng,
+                "data": {"order": list(self.sampler.order), "epoch": self.sampler.epoch},
+                "nonfinite_streak": self.guard.streak, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (``modules``, ``tokenizer`` and ``config`` excepted: the
+        modules' weights are loaded in place, the others are the run's own)."""
+        for learner in self.learners:
+            learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
+            learner.scheduler.load_state_dict(state["optimizers"][learner.prefix + "scheduler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.sampler.generator.set_state(rng["sampling"])
+        self.shuffle.set_state(rng["minibatches"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
+        self.sampler.order, self.sampler.epoch = list(state["data"]["order"]), state["data"]["epoch"]
 
     def resume(self, which: str = "latest") -> Path:
         """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
         path = find_checkpoint(self.config.output_dir, which)
-        load_checkpoint(self, path)
+        self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
         return path
 
-    def checkpointed_modules(self) -> dict[str, torch.nn.Module]:
-        """Trained modules a checkpoint holds besides the policy (PPO adds its value model)."""
-        return {}
-
-    def checkpointed_state(self) -> dict[str, Any]:
-        """Objects with ``state_dict``/``load_state_dict`` a checkpoint holds."""
-        return {"optimizer": self.optimizer, "scheduler": self.scheduler}
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of this step under ``output_dir/checkpoints`` (every process calls it)."""
+        return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints, self.world)
 
     def train(self) -> list[dict[str, float]]:
         """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint
@@ -421,36 +321,25 @@ class GRPOTrainer:
                 # Every process stops after the same step, whichever got the signal.
                 stop = all_max(float(signals.received or 0), world)
                 if config.save_every and self.step % config.save_every == 0 or stop:
-                    saved_at = save_checkpoint(self)
+                    saved_at = self.save_checkpoint()
                 if stop:
                     raise TrainingInterrupted(
                         f"stopped by {signal.Signals(int(stop)).name} after step {self.step}; checkpoint "
                         f"{saved_at}; continue with --resume latest"
                     )
         if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
-            save_checkpoint(self)
+            self.save_checkpoint()
         self.save(Path(config.output_dir) / "model")
         return self.history
 
     def save(self, path: str | Path) -> None:
-        """``save_pretrained`` (safetensors) for the model and the tokenizer, by the first process (every
-        process calls it: a sharded model is gathered first)."""
+        """The policy and tokenizer with ``save_pretrained`` (safetensors; LoRA: the adapter, and with
+        ``merge_lora`` the merged model in ``model_merged`` beside it), and PPO's value model in
+        ``value_model`` beside it. Every process calls it: a sharded model is gathered first."""
+        path = Path(path)
         state = full_state_dict(self.model, self.world)
         if self.world.main:
-            # a LoRA model saves its adapter alone (adapter_model.safetensors + adapter_config.json)
-            self.model.save_pretrained(path, state_dict=None if self.config.lora_rank else state,
-                                       safe_serialization=True)
-            self.tokenizer.save_pretrained(path)
-            if self.config.lora_rank and self.config.merge_lora:
-                merged = Path(path).parent / "model_merged"
-                copy.deepcopy(self.model).merge_and_unload().save_pretrained(merged, safe_serialization=True)
-                self.tokenizer.save_pretrained(merged)
-
-
-def build_trainer(config: GRPOConfig, **kwargs: Any) -> GRPOTrainer:
-    """The trainer for ``config.algorithm``: the one place where GRPO and PPO part ways."""
-    if config.algorithm == "ppo":
-        from grpokit.ppo import PPOTrainer  # imports this module
-
-        return PPOTrainer(config, **kwargs)
-    return GRPOTrainer(config, **kwargs)
+            merged = path.parent / "model_merged" if self.config.merge_lora else None
+            save_pretrained(self.model, self.tokenizer, path, state, merged)
+        if self.critic is not None:
+            self.critic.save(path.parent / "value_model")

@@ -1,0 +1,124 @@
+"""The supervised warm start of the tiny model on a deliberately flawed corpus, and its cache.
+
+The warm-start corpus is *systematically* wrong: on problems whose units column carries, most of its
+solutions forget the carry (``4+8=12`` → ``122``). The warm-started model therefore formats well and
+adds carry-free problems correctly, but its most likely (greedy) answer on the carry class is wrong;
+it still samples the right method now and then, which is the signal GRPO amplifies. Random errors
+would not do: the model would learn to sample noise while its greedy answer stayed right.
+
+:func:`warm_started_model_path` builds the warm-started model (:mod:`grpokit.tiny_model`) once per
+seed and spec and caches it under :func:`cache_dir` (``$GRPOKIT_CACHE``, else ``~/.cache/grpokit``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from grpokit.arithmetic import TASK_VERSION, TRAIN_PAIRS, has_carry, prompt_text, worked_solution
+from grpokit.optim import lr_factor
+from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+
+
+@dataclass
+class WarmStartSpec:
+    """The supervised warm start on the flawed corpus."""
+
+    steps: int = 1000
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 50
+    forget_carry_rate: float = 0.8  # share of carry problems whose solution forgets the carry
+
+
+def corpus_example(rng: random.Random, forget_carry_rate: float) -> tuple[str, str]:
+    a, b = rng.choice(TRAIN_PAIRS)
+    forget = has_carry(a, b) and rng.random() < forget_carry_rate
+    return prompt_text(a, b), worked_solution(a, b, forget_carry=forget)
+
+
+def supervised_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion+EOS ids with labels only on the completion and EOS."""
+    sequences, labels = [], []
+    for prompt, completion in pairs:
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sequences.append(prompt_ids + completion_ids)
+        labels.append([-100] * len(prompt_ids) + completion_ids)
+    width = max(map(len, sequences))
+    pad = tokenizer.pad_token_id
+    return {
+        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in sequences]),
+        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences]),
+        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
+    }
+
+
+def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool = True) -> list[float]:
+    """Supervised training on the flawed corpus; returns the loss per step."""
+    from tqdm.auto import tqdm
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
+    # Linear warmup, then cosine decay to 0 over the run: GRPO's own schedule (optim.py).
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(spec.warmup_steps, "cosine", spec.steps))
+    model.train()
+    losses = []
+    bar = tqdm(range(spec.steps), desc="warm start", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        examples = [corpus_example(rng, spec.forget_carry_rate) for _ in range(spec.batch_size)]
+        batch = supervised_batch(tokenizer, examples)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit"))
+
+
+def warm_started_model_path(
+    seed: int = 0,
+    model_spec: TinyModelSpec | None = None,
+    warm_spec: WarmStartSpec | None = None,
+    *,
+    progress: bool = True,
+) -> Path:
+    """Directory of the warm-started model and tokenizer (``save_pretrained`` format), built and
+    cached on first use, keyed by everything that determines it."""
+    model_spec, warm_spec = model_spec or TinyModelSpec(), warm_spec or WarmStartSpec()
+    key = json.dumps([TASK_VERSION, asdict(model_spec), asdict(warm_spec), seed], sort_keys=True)
+    target = cache_dir() / f"arithmetic-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    if (target / "grpokit_warm_start.json").is_file():
+        return target
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, model_spec, seed=seed)
+    losses = warm_start(model, tokenizer, warm_spec, seed=seed, progress=progress)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename, so an interrupted build never looks complete.
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / "grpokit_warm_start.json").write_text(
+        json.dumps({"key": json.loads(key), "final_loss": losses[-1]}, indent=2)
+    )
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return target
