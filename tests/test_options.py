@@ -1,6 +1,7 @@
 """Every objective option of the trainer reaches the loss as the formula says, and process
 supervision, dynamic sampling and truncation masking work end to end."""
 
+import copy
 import json
 
 import pytest
@@ -201,3 +202,42 @@ def test_process_supervision_learns_and_logs_its_steps(tokenizer, tiny_model, tm
     assert last > first + 0.1, (first, last)
     record = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[0])
     assert record["steps"] and all(len(step) == 2 for step in record["steps"])
+
+
+# ---- wiring: which setting and which model reach the math ------------------------------------------
+
+
+def test_temperature_reaches_every_log_prob(tokenizer, tiny_model, tmp_path):
+    """The loss's log-probs, and the frozen π_ref ones, are those of softmax(logits / T) at the sampling T."""
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, temperature=0.5)
+    rollout = fixed_rollout(trainer, tokenizer)
+    mask = rollout.completion_mask
+    with torch.no_grad():
+        logp = {t: sequence_logprobs(tiny_model, *rollout.sequences(), temperature=t)[0] for t in (0.5, 1.0)}
+    assert torch.allclose(trainer.reference_logprobs(rollout), logp[0.5], atol=1e-5)
+    gen = torch.Generator().manual_seed(4)
+    old_logp, ref_logp = logp[0.5] + 0.3 * torch.randn(mask.shape, generator=gen), logp[0.5] + 0.5
+    advantages = torch.randn(32, generator=gen)
+    loss = loss_and_gradient(trainer, UpdateBatch(rollout, mask, advantages, old_logp, ref_logp))[0]["loss"]
+    expected, at_one = (grpo_loss(logp[t], old_logp, ref_logp, advantages, mask)[0].item() for t in (0.5, 1.0))
+    assert loss == pytest.approx(expected, abs=1e-5)
+    assert abs(expected - at_one) > 1e-3
+
+
+def test_the_kl_is_to_the_reference_not_to_the_policy(tokenizer, tiny_model, tmp_path, monkeypatch):
+    """Once the policy has moved, π_ref's log-probs come from the frozen starting weights: the step's
+    ref_logp equals a separate copy's, differs from the policy's, and the logged KL is not 0."""
+    separate = copy.deepcopy(tiny_model)  # the starting weights, apart from the trainer
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, beta=0.1)
+    with torch.no_grad():  # move the policy away from where the reference was copied
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    seen = spy_on_update(monkeypatch)
+    metrics = trainer.training_step()
+    rollout, ref_logp = seen["batch"].rollout, seen["batch"].ref_logp
+    with torch.no_grad():
+        frozen = sequence_logprobs(separate.eval(), *rollout.sequences())[0]
+        policy = sequence_logprobs(trainer.model.eval(), *rollout.sequences())[0]
+    assert torch.allclose(ref_logp, frozen, atol=1e-5)
+    assert not torch.allclose(ref_logp, policy, atol=1e-3)
+    assert metrics["kl"] > 1e-4

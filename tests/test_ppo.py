@@ -240,3 +240,20 @@ def test_ppo_through_the_cli(tmp_path, tiny_model_dir, data_file, capsys):  # no
     assert len(metrics) == 2 and logged_keys(metrics[0]) == common | ppo
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
     assert (tmp_path / "run" / "value_model" / "model.safetensors").is_file()
+
+
+def test_gamma_and_lam_reach_gae(tokenizer, tiny_model, tmp_path):
+    """The critic's advantages and returns are gae(token rewards, V_old, mask) with the configured γ and λ."""
+    trainer = make_ppo(tokenizer, tiny_model, tmp_path, gamma=0.9, lam=0.5, beta=0.2, whiten_advantages=False)
+    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
+    rollout, mask = batch.rollout, batch.rollout.completion_mask
+    old_logp = trainer.frozen_logprobs(trainer.model, rollout)
+    ref_logp = old_logp + 0.1
+    fixed = trainer.critic.update_batch(batch, mask, old_logp, ref_logp)
+    values = trainer.critic.frozen_values(rollout)
+    rewards = token_rewards(batch, old_logp, ref_logp, beta=0.2)
+    advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    swapped, _ = gae(rewards, values, mask, gamma=0.5, lam=0.9)
+    assert torch.allclose(fixed.advantages, advantages, atol=1e-6) and torch.allclose(fixed.returns, returns, atol=1e-6)
+    assert torch.equal(fixed.old_values, values)
+    assert not torch.allclose(advantages, swapped, atol=1e-3)
