@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit import llama_family, products
+from grpokit import fused_linear, llama_family
 from grpokit.llama_family import LlamaFamily, unsupported
 from grpokit.rollout import generate, sequence_logprobs
 from grpokit.tiny_model import TinyModelSpec, build_model
@@ -105,7 +105,7 @@ def test_onednn_linear_ops_still_work_as_called():
     them (the fast path would then quietly use MKL, slower)."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
-    assert products.onednn_works()
+    assert fused_linear.onednn_works()
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
@@ -130,7 +130,7 @@ def decode_products(request, monkeypatch) -> str:
     that it grows several times."""
     if request.param == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
-    monkeypatch.setattr(products, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
+    monkeypatch.setattr(fused_linear, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
     monkeypatch.setattr(llama_family, "CACHE_ROOM", 3)
     return request.param
 

@@ -93,7 +93,7 @@ def test_errors_name_the_completion(args, match):
 
 
 def reference_process_advantages(step_rewards, step_ends, mask, group_size, scale="group", eps=EPS):
-    """GRPO.md §2 written as loops over groups, completions, tokens and steps."""
+    """docs/math.md's process supervision written as loops over groups, completions, tokens and steps."""
     n, width = mask.shape
     every_step = [r for rewards in step_rewards for r in rewards]
     adv = [[0.0] * width for _ in range(n)]

@@ -77,7 +77,7 @@ def arithmetic_steps_reward(
     prompts: Sequence[str], completions: Sequence[str], **columns: Any
 ) -> list[list[tuple[int, float]] | None]:
     """Process reward for the built-in task: one step per arithmetic line of the ``<think>`` block,
-    then the final answer as the last step (GRPO.md §2, process supervision).
+    then the final answer as the last step (docs/math.md, "Process supervision").
 
     A line ``x+y(+c)=z`` scores 1.0 when it is the correct column step at its position (the right
     digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines

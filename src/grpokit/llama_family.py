@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpokit.products import cast, decode_product, fused
+from grpokit.fused_linear import cast, decode_product, fused
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full

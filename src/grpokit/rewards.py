@@ -1,4 +1,4 @@
-"""Rule-based rewards (GRPO.md §1.2) and the code that calls and combines reward functions.
+"""Rule-based rewards (docs/math.md, "One step": rewards) and the code that calls and combines reward functions.
 
 A reward function follows TRL's convention::
 
