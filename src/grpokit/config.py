@@ -177,8 +177,8 @@ class GRPOConfig:
     keep_freed_memory: bool = _field(
         True, "Training on the CPU under Linux (glibc): keep the memory each step frees for the next step's tensors "
         "instead of returning it to the system and taking it back page by page (as PyTorch keeps GPU memory). "
-        "Faster steps (docs/benchmarks.md); the process's resident memory stays near its peak. Affects the whole "
-        "process.",
+        "No page faults retaking a step's tensors (docs/benchmarks.md); the process's resident memory stays near "
+        "its peak. Affects the whole process.",
     )
 
     # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------

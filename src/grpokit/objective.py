@@ -82,6 +82,26 @@ def group_advantages(
     return advantages.view(-1)
 
 
+def _flatten_steps(step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]],
+                   width: int) -> tuple[list[int], list[int], list[float]]:
+    """Every step of the batch, checked, as (completion, end token, reward) columns."""
+    rows, cols, values = [], [], []
+    for i, (rewards_i, ends_i) in enumerate(zip(step_rewards, step_ends)):
+        if len(rewards_i) != len(ends_i):
+            raise ValueError(f"completion {i}: {len(rewards_i)} step rewards but {len(ends_i)} step ends")
+        for j, end in enumerate(ends_i):
+            if not 0 <= end < width:
+                raise ValueError(f"completion {i}: step {j} ends at token {end}, outside [0, {width})")
+            if j and end <= ends_i[j - 1]:
+                raise ValueError(f"completion {i}: step ends must increase, got {list(ends_i)}")
+            if not math.isfinite(rewards_i[j]):
+                raise ValueError(f"completion {i}: step {j} has reward {rewards_i[j]}")
+        rows += [i] * len(ends_i)
+        cols += list(ends_i)
+        values += [float(r) for r in rewards_i]
+    return rows, cols, values
+
+
 def process_advantages(
     step_rewards: Sequence[Sequence[float]],
     step_ends: Sequence[Sequence[int]],
@@ -120,20 +140,7 @@ def process_advantages(
                          f"got {len(step_rewards)} and {len(step_ends)}")
     if n % group_size != 0:
         raise ValueError(f"group_size={group_size} does not divide the number of completions N={n}")
-    rows, cols, values = [], [], []
-    for i, (rewards_i, ends_i) in enumerate(zip(step_rewards, step_ends)):
-        if len(rewards_i) != len(ends_i):
-            raise ValueError(f"completion {i}: {len(rewards_i)} step rewards but {len(ends_i)} step ends")
-        for j, end in enumerate(ends_i):
-            if not 0 <= end < width:
-                raise ValueError(f"completion {i}: step {j} ends at token {end}, outside [0, {width})")
-            if j and end <= ends_i[j - 1]:
-                raise ValueError(f"completion {i}: step ends must increase, got {list(ends_i)}")
-            if not math.isfinite(rewards_i[j]):
-                raise ValueError(f"completion {i}: step {j} has reward {rewards_i[j]}")
-        rows += [i] * len(ends_i)
-        cols += list(ends_i)
-        values += [float(r) for r in rewards_i]
+    rows, cols, values = _flatten_steps(step_rewards, step_ends, width)
     rewards = torch.tensor(values, dtype=torch.float32)  # (S,) every step of the batch, in order
     row = torch.tensor(rows, dtype=torch.long)
     group = row // group_size
@@ -261,6 +268,29 @@ def aggregate_loss(
     return (per_token * mask).sum() / (sequences * max_completion_length)
 
 
+def _check_loss_inputs(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, advantages: Tensor,
+                       mask: Tensor, beta: float) -> Tensor:
+    """``grpo_loss``'s tensors checked against ``logp``'s (N, T); returns the advantages as (N, 1) or (N, T)."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must have shape (N, T), got {tuple(logp.shape)}")
+    _check_same_shape("logp", logp, "mask", mask)
+    if old_logp is not None:
+        _check_same_shape("logp", logp, "old_logp", old_logp)
+    if ref_logp is None:
+        if beta != 0:
+            raise ValueError(f"ref_logp is None but beta={beta}; pass ref_logp or set beta=0")
+    else:
+        _check_same_shape("logp", logp, "ref_logp", ref_logp)
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logp.shape[0]:
+            raise ValueError(
+                f"advantages has shape {tuple(advantages.shape)} but logp has shape {tuple(logp.shape)}"
+            )
+        return advantages.unsqueeze(1)  # (N, 1)
+    _check_same_shape("advantages", advantages, "logp", logp)
+    return advantages
+
+
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -301,24 +331,7 @@ def grpo_loss(
         raise ValueError(f"epsilon and epsilon_high must be >= 0, got {epsilon} and {epsilon_high}")
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
-    if logp.dim() != 2:
-        raise ValueError(f"logp must have shape (N, T), got {tuple(logp.shape)}")
-    _check_same_shape("logp", logp, "mask", mask)
-    if old_logp is not None:
-        _check_same_shape("logp", logp, "old_logp", old_logp)
-    if ref_logp is None:
-        if beta != 0:
-            raise ValueError(f"ref_logp is None but beta={beta}; pass ref_logp or set beta=0")
-    else:
-        _check_same_shape("logp", logp, "ref_logp", ref_logp)
-    if advantages.dim() == 1:
-        if advantages.shape[0] != logp.shape[0]:
-            raise ValueError(
-                f"advantages has shape {tuple(advantages.shape)} but logp has shape {tuple(logp.shape)}"
-            )
-        advantages = advantages.unsqueeze(1)  # (N, 1)
-    else:
-        _check_same_shape("advantages", advantages, "logp", logp)
+    advantages = _check_loss_inputs(logp, old_logp, ref_logp, advantages, mask, beta)
 
     valid = mask.bool()
     mask = mask.to(logp.dtype)

@@ -33,6 +33,9 @@ class Rollout:
     logp: Tensor  # (N, T) float32 log-probs of the sampled tokens at the sampling temperature
     truncated: Tensor  # (N,) bool: reached max_new_tokens without EOS
 
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
     @property
     def lengths(self) -> Tensor:
         return self.completion_mask.sum(dim=1)  # (N,)
@@ -52,7 +55,7 @@ class Rollout:
 
     def split(self, size: int) -> list[Rollout]:
         """Consecutive micro-batches of at most ``size`` completions (views, not copies)."""
-        return [self.select(slice(start, start + size)) for start in range(0, len(self.truncated), size)]
+        return [self.select(slice(start, start + size)) for start in range(0, len(self), size)]
 
     @staticmethod
     def cat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:

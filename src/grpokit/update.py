@@ -52,9 +52,8 @@ class UpdateBatch:
         """The completions at ``index`` (indices, a bool mask or a slice over N)."""
         if isinstance(index, Tensor):
             index = index.to(self.loss_mask.device)
-        picked = {f.name: getattr(self, f.name) for f in fields(self)}
-        return UpdateBatch(**{k: v if v is None else v.select(index) if k == "rollout" else v[index]
-                              for k, v in picked.items()})
+        tensors = (getattr(self, f.name) for f in fields(self)[1:])
+        return UpdateBatch(self.rollout.select(index), *(None if t is None else t[index] for t in tensors))
 
     def counts(self, world: World) -> LossCounts:
         mask = self.loss_mask
