@@ -100,18 +100,22 @@ def useful_flops(model_config, prompt_lengths: list[int], completion_lengths: li
 
 def matmul_peak() -> dict:
     """Best GFLOP/s of a large square-ish matrix product and of a 32-row one (decode's shape), the best
-    of MKL (``a @ b``) and oneDNN on packed weights (what grpokit decodes with on the CPU), best of 10."""
+    of MKL (``a @ b``) and oneDNN on packed weights (what grpokit decodes with on the CPU, where this CPU
+    has that path), best of 10."""
     import torch
 
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         for name, (m, k, n) in {"large": (2048, 1024, 1024), "rows32": (32, 1024, 4096)}.items():
             a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-            packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), m)
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), m)
+            except RuntimeError:  # no oneDNN path for this dtype on this CPU (bf16 without AVX-512): MKL only
+                packed = None
             reps = max(3, int(2e9 / (2 * m * k * n)))
             best = float("inf")
             for _ in range(10):
-                for onednn in (False, True):
+                for onednn in (False, True) if packed is not None else (False,):
                     start = time.perf_counter()
                     for _ in range(reps):
                         if onednn:

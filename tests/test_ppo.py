@@ -94,7 +94,7 @@ def test_value_loss_masks_and_normalizer():
     returns, mask = torch.tensor([[3.0, -7.0]]), torch.tensor([[1, 0]])
     loss, stats = value_loss(values, old, returns, mask, clip_range=0.2)
     assert loss.item() == pytest.approx(0.5 * 3.24) and stats["value_clipfrac"] == 1.0
-    half, _ = value_loss(values, old, returns, mask, clip_range=0.2, num_tokens=2.0)
+    half, _ = value_loss(values, old, returns, mask, clip_range=0.2, normalizer=2.0)
     assert half.item() == pytest.approx(0.5 * 3.24 / 2)
 
 

@@ -79,10 +79,10 @@ def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, *, moments: tuple[fl
 
 def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip_range: float = 0.2,
-    num_tokens: float | None = None,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped value loss ``½ · max((V − R)², (clip(V, V_old ± c) − R)²)``, summed over unmasked
-    tokens and divided by ``num_tokens`` (default: their count; a micro-batch passes the whole
+    tokens and divided by ``normalizer`` (default: their count; a micro-batch passes the whole
     batch's). Returns the loss and ``value_clipfrac``: the share of tokens whose prediction moved more
     than ``clip_range`` from ``old_values``, so that the clip is active.
 
@@ -97,7 +97,7 @@ def value_loss(
     unclipped_error, clipped_error = (values - returns) ** 2, (clipped - returns) ** 2
     per_token = 0.5 * torch.maximum(unclipped_error, clipped_error)
     valid = mask.bool()
-    count = valid.sum().clamp(min=1) if num_tokens is None else num_tokens
+    count = valid.sum().clamp(min=1) if normalizer is None else normalizer
     loss = torch.where(valid, per_token, 0.0).sum() / count
     with torch.no_grad():
         # Compared directly, not as ``clipped != values``: old + (v − old) can land one ulp from v.
@@ -209,7 +209,7 @@ class Critic:
         """The clipped value loss of a micro-batch, over the minibatch's tokens."""
         values = model(*batch.rollout.sequences())
         loss, stats = value_loss(values, batch.old_values, batch.returns, batch.loss_mask,
-                                 clip_range=self.config.cliprange_value, num_tokens=counts.tokens)
+                                 clip_range=self.config.cliprange_value, normalizer=counts.tokens)
         return loss, {"clipfrac": stats["value_clipfrac"]}
 
     @torch.no_grad()
