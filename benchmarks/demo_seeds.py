@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import cpu_model
+
 
 def check(result: dict, seconds: float) -> dict[str, bool]:
     before, after = result["before"], result["after"]
@@ -53,8 +55,7 @@ def main() -> None:
         records.append({"seed": seed, "wall_seconds": seconds, "checks": check(result, seconds), **result})
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    machine = {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
-               "cpus": os.cpu_count()}
+    machine = {"python": platform.python_version(), "cpu": cpu_model(), "cpus": os.cpu_count()}
     Path(args.out).write_text(json.dumps({"machine": machine, "runs": records}, indent=2))
 
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731

@@ -113,8 +113,8 @@ def test_random_kill_points(tmp_path, uninterrupted):
         assert code == -signal.SIGKILL, stderr
         for path in (out / "checkpoints").glob("step-*"):
             verify(path)  # nothing half-written looks complete
-    if code != 0:
-        code, stderr = run(tmp_path, out, resume="latest")
+    if code != 0:  # (on a loaded machine every kill may come before the first checkpoint)
+        code, stderr = run(tmp_path, out, resume="latest" if list((out / "checkpoints").glob("step-*")) else "")
         assert code == 0, stderr
     expected, got = final_weights(uninterrupted), final_weights(out)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
