@@ -42,7 +42,8 @@ def flaky(prompts, completions, **kw):
 
 
 def test_reward_error_stops_naming_function_prompt_and_completion(tokenizer, tiny_model, tmp_path):
-    trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(lambda p, c, **k: [1 / 0] * len(c),))
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path,
+                           reward_funcs=(lambda completions, **k: [1 / 0] * len(completions),))
     with pytest.raises(RewardError, match=r"'<lambda>' raised ZeroDivisionError: .* on completion 0 \(prompt 'Count"):
         trainer.training_step()
 

@@ -68,7 +68,8 @@ def test_scale_rewards_reaches_the_advantages(tokenizer, tiny_model, tmp_path, s
     on every token of each completion."""
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, scale_rewards=scale)
     seen, sample = spy_on_update(monkeypatch), trainer.sampler.sample
-    monkeypatch.setattr(trainer.sampler, "sample", lambda model: seen.update(sampled=sample(model)) or seen["sampled"])
+    monkeypatch.setattr(trainer.sampler, "sample",
+                        lambda *args: seen.update(sampled=sample(*args)) or seen["sampled"])
     trainer.training_step()
     batch, mask = seen["sampled"][0], seen["batch"].loss_mask
     expected = group_advantages(batch.rewards, 8, scale=scale).unsqueeze(1) * mask

@@ -258,7 +258,7 @@ def test_score_steps_mixes_outcome_and_process_rewards_by_weight():
 
 
 def test_none_and_empty_step_lists_add_no_step():
-    _, per_fn, steps = score_steps([lambda p, c, **k: [None, []]], [1.0], ["q", "q"], ["a", "b"], {})
+    _, per_fn, steps = score_steps([lambda completions, **k: [None, []]], [1.0], ["q", "q"], ["a", "b"], {})
     assert steps == [[], []] and torch.isnan(per_fn["<lambda>"]).all()
 
 

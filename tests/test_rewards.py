@@ -97,7 +97,7 @@ def test_score_completions_weights_and_none():
 
 def test_numpy_and_bool_rewards_are_numbers():
     np = pytest.importorskip("numpy")
-    total, _ = score_completions([lambda p, c, **k: [np.float32(0.5), True]], [1.0], ["q", "q"], ["a", "b"], {})
+    total, _ = score_completions([lambda completions, **k: [np.float32(0.5), True]], [1.0], ["q", "q"], ["a", "b"], {})
     assert total.tolist() == [0.5, 1.0]
 
 
@@ -152,6 +152,9 @@ def test_the_reward_examples_in_the_docs_run():
     doc = (Path(__file__).parent.parent / "docs" / "data_and_rewards.md").read_text()
     namespace: dict = {}
     exec(doc.split("```python\n")[1].split("```")[0], namespace)
-    assert namespace["length_penalty"](["q", "q"], ["x" * 100, "x" * 600]) == [0.0, -0.5]
-    assert namespace["answer_in_units"](["q"] * 2, ["it is 5 kg", "5 g"], answer=["5", "5"], unit=["kg", "kg"]) == [
-        1.0, 0.0]
+    total, per_fn = score_completions(
+        [namespace["length_penalty"], namespace["answer_in_units"]], [1.0, 1.0], ["q"] * 3,
+        ["x" * 100, "x" * 600, "it is 5 kg"], {"answer": ["5"] * 3, "unit": ["kg"] * 3},
+    )
+    assert per_fn["length_penalty"].tolist() == [0.0, -0.5, 0.0]
+    assert per_fn["answer_in_units"].tolist() == [0.0, 0.0, 1.0]

@@ -11,9 +11,23 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+Text = str | list[dict[str, Any]]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Plain decimal numbers, optionally signed, with optional thousands separators. ASCII digits only.
 _NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|[+-]?\.[0-9]+", re.ASCII)
+
+
+def text_of(value: Text) -> str:
+    """The text of a prompt or completion in either form reward functions receive: plain text as is,
+    chat messages as the content of the last one (a completion's assistant message; a prompt's last turn).
+
+    >>> text_of("12"), text_of([{"role": "assistant", "content": "<answer>12</answer>"}])
+    ('12', '<answer>12</answer>')
+    """
+    if isinstance(value, str):
+        return value
+    return value[-1]["content"] if value else ""
 
 
 def extract_answer(completion: str) -> str | None:

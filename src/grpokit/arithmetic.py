@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.answers import answers_match, extract_answer
+from grpokit.answers import Text, answers_match, extract_answer, text_of
 
 # Bump when prompts, solutions or the tokenizer (tiny_model.py) change, to invalidate the warm-start cache.
 TASK_VERSION = 1
@@ -74,7 +74,7 @@ def expected_steps(a: int, b: int) -> list[tuple[list[int], int]]:
 
 
 def arithmetic_steps_reward(
-    prompts: Sequence[str], completions: Sequence[str], **columns: Any
+    prompts: Sequence[Text], completions: Sequence[Text], **columns: Any
 ) -> list[list[tuple[int, float]] | None]:
     """Process reward for the built-in task: one step per arithmetic line of the ``<think>`` block,
     then the final answer as the last step (docs/math.md, "Process supervision").
@@ -90,6 +90,7 @@ def arithmetic_steps_reward(
     """
     results: list[list[tuple[int, float]] | None] = []
     for prompt, completion in zip(prompts, completions):
+        prompt, completion = text_of(prompt), text_of(completion)
         match = _PROMPT_RE.search(prompt)
         if match is None:
             results.append(None)

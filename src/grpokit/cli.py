@@ -36,11 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--eval-prompts", type=int, default=400, help="held-out prompts to evaluate")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
 
+    # CONFIG is taken from the arguments by hand (main): argparse would take a value with a space in it,
+    # such as --reward_funcs "[accuracy, format]", for the positional.
     train = commands.add_parser(
         "train", help="train with a YAML config", epilog=_train_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="grpokit train [CONFIG.yaml] [--resume [PATH|latest]] [--key value ...]",
+        description="CONFIG.yaml: a YAML config file (omit it to use the defaults and overrides).",
     )
-    train.add_argument("config", nargs="?", help="YAML config file (omit to use defaults and overrides)")
     train.add_argument(
         "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
         help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
@@ -149,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "train":
+        args.config = extra.pop(0) if extra and not extra[0].startswith("-") else None
     try:
         if args.command == "demo":
             return cmd_demo(args)

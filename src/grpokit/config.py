@@ -47,7 +47,7 @@ class GRPOConfig:
     )
     prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
     answer_column: str = _field(
-        "answer", "Dataset column holding the reference answer (passed to rewards as `answer`)."
+        "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name)."
     )
     output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.")
     seed: int = _field(0, "Seed for data order, sampling and initialisation.")
@@ -69,8 +69,9 @@ class GRPOConfig:
     # ---- rewards ---------------------------------------------------------------------------------
     reward_funcs: list[str] = _field(
         ["accuracy", "format"],
-        "Reward functions by name (built-in: 'accuracy', 'math_accuracy' (math-verify when installed), "
-        "'format', and the process reward 'arithmetic_steps'); the Python API also takes callables.",
+        "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
+        "and the process reward 'arithmetic_steps'), 'FILE.py:NAME' or 'package.module:NAME' for your own (called "
+        "as TRL calls them: docs/data_and_rewards.md); the Python API also takes callables.",
     )
     reward_weights: list[float] | None = _field(
         None, "Weight of each reward function in the total reward; None means 1.0 each."

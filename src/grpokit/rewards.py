@@ -1,32 +1,55 @@
-"""Rule-based rewards (docs/math.md, "One step": rewards) and the code that calls and combines reward functions.
+"""Rule-based rewards (docs/math.md, "One step": rewards) and the code that loads, checks, calls and
+combines reward functions.
 
-A reward function follows TRL's convention::
+Reward functions are called as TRL calls them, by keyword::
 
-    fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]
 
-``columns`` holds the dataset's other columns as lists aligned with ``completions`` (a prompt's
-row is repeated for each of its G completions). ``None`` means "not applicable to this completion".
+``prompts``: each completion's prompt as the dataset holds it (text, or a list of chat messages);
+``completions``: the decoded text, or for a conversational prompt ``[{"role": "assistant", "content":
+text}]``; ``completion_ids``: the sampled token ids; ``trainer_state``: :class:`TrainerState`; every
+other dataset column under its own name (the answer column also as ``answer``). All lists are aligned
+with the completions (a prompt's row repeats for its G completions). A function receives the keywords
+it names, or all of them with ``**kwargs``. ``None`` means "not applicable to this completion".
 Rewards parse text; nothing here ever evaluates it.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import importlib.util
 import inspect
 import math
 import numbers
 import re
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpokit.answers import answers_match, extract_answer, parse_number
+from grpokit.answers import Text, answers_match, extract_answer, parse_number, text_of
 from grpokit.arithmetic import arithmetic_steps_reward
 from grpokit.config import check_reward_weights
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
+# What every reward function may take besides the dataset's columns.
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The part of TRL's ``trainer_state`` that reward functions read: optimizer steps done before this
+    one, the run's total, and the data epoch (1 during the first pass over the dataset)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: int = 0
 
 _TAG = r"</?(?:think|answer)>"
 _FORMAT_RE = re.compile(
@@ -34,7 +57,7 @@ _FORMAT_RE = re.compile(
 )
 
 
-def format_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+def format_reward(prompts: Sequence[Text], completions: Sequence[Text], **columns: Any) -> list[float]:
     """1.0 when a completion is exactly ``<think>…</think><answer>…</answer>`` (whitespace allowed
     around the blocks, no tags nested or repeated), else 0.0.
 
@@ -42,11 +65,11 @@ def format_reward(prompts: Sequence[str], completions: Sequence[str], **columns:
     ...                           "<think>a</think><answer>1</answer><answer>2</answer>"])
     [1.0, 0.0, 0.0]
     """
-    return [1.0 if _FORMAT_RE.fullmatch(c) else 0.0 for c in completions]
+    return [1.0 if _FORMAT_RE.fullmatch(text_of(c)) else 0.0 for c in completions]
 
 
 def accuracy_reward(
-    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any], **columns: Any
+    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
 ) -> list[float]:
     """1.0 when the text inside the single ``<answer>`` tag equals the row's ``answer``, else 0.0.
 
@@ -59,13 +82,13 @@ def accuracy_reward(
     """
     scores = []
     for completion, reference in zip(completions, answer):
-        predicted = extract_answer(completion)
+        predicted = extract_answer(text_of(completion))
         scores.append(1.0 if predicted is not None and answers_match(predicted, reference) else 0.0)
     return scores
 
 
 def math_accuracy_reward(
-    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any], **columns: Any
+    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
 ) -> list[float]:
     """1.0 when the single ``<answer>`` is mathematically equal to the row's ``answer``.
 
@@ -80,7 +103,7 @@ def math_accuracy_reward(
     """
     scores = []
     for completion, reference in zip(completions, answer):
-        predicted = extract_answer(completion)
+        predicted = extract_answer(text_of(completion))
         if predicted is None or not predicted.strip():
             scores.append(0.0)
         elif parse_number(predicted) is not None and parse_number(str(reference)) is not None:
@@ -117,18 +140,23 @@ def reward_name(fn: RewardFunction) -> str:
 def resolve_reward_functions(
     specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None
 ) -> tuple[list[RewardFunction], list[float]]:
-    """The reward functions (names of built-in rewards — ``"accuracy"``, ``"format"``, ``"arithmetic_steps"``
-    — or callables) and their weights (None: 1.0 each), checked: names unique, one weight per function."""
+    """The reward functions and their weights (None: 1.0 each), checked: names unique, one weight per
+    function. A spec is a callable, the name of a built-in reward (``"accuracy"``, ``"math_accuracy"``,
+    ``"format"``, ``"arithmetic_steps"``), or ``"FILE.py:NAME"`` / ``"package.module:NAME"``."""
     functions, builtin = [], builtin_rewards()
     for spec in specs:
         if callable(spec):
             functions.append(spec)
         elif spec in builtin:
             functions.append(builtin[spec])
+        elif ":" in spec:
+            functions.append(load_reward_function(spec))
         else:
+            close = difflib.get_close_matches(spec, sorted(builtin), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(
-                f"reward_funcs: unknown reward {spec!r}; built-in rewards are {sorted(builtin)}, "
-                "or pass a callable"
+                f"reward_funcs: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
+                "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python)"
             )
     names = [reward_name(fn) for fn in functions]
     if len(set(names)) != len(names):
@@ -137,32 +165,108 @@ def resolve_reward_functions(
     return functions, [1.0] * len(functions) if weights is None else list(weights)
 
 
-def required_columns(fn: RewardFunction) -> list[str]:
-    """Keyword columns a reward function needs: its parameters after (prompts, completions) that
-    have no default."""
+def load_reward_function(spec: str) -> RewardFunction:
+    """``"path/to/file.py:name"`` (a path relative to the working directory) or ``"package.module:name"``
+    (importable from ``sys.path``) → that function; errors name the file, module or attribute."""
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"reward_funcs: {spec!r} must be 'path/to/file.py:name' or 'package.module:name'")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ValueError(f"reward_funcs: {spec!r}: file {where!r} does not exist (relative to {Path.cwd()})")
+        module_name = f"grpokit_rewards_{path.resolve().as_posix().strip('/').replace('/', '_').replace('.', '_')}"
+        module = sys.modules.get(module_name)
+        if module is None:  # loaded once, so that every reward named from one file shares its module
+            module_spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as error:
+                del sys.modules[module_name]
+                raise ValueError(f"reward_funcs: {spec!r}: importing {where!r} raised "
+                                 f"{type(error).__name__}: {error}") from error
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as error:
+            raise ValueError(f"reward_funcs: {spec!r}: cannot import module {where!r} ({error}); a file path must "
+                             "end in .py") from error
+    fn = getattr(module, name, None)
+    if fn is None:
+        public = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
+        close = difflib.get_close_matches(name, public, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; it defines {sorted(public)}"
+        raise ValueError(f"reward_funcs: {spec!r}: {where!r} has no attribute {name!r}{hint}")
+    if not callable(fn):
+        raise ValueError(f"reward_funcs: {spec!r}: {where}:{name} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def accepted_keywords(fn: RewardFunction) -> set[str] | None:
+    """The keywords ``fn`` can be called with; None when it takes any (``**kwargs``) or cannot be inspected."""
     try:
-        parameters = list(inspect.signature(fn).parameters.values())[2:]
-    except (TypeError, ValueError):  # no introspectable signature: assume it needs no column
-        return []
-    return [
-        p.name for p in parameters
-        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def check_reward_functions(
+    reward_funcs: Sequence[RewardFunction], columns: Iterable[str], source: str
+) -> list[str]:
+    """Check, before any model loads, that each function can be called with what it will be passed
+    (:data:`REWARD_ARGUMENTS` and the dataset's ``columns``, as keywords); return the columns they
+    require, for the caller to check row by row. Errors name the function and the parameter."""
+    columns = list(columns)
+    clash = [c for c in columns if c in REWARD_ARGUMENTS]
+    if clash:
+        raise ValueError(f"{source}: column {clash[0]!r} has the name of an argument every reward function is "
+                         f"passed ({', '.join(REWARD_ARGUMENTS)}); rename the column")
+    passed = [*REWARD_ARGUMENTS, *columns]
+    required: list[str] = []
+    for fn in reward_funcs:
+        name = reward_name(fn)
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # no introspectable signature: nothing to check
+            continue
+        for p in parameters:
+            if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if p.kind is p.POSITIONAL_ONLY:
+                raise ValueError(
+                    f"reward function {name!r} takes {p.name!r} by position only; reward functions are called by "
+                    f"keyword ({', '.join(REWARD_ARGUMENTS)}, and each column by name), as in TRL"
+                )
+            if p.name not in passed:
+                close = difflib.get_close_matches(p.name, passed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"reward function {name!r} needs {p.name!r}, which is neither a reward argument "
+                    f"({', '.join(REWARD_ARGUMENTS)}) nor a column of {source} (its columns: {sorted(columns)}){hint}"
+                )
+            if p.name not in REWARD_ARGUMENTS:
+                required.append(p.name)
+    return list(dict.fromkeys(required))
 
 
 def _short(text: str, limit: int = 120) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text)} characters)"
 
 
-def _invoke(fn: RewardFunction, name: str, args: tuple, kwargs: dict, timeout: float | None, what: str) -> Any:
-    """``fn(*args, **kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns."""
+def _invoke(fn: RewardFunction, name: str, kwargs: dict, timeout: float | None, what: str) -> Any:
+    """``fn(**kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns."""
     if timeout is None:
-        return fn(*args, **kwargs)
+        return fn(**kwargs)
     result: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            result["value"] = fn(*args, **kwargs)
+            result["value"] = fn(**kwargs)
         except Exception as error:  # handed to the caller's thread
             result["error"] = error
 
@@ -177,31 +281,36 @@ def _invoke(fn: RewardFunction, name: str, args: tuple, kwargs: dict, timeout: f
 
 
 def _call(
-    fn: RewardFunction, prompts: list[str], completions: list[str], columns: dict[str, list], *,
+    fn: RewardFunction, arguments: dict[str, list], shared: dict[str, Any], *,
     timeout: float | None = None, on_error: str = "raise", errors: list[dict[str, Any]] | None = None,
 ) -> list:
-    """Call one reward function on the batch. If it raises, call it on one completion at a time to find
-    the culprit: ``on_error="raise"`` stops with an error naming the function, prompt and completion;
-    ``"skip"`` scores the failing completions None and appends a record of each to ``errors``. A wrong
-    length, or a call longer than ``timeout`` seconds, is always an error."""
-    name, n = reward_name(fn), len(completions)
+    """Call one reward function on the batch: ``arguments`` (name → one value per completion, ``prompts``
+    and ``completions`` among them) and ``shared`` (the same for all), each keyword passed when ``fn``
+    takes it. If it raises, call it on one completion at a time to find the culprit:
+    ``on_error="raise"`` stops with an error naming the function, prompt and completion; ``"skip"``
+    scores the failing completions None and appends a record of each to ``errors``. A wrong length, or
+    a call longer than ``timeout`` seconds, is always an error."""
+    name, n = reward_name(fn), len(arguments["completions"])
+    accepted = accepted_keywords(fn)
+    passed = {k: v for k, v in arguments.items() if accepted is None or k in accepted}
+    shared = {k: v for k, v in shared.items() if accepted is None or k in accepted}
     try:
-        values = _invoke(fn, name, (prompts, completions), columns, timeout, f"on a batch of {n} completions")
+        values = _invoke(fn, name, {**passed, **shared}, timeout, f"on a batch of {n} completions")
     except RewardError:
         raise
     except Exception as batch_error:
         values = []
         for i in range(n):
-            single = {key: [column[i]] for key, column in columns.items()}
+            single = {key: [column[i]] for key, column in passed.items()}
             try:
-                value = _invoke(fn, name, ([prompts[i]], [completions[i]]), single, timeout, f"on completion {i}")
+                value = _invoke(fn, name, {**single, **shared}, timeout, f"on completion {i}")
             except RewardError:
                 raise
             except Exception as error:
                 if on_error == "raise":
                     raise RewardError(
-                        f"reward function {name!r} raised {type(error).__name__}: {error} on completion {i} "
-                        f"(prompt {_short(prompts[i])}, completion {_short(completions[i])})"
+                        f"reward function {name!r} raised {type(error).__name__}: {error} on completion {i}"
+                        f"{_which(arguments, i)}"
                     ) from error
                 if errors is not None:
                     errors.append({"function": name, "completion": i, "error": f"{type(error).__name__}: {error}"})
@@ -221,6 +330,13 @@ def _call(
         got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
         raise RewardError(f"reward function {name!r} returned {got} for {n} completions; expected a list of {n}")
     return list(values)
+
+
+def _which(arguments: dict[str, list], i: int) -> str:
+    """`` (prompt …, completion …)`` for an error message, from what the function was passed."""
+    parts = [f"{key[:-1]} {_short(str(text_of(arguments[key][i])))}" for key in ("prompts", "completions")
+             if key in arguments]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _check_number(name: str, i: int, value: Any, prompts: list[str], completions: list[str], where: str = "") -> float:
@@ -260,13 +376,20 @@ def _check_steps(name: str, i: int, value: Sequence, prompts: list[str], complet
 def score_completions(
     reward_funcs: Sequence[RewardFunction],
     weights: Sequence[float],
-    prompts: list[str],
+    prompts: list[Text],
     completions: list[str],
     columns: dict[str, list],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: TrainerState | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Outcome supervision: call each reward function once on the batch; return the weighted total
     (N,) and, per function, its raw scores (N,) with NaN where it returned None.
+
+    ``prompts`` (as the dataset holds them), ``completions`` (decoded text), ``columns`` (name → one
+    value per completion), ``completion_ids`` and ``trainer_state`` reach each function as keywords
+    (this module's docstring); a completion of a conversational prompt as an assistant message.
 
     The total is the weighted sum over the functions that applied; a completion to which none applied
     gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
@@ -274,17 +397,20 @@ def score_completions(
     reward), which needs :func:`score_steps`. ``options``: ``timeout``, ``on_error`` and ``errors`` of
     :func:`_call`.
     """
-    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=False,
-                                    **options)
+    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, completion_ids,
+                                    trainer_state, steps_allowed=False, **options)
     return total, per_function
 
 
 def score_steps(
     reward_funcs: Sequence[RewardFunction],
     weights: Sequence[float],
-    prompts: list[str],
+    prompts: list[Text],
     completions: list[str],
     columns: dict[str, list],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: TrainerState | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
     """Process supervision: every reward function's output as weighted steps per completion.
@@ -296,20 +422,30 @@ def score_steps(
 
     Returns ``(total, per_function, steps)``: ``steps[i]`` sorted by offset; ``per_function[name][i]``
     is the function's outcome value or the mean of its step rewards (NaN where it gave none), and
-    ``total`` their weighted sum, for logging.
+    ``total`` their weighted sum, for logging. The arguments reach the functions as in
+    :func:`score_completions`; offsets count characters of the completion's text.
     """
-    return _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=True, **options)
+    return _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state,
+                  steps_allowed=True, **options)
 
 
-def _score(reward_funcs, weights, prompts, completions, columns, *, steps_allowed: bool, **options: Any):
+def _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, *,
+           steps_allowed: bool, **options: Any):
     n = len(completions)
+    # As TRL passes them: a conversational prompt's completion as the assistant's message.
+    as_passed = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c
+                 for p, c in zip(prompts, completions)]
+    arguments = {**columns, "prompts": list(prompts), "completions": as_passed}
+    if completion_ids is not None:
+        arguments["completion_ids"] = completion_ids
+    shared = {} if trainer_state is None else {"trainer_state": trainer_state}
     per_function: dict[str, torch.Tensor] = {}
     total = torch.zeros(n)
     steps: list[dict[int, float]] = [{} for _ in range(n)]
     for fn, weight in zip(reward_funcs, weights):
         name = reward_name(fn)
         scores = torch.full((n,), float("nan"))
-        for i, value in enumerate(_call(fn, prompts, completions, columns, **options)):
+        for i, value in enumerate(_call(fn, arguments, shared, **options)):
             if value is None:
                 continue
             if isinstance(value, (list, tuple)):

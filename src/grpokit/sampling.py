@@ -23,7 +23,7 @@ from grpokit.config import GRPOConfig
 from grpokit.distributed import SINGLE, World, gather
 from grpokit.models import autocast
 from grpokit.objective import process_advantages
-from grpokit.rewards import score_completions, score_steps
+from grpokit.rewards import TrainerState, score_completions, score_steps
 from grpokit.rollout import Rollout, generate, step_token_ends
 
 
@@ -82,6 +82,14 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_
     return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
 
 
+def reward_column_names(rows: Sequence[dict[str, Any]], prompt_column: str, answer_column: str) -> dict[str, str]:
+    """Keyword → dataset column, for what reward functions receive besides the reward arguments: every
+    column but the prompt under its own name, and the answer column also as ``answer`` (taking the name
+    over from any column called ``answer``)."""
+    names = {key: key for key in dict.fromkeys(key for row in rows for key in row) if key != prompt_column}
+    return {**names, "answer": answer_column}
+
+
 def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: World = SINGLE) -> torch.Tensor:
     """(N, T) advantages from the batch's steps (docs/math.md, "Advantages"): with one step per completion
     these are :func:`~grpokit.objective.group_advantages` on every token. With ``scale="batch"`` over
@@ -136,18 +144,16 @@ class Sampler:
         return encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device)
 
     def reward_columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
-        """The rows' columns except the prompt, repeated G times; the answer column is ``answer``."""
+        """Every column of the rows but the prompt, under its own name and repeated G times; the answer
+        column also as ``answer`` (:func:`reward_column_names`)."""
         g, config = self.config.num_generations, self.config
-        columns: dict[str, list] = {}
-        for key in dict.fromkeys(key for row in rows for key in row):  # every column, in first-seen order
-            if key == config.prompt_column:
-                continue
-            name = "answer" if key == config.answer_column else key
-            columns[name] = [row.get(key) for row in rows for _ in range(g)]
+        columns = {name: [row.get(key) for row in rows for _ in range(g)]
+                   for name, key in reward_column_names(rows, config.prompt_column, config.answer_column).items()}
         return columns
 
-    def sample(self, model: torch.nn.Module) -> tuple[Batch, Batch, dict[str, float]]:
-        """The step's training batch of B groups, every group sampled this step, and sampling metrics.
+    def sample(self, model: torch.nn.Module, step: int = 0) -> tuple[Batch, Batch, dict[str, float]]:
+        """The step's training batch of B groups, every group sampled this step, and sampling metrics;
+        ``step``: optimizer steps done so far (reward functions' ``trainer_state.global_step``).
 
         Without dynamic sampling both batches are one round of B prompts. With it, groups whose
         advantages are all 0 are dropped and rounds of B more prompts are sampled until B groups carry
@@ -156,7 +162,7 @@ class Sampler:
         config, b, g = self.config, self.groups_per_process, self.config.num_generations
         rounds, no_signal, stats = [], [], {}
         while True:
-            batch = self.generate_and_score(model, self.next_indices(), stats)
+            batch = self.generate_and_score(model, self.next_indices(), stats, step)
             rounds.append(batch)
             no_signal.append(self.no_signal_groups(batch))
             with_signal = int(sum((~mask).sum() for mask in no_signal))
@@ -173,10 +179,10 @@ class Sampler:
         return sampled.groups(index, g), sampled, stats
 
     def generate_and_score(
-        self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None
+        self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None, step: int = 0
     ) -> Batch:
         """Sample and score one round of the dataset rows at ``indices``; add its seconds and its reward
-        errors to ``stats``."""
+        errors to ``stats``. ``step``: as in :meth:`sample`."""
         stats = {} if stats is None else stats
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
@@ -197,20 +203,22 @@ class Sampler:
         # outcome supervision one per completion, at its last token; with process supervision the
         # functions' steps, their character offsets mapped to the tokens that end them.
         completions = rollout.decode(self.tokenizer)
-        repeated_prompts = [p for p in prompts for _ in range(g)]
-        columns = self.reward_columns(rows)
+        # Reward functions see each prompt as the dataset holds it (TRL's convention), not as rendered.
+        arguments = dict(
+            prompts=[row[config.prompt_column] for row in rows for _ in range(g)], completions=completions,
+            columns=self.reward_columns(rows),
+            completion_ids=[ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())],
+            trainer_state=TrainerState(global_step=step, max_steps=config.max_steps, epoch=self.epoch),
+        )
         errors: list[dict[str, Any]] = []
         options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
         if config.supervision == "outcome":
-            rewards, per_function = score_completions(
-                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
-            )
+            rewards, per_function = score_completions(self.reward_funcs, self.reward_weights, **arguments, **options)
             last = (rollout.lengths - 1).clamp(min=0).tolist()
             steps = [[(end, reward)] for end, reward in zip(last, rewards.tolist())]
         else:
-            rewards, per_function, char_steps = score_steps(
-                self.reward_funcs, self.reward_weights, repeated_prompts, completions, columns, **options
-            )
+            rewards, per_function, char_steps = score_steps(self.reward_funcs, self.reward_weights, **arguments,
+                                                            **options)
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
                            ("reward_errors", len(errors))):

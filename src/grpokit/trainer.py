@@ -53,10 +53,10 @@ from grpokit.models import (
 from grpokit.objective import grpo_loss, masked_mean
 from grpokit.optim import adamw_with_schedule
 from grpokit.ppo import Critic
-from grpokit.rewards import required_columns, resolve_reward_functions, reward_name
+from grpokit.rewards import check_reward_functions, resolve_reward_functions, reward_name
 from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
 from grpokit.runlog import RunLog, check_tensorboard, completion_records, step_metrics
-from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt
+from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
 __all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
@@ -93,11 +93,11 @@ class GRPOTrainer:
         )
         if config.tensorboard:
             check_tensorboard()
-        needed = [config.prompt_column] + [config.answer_column if column == "answer" else column
-                                           for fn in self.reward_funcs for column in required_columns(fn)]
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
-        check_columns(rows, list(dict.fromkeys(needed)),
-                      source="train_dataset" if train_dataset is not None else config.dataset)
+        source = "train_dataset" if train_dataset is not None else config.dataset
+        keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
+        needed = check_reward_functions(self.reward_funcs, keywords, source)
+        check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
 
         if model is None:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
@@ -139,7 +139,7 @@ class GRPOTrainer:
 
         # 1-2. Sample G completions for each of B prompts from π_old and score them; with dynamic
         #      sampling, groups without signal are replaced by groups from further rounds.
-        batch, sampled, sampling = self.sampler.sample(self.model)
+        batch, sampled, sampling = self.sampler.sample(self.model, self.step)
         rollout = batch.rollout
         sampled_at = time.perf_counter()
         loss_mask = rollout.completion_mask
