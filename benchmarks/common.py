@@ -1,9 +1,10 @@
 """Shared by the benchmark scripts: measurement workers in fresh processes, mean-and-spread curves, a git
-revision's source."""
+revision's source, the CPU's model."""
 
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 import tarfile
@@ -42,3 +43,17 @@ def export_source(revision: str, into: Path) -> Path:
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into / "src"
+
+
+def cpu_model() -> dict:
+    """The CPU's model name and the bfloat16-related flags it reports (Linux: /proc/cpuinfo)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor(), "bf16_flags": None}
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name", ""), "family": fields.get("cpu family"),
+            "model_number": fields.get("model"),
+            "bf16_flags": sorted(flags & {"avx512_bf16", "amx_bf16", "avx_ne_convert"})}

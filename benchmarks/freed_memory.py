@@ -31,7 +31,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import run_worker
+from common import cpu_model, run_worker
 from vs_trl import BETA, CONFIGS, LR, PROMPTS, G, build, rows
 
 
@@ -79,20 +79,6 @@ def worker(job: dict) -> dict:
     w = job["warmup"]
     return {"page_faults": faults[w:], "step_seconds": seconds[w:], "update_seconds": update[w:],
             "page_faults_16x4mb": synthetic}
-
-
-def cpu_model() -> dict:
-    """The CPU's model name and the bfloat16-related flags it reports (Linux: /proc/cpuinfo)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"model": platform.processor(), "bf16_flags": None}
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    return {"model": fields.get("model name", ""), "family": fields.get("cpu family"),
-            "model_number": fields.get("model"),
-            "bf16_flags": sorted(flags & {"avx512_bf16", "amx_bf16", "avx_ne_convert"})}
 
 
 def main() -> None:
