@@ -1,5 +1,5 @@
 """Shared by the benchmark scripts: measurement workers in fresh processes, mean-and-spread curves, a git
-revision's source."""
+revision's source, the CPU's model."""
 
 from __future__ import annotations
 

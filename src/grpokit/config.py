@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB
 from grpokit.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
 
@@ -168,6 +169,13 @@ class GRPOConfig:
         "forward: a preallocated KV cache when sampling, no padding computed in the reference and policy passes "
         "(same math; docs/benchmarks.md). Other models, and the training passes of multi-process runs, use the "
         "model's own forward; false forces that everywhere.",
+    )
+    logprob_chunk_mb: float = _field(
+        DEFAULT_CHUNK_MB, "Memory (MiB) for one chunk of the LM head's float32 logits when computing log-probs and "
+        "entropies: the head runs on as many tokens at a time as fit (at least one) and recomputes them in backward, "
+        "so no (tokens × vocabulary) logits are held for the micro-batch (same values and gradients; "
+        "docs/math.md). 0: the full logits at once. LoRA or hooked heads, and multi-process training passes, "
+        "always use the full logits.", min=0,
     )
     mixed_precision: str = _field(
         "no", "'bf16': run the policy and reference passes (sampling included) under bfloat16 autocast; weights, "

@@ -44,14 +44,14 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _inner(model: nn.Module) -> nn.Module:
+def unwrap_peft(model: nn.Module) -> nn.Module:
     """The ``*ForCausalLM`` under a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def unsupported(model: nn.Module) -> str | None:
     """None when :class:`LlamaFamily` runs ``model`` exactly; otherwise the reason it cannot."""
-    inner = _inner(model)
+    inner = unwrap_peft(model)
     config = getattr(inner, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
@@ -93,13 +93,14 @@ def _rotated_pairs(x: Tensor, turns: Tensor) -> Tensor:
 
 
 class LlamaFamily:
-    """A supported model's modules, run by the two passes GRPO needs: :meth:`decode` and :meth:`logits`."""
+    """A supported model's modules, run by the two passes GRPO needs: :meth:`decode`, and
+    :meth:`hidden_states` followed by the LM head."""
 
     def __init__(self, model: nn.Module):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"the fast path cannot run this model: {reason}")
-        inner = _inner(model)
+        inner = unwrap_peft(model)
         self.backbone, self.lm_head = inner.model, inner.lm_head
         config = inner.config
         self.heads = config.num_attention_heads
@@ -121,11 +122,13 @@ class LlamaFamily:
             return F.rms_norm(x, (x.shape[-1],), module.weight, self.eps)
         return module.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
-    def _head(self, x: Tensor) -> Tensor:
-        """Final norm and LM head, float32 logits; under autocast too (log-probs need the precision)."""
-        x = self._norm(self.backbone.norm, x)
+    def head(self, x: Tensor) -> Tensor:
+        """The LM head on final hidden states (from :meth:`hidden_states`): logits in float32 (float64 for
+        float64 weights), computed in the head's dtype, under autocast too (log-probs need the precision).
+        :mod:`grpokit.chunked_logprobs` computes the same a chunk of tokens at a time."""
         with torch.autocast(x.device.type, enabled=False):
-            return self.lm_head(x.to(self.lm_head.weight.dtype)).float()
+            logits = self.lm_head(x.to(self.lm_head.weight.dtype))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def _rotary_turns(self, length: int, like: Tensor) -> Tensor:
         """cos + i·sin (length, head_dim / 2) for positions 0..length-1, from the model's rotary module,
@@ -147,9 +150,10 @@ class LlamaFamily:
 
     # ---- training and reference passes: real tokens only -------------------------------------------
 
-    def logits(self, input_ids: Tensor, lengths: Tensor, predict: Tensor, prefix_source: Tensor | None = None,
-               prefix_lengths: Tensor | None = None) -> Tensor:
-        """Logits at the positions ``predict`` (K, 2) = (row, column) of the right-padded ``input_ids``
+    def hidden_states(self, input_ids: Tensor, lengths: Tensor, predict: Tensor, prefix_source: Tensor | None = None,
+                      prefix_lengths: Tensor | None = None) -> Tensor:
+        """The final hidden states (K, hidden), after the last norm, that the LM head reads (:meth:`head`)
+        at the positions ``predict`` (K, 2) = (row, column) of the right-padded ``input_ids``
         (N, L) whose row i holds ``lengths[i]`` real tokens from column 0 (positions 0, 1, ...).
 
         Projections and MLPs run on real tokens only, and once per shared prefix: row i's first
@@ -243,7 +247,7 @@ class LlamaFamily:
             h = self._norm(layer.post_attention_layernorm, x)
             # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
             x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
-        return self._head(x.index_select(0, token[predict[:, 0], predict[:, 1]]))
+        return self._norm(self.backbone.norm, x.index_select(0, token[predict[:, 0], predict[:, 1]]))
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor, rows: int, causal_masks: dict[int, Tensor]) -> Tensor:
         """Causal attention of ``rows`` rows laid out head-major: q (heads · rows, L, D), k and v
@@ -293,7 +297,7 @@ class LlamaFamily:
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
         layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
-        head = decode_product(self.lm_head, rows=n, scale=self._norm_scale(self.backbone.norm))  # own dtype, as _head
+        head = decode_product(self.lm_head, rows=n, scale=self._norm_scale(self.backbone.norm))  # own dtype, as head
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:

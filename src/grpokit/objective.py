@@ -176,18 +176,19 @@ def process_advantages(
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
-    """log π(token) under ``softmax(logits / temperature)``, in float32: gather, then logsumexp.
+    """log π(token) under ``softmax(logits / temperature)``, in float32 (float64 for float64 logits):
+    gather, then logsumexp.
 
-    ``logits``: (..., V) in any dtype; ``tokens``: (...) integer. Returns (...) float32. Rows are
-    processed one at a time for half-precision logits so that only one row's float32 copy of the
-    vocabulary exists at once.
+    ``logits``: (..., V) in any dtype; ``tokens``: (...) integer. Returns (...). Rows are processed one at
+    a time for half-precision logits so that only one row's float32 copy of the vocabulary exists at once.
+    :mod:`grpokit.chunked_logprobs` computes the same from the hidden states, a chunk of tokens at a time.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits has shape {tuple(logits.shape)} but tokens has shape {tuple(tokens.shape)}")
-    if logits.dtype == torch.float32 or logits.dim() < 2:
-        scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    if logits.dtype in (torch.float32, torch.float64) or logits.dim() < 2:
+        scaled = _wide(logits) / temperature if temperature != 1.0 else _wide(logits)
         picked = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(scaled, dim=-1)
     rows = [token_logprobs(row.float(), row_tokens, temperature) for row, row_tokens in zip(logits, tokens)]
@@ -195,9 +196,15 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
 
 
 def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Entropy of ``softmax(logits / temperature)`` per position, float32: (..., V) → (...)."""
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    """Entropy of ``softmax(logits / temperature)`` per position, float32 (float64 for float64 logits):
+    (..., V) → (...)."""
+    logprobs = torch.log_softmax(_wide(logits) / temperature, dim=-1)
     return -(logprobs.exp() * logprobs).sum(dim=-1)
+
+
+def _wide(logits: Tensor) -> Tensor:
+    """``logits`` in float32, or as they are when wider (float64 tests compare gradients to 1e-6)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,8 +18,16 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from grpokit.llama_family import LlamaFamily, unsupported
+from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB, chunk_rows, chunked_token_entropy, chunked_token_logprobs
+from grpokit.distributed import is_sharded
+from grpokit.llama_family import LlamaFamily, unsupported, unwrap_peft
 from grpokit.objective import token_entropy, token_logprobs
+
+# Models whose causal-LM forward is exactly ``lm_head(base_model(...).last_hidden_state)``, nothing after the
+# head (Gemma 2 soft-caps its logits, Cohere and Granite scale them): off the fast path, their head may run
+# in chunks on the base model's hidden states.
+PLAIN_HEAD_MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gpt2", "gpt_neox", "phi", "phi3", "olmo",
+                     "olmo2", "smollm3", "starcoder2")
 
 
 @dataclass
@@ -338,24 +346,80 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     fast: bool = True,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (N, T) of ``completion_ids`` given the prompts, in one forward pass, float32; 0 where
     ``completion_mask`` is 0.
 
     Returns ``(logp, entropy)``; ``entropy`` (N, T) is the policy's per-token entropy when
     ``with_entropy`` and None otherwise. With ``fast`` and a model :mod:`grpokit.llama_family`
-    supports, only the real tokens are computed (the same values within float rounding).
+    supports, only the real tokens are computed (the same values within float rounding). The LM head
+    runs on the K completion tokens ``chunk_mb`` MiB of logits at a time (:mod:`grpokit.chunked_logprobs`:
+    the same values and gradients, without the (K, V) logits held for backward), unless
+    :func:`full_logits_reason` says why it cannot; then the model's full logits are computed as they are.
     """
     mask = completion_mask.bool()
-    if fast and unsupported(model) is None and bool((prompt_mask.sum(dim=1) > 0).all()):
-        logits = _real_token_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # (K, V)
-        rows, steps = mask.nonzero().unbind(1)
-        logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        logp = logp.index_put((rows, steps), token_logprobs(logits, completion_ids[mask], temperature))
-        entropy = None
-        if with_entropy:
-            entropy = torch.zeros_like(logp).index_put((rows, steps), token_entropy(logits.detach(), temperature))
-        return logp, entropy
+    fast = fast and unsupported(model) is None and bool((prompt_mask.sum(dim=1) > 0).all())
+    reason = full_logits_reason(model, chunk_mb, fast)
+    if fast:
+        family = LlamaFamily(model)
+        hidden = _real_token_hidden(family, prompt_ids, prompt_mask, completion_ids, completion_mask)  # (K, H)
+    elif reason is None:
+        width = completion_ids.shape[1]
+        outputs = unwrap_peft(model).base_model(
+            **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False)
+        hidden = outputs.last_hidden_state[:, -(width + 1):-1][mask]  # (K, H): the states that predicted each token
+    else:
+        return _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                              with_entropy)
+    tokens = completion_ids[mask]  # (K,)
+    if reason is None:
+        head = unwrap_peft(model).get_output_embeddings()
+        weight, bias = head.weight, head.bias
+        device = weight.device.type
+        if not fast and torch.is_autocast_enabled(device):  # the head in autocast's dtype, as the model's forward
+            dtype = torch.get_autocast_dtype(device)
+            weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+        chunk = chunk_rows(weight.shape[0], chunk_mb)
+        logp = chunked_token_logprobs(hidden, weight, bias, tokens, temperature, chunk)
+        entropy = chunked_token_entropy(hidden.detach(), weight, bias, temperature, chunk) if with_entropy else None
+    else:
+        logits = family.head(hidden)  # (K, V)
+        logp = token_logprobs(logits, tokens, temperature)
+        entropy = token_entropy(logits.detach(), temperature) if with_entropy else None
+    rows, steps = mask.nonzero().unbind(1)
+    logp = torch.zeros(mask.shape, dtype=logp.dtype, device=mask.device).index_put((rows, steps), logp)
+    if entropy is not None:
+        entropy = torch.zeros(mask.shape, dtype=entropy.dtype, device=mask.device).index_put((rows, steps), entropy)
+    return logp, entropy
+
+
+def full_logits_reason(model: torch.nn.Module, chunk_mb: float, fast: bool) -> str | None:
+    """None when :func:`sequence_logprobs` runs ``model``'s LM head in chunks on the fast path (``fast``)
+    or on the final hidden states of its base model; otherwise why it computes the full logits instead."""
+    if not chunk_mb:
+        return "logprob_chunk_mb is 0"
+    if is_sharded(model) or isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "a DDP or FSDP module, whose own forward must run (its gradient sync and parameter gathering)"
+    inner = unwrap_peft(model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:  # exactly: a LoRA or quantised head computes something else
+        return f"the LM head is a {type(head).__name__}, not a plain torch.nn.Linear"
+    if head._forward_hooks or head._forward_pre_hooks:
+        return "forward hooks on the LM head"
+    if fast:
+        return None
+    model_type = getattr(getattr(inner, "config", None), "model_type", None)
+    if model_type not in PLAIN_HEAD_MODELS:
+        return f"model_type {model_type!r} is not one of {PLAIN_HEAD_MODELS}"
+    if any(m._forward_hooks or m._forward_pre_hooks for m in (model, inner)):
+        return "forward hooks on the model"
+    return None
+
+
+def _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                   with_entropy) -> tuple[Tensor, Tensor | None]:
+    """:func:`sequence_logprobs` through the model's own forward and its full logits (N, T, V)."""
     width = completion_ids.shape[1]
     logits = model(
         **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask),
@@ -363,15 +427,16 @@ def sequence_logprobs(
         logits_to_keep=width + 1,
     ).logits[:, -(width + 1):-1, :]  # (N, T, V): the logits that predicted each completion token
     # (sliced again: models that ignore ``logits_to_keep``, e.g. GPT-2 in transformers 4.50, return all)
+    mask = completion_mask.bool()
     logp = token_logprobs(logits, completion_ids, temperature) * mask
     entropy = token_entropy(logits.detach(), temperature) * mask if with_entropy else None
     return logp, entropy
 
 
-def _real_token_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> Tensor:
-    """The logits (K, V) that predicted the K completion tokens, from the fast path: each row's real
-    tokens laid out from column 0 (its prompt, then its completion up to where it stopped), and rows with
-    the same prompt (a group's G completions) sharing the first such row's computation of it."""
+def _real_token_hidden(family: LlamaFamily, prompt_ids, prompt_mask, completion_ids, completion_mask) -> Tensor:
+    """The final hidden states (K, H) that predicted the K completion tokens, from the fast path: each row's
+    real tokens laid out from column 0 (its prompt, then its completion up to where it stopped), and rows
+    with the same prompt (a group's G completions) sharing the first such row's computation of it."""
     tokens = torch.cat([prompt_mask, completion_mask], dim=1).bool()
     columns = tokens.long().cumsum(dim=1) - 1
     lengths = tokens.sum(dim=1)
@@ -385,4 +450,4 @@ def _real_token_logits(model, prompt_ids, prompt_mask, completion_ids, completio
     n = key.shape[0]
     first = torch.full((int(same.max()) + 1,), n, device=key.device).scatter_reduce(
         0, same, torch.arange(n, device=key.device), "amin")
-    return LlamaFamily(model).logits(input_ids, lengths, predict, first[same], prompt_lengths)
+    return family.hidden_states(input_ids, lengths, predict, first[same], prompt_lengths)

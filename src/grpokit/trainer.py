@@ -185,7 +185,8 @@ class GRPOTrainer:
         config = self.config
         with autocast(config.mixed_precision, self.device):
             logp, entropy = sequence_logprobs(model, *batch.rollout.sequences(), temperature=config.temperature,
-                                              with_entropy=first_pass, fast=self.fast_training)
+                                              with_entropy=first_pass, fast=self.fast_training,
+                                              chunk_mb=config.logprob_chunk_mb)
         loss, stats = grpo_loss(
             logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.loss_mask,
             epsilon=config.epsilon, epsilon_high=config.epsilon_high,
@@ -207,7 +208,7 @@ class GRPOTrainer:
         for micro in rollout.split(self.config.micro_batch_size):
             with autocast(self.config.mixed_precision, self.device):
                 chunks.append(sequence_logprobs(model, *micro.sequences(), temperature=self.config.temperature,
-                                                fast=self.config.fast_path)[0])
+                                                fast=self.config.fast_path, chunk_mb=self.config.logprob_chunk_mb)[0])
         model.train(was_training)
         return torch.cat(chunks)
 
