@@ -198,7 +198,8 @@ def test_max_length_truncates_and_leaves_out(tokenizer, tiny_model, tmp_path):
 def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    config = dict(model=str(tiny_model_dir), dataset=str(data), max_steps=6, save_every=3, eval_fraction=0.25)
+    config = dict(model=str(tiny_model_dir), dataset=str(data), max_steps=6, save_every=3, eval_fraction=0.25,
+                  lr_schedule="cosine", warmup_steps=2)
 
     whole = SFTTrainer(sft_config(tmp_path, output_dir=str(tmp_path / "whole"), **config))
     whole.train()
