@@ -3,10 +3,11 @@
 The objective's pure functions (``group_advantages``, ``process_advantages``, ``kl_penalty``,
 ``grpo_loss``) are the public core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop, GRPO's or (with
 ``algorithm: ppo``) that of PPO, the baseline it replaces, whose GAE is ``gae``; ``format_reward`` and
-``accuracy_reward`` are the built-in rule-based rewards. ``docs/architecture.md`` maps the modules.
+``accuracy_reward`` are the built-in rule-based rewards; ``SFTTrainer`` and ``SFTConfig`` run the supervised
+cold start before it (docs/sft.md). ``docs/architecture.md`` maps the modules.
 """
 
-from grpokit.config import ConfigError, GRPOConfig, load_config
+from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
 from grpokit.data import DataError, load_jsonl
 from grpokit.objective import (
     aggregate_loss,
@@ -19,6 +20,7 @@ from grpokit.objective import (
 from grpokit.ppo import gae, value_loss
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import Rollout, generate
+from grpokit.sft import SFTTrainer
 from grpokit.trainer import GRPOTrainer
 
 __version__ = "0.1.0"
@@ -26,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "RewardError", "Rollout", "accuracy_reward",
     "aggregate_loss", "format_reward", "gae", "generate", "group_advantages", "grpo_loss", "kl_penalty",
-    "load_config", "load_jsonl", "process_advantages", "token_logprobs", "value_loss",
+    "SFTConfig", "SFTTrainer", "load_config", "load_jsonl", "process_advantages", "token_logprobs", "value_loss",
 ]

@@ -1,5 +1,5 @@
-"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``eval MODEL``, ``plot RUN_DIR``,
-``report RUN_DIR``.
+"""The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``sft CONFIG.yaml [--key value ...]``,
+``eval MODEL``, ``plot RUN_DIR``, ``report RUN_DIR``.
 
 Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
 exit status 2, not a traceback.
@@ -12,14 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-from grpokit.config import GRPOConfig, load_config, parse_overrides
+from grpokit.config import GRPOConfig, SFTConfig, load_config, parse_overrides
 from grpokit.data import check_columns, load_rows
 from grpokit.update import TrainingError
 
 
-def _train_epilog() -> str:
+def _train_epilog(config_class: type = GRPOConfig) -> str:
     lines = ["config keys (YAML file or --key value):"]
-    lines += [f"  {name:<22} {text}" for name, text in GRPOConfig.help().items()]
+    lines += [f"  {name:<22} {text}" for name, text in config_class.help().items()]
     return "\n".join(lines)
 
 
@@ -45,6 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="CONFIG.yaml: a YAML config file (omit it to use the defaults and overrides).",
     )
     train.add_argument(
+        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
+        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
+    )
+
+    sft = commands.add_parser(
+        "sft", help="supervised fine-tuning on prompt/completion rows (the cold start before GRPO)",
+        epilog=_train_epilog(SFTConfig), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sft.add_argument("config", nargs="?", help="YAML config file (omit to give every key as --key value)")
+    sft.add_argument(
         "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
         help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
     )
@@ -115,6 +125,22 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpokit.sft import SFTTrainer
+
+    overrides = parse_overrides(extra)
+    if args.resume is not None:
+        overrides["resume"] = args.resume
+    config = load_config(args.config, overrides, config_class=SFTConfig)
+    history = SFTTrainer(config).train()
+    last = history[-1] if history else {}
+    summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("loss", "eval_loss") if k in last)
+    model = Path(config.output_dir) / "model"
+    print(f"done: {len(history)} steps; last step: {summary}; model saved to {model} (grpokit train takes it as "
+          "`model:`)")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.evaluate import evaluate, summarize
     from grpokit.models import load_model_and_tokenizer
@@ -150,7 +176,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "train":
+    if extra and args.command not in ("train", "sft"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "train":
         args.config = extra.pop(0) if extra and not extra[0].startswith("-") else None
@@ -159,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(args)
         if args.command == "train":
             return cmd_train(args, extra)
+        if args.command == "sft":
+            return cmd_sft(args, extra)
         if args.command == "report":
             from grpokit.report import write_report
 

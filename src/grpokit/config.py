@@ -1,8 +1,9 @@
-"""``GRPOConfig``: one flat, documented, validated dataclass for a training run.
+"""``GRPOConfig`` and ``SFTConfig``: flat, documented, validated dataclasses for a GRPO run and for a
+supervised cold start (``grpokit sft``).
 
-Every field has a ``help`` text (shown by ``grpokit train --help`` and in the docs). Values are checked
-on construction; unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming
-the key. Load one from YAML with :func:`load_config`, with ``--key value`` overrides.
+Every field has a ``help`` text (shown by ``grpokit train --help`` / ``grpokit sft --help`` and in the
+docs). Values are checked on construction; unknown keys, wrong types and out-of-range values raise
+:class:`ConfigError` naming the key. Load one from YAML with :func:`load_config`, with ``--key value`` overrides.
 """
 
 from __future__ import annotations
@@ -371,8 +372,10 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> GRPOConfig:
-    """Read a YAML config (or none: defaults) and apply overrides; errors name the file and key."""
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
+                config_class: type = GRPOConfig) -> Any:
+    """Read a YAML config (or none: defaults) and apply overrides; errors name the file and key.
+    ``config_class``: :class:`GRPOConfig` (``grpokit train``) or :class:`SFTConfig` (``grpokit sft``)."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -387,7 +390,164 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         values.update(loaded or {})
     values.update(overrides or {})
     try:
-        return GRPOConfig.from_dict(values)
+        return config_class.from_dict(values)
     except ConfigError as error:
         where = f" (in {path})" if path is not None else ""
         raise ConfigError(f"{error}{where}") from None
+
+
+# Names TRL's SFTConfig uses for what SFTConfig calls otherwise: an unknown key says which one it is.
+TRL_SFT_NAMES = {
+    "num_train_epochs": "epochs", "per_device_train_batch_size": "micro_batch_size",
+    "gradient_accumulation_steps": "batch_size (sequences per optimizer step = micro_batch_size × accumulation)",
+    "max_seq_length": "max_length", "save_steps": "save_every", "save_total_limit": "keep_checkpoints",
+    "eval_steps": "eval_every", "lr_scheduler_type": "lr_schedule", "model_name_or_path": "model",
+    "dataset_text_field": "prompt_column and completion_column", "resume_from_checkpoint": "resume",
+}
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning on prompt/completion rows (``grpokit sft``; docs/sft.md): the cold start
+    whose output directory ``grpokit train`` takes as ``model``."""
+
+    # ---- model and data --------------------------------------------------------------------------
+    model: str | None = _field(
+        None, "Required. A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer), or "
+        "'builtin:arithmetic'."
+    )
+    dataset: str | None = _field(
+        None, "Required (unless rows are passed in Python). Rows with a prompt and a completion column: a JSONL "
+        "file, a CSV file with a header, a .parquet file, or a directory written by datasets' save_to_disk (its "
+        "'train' split)."
+    )
+    prompt_column: str = _field(
+        "prompt", "Column holding the prompt: text, or a list of {role, content} chat messages."
+    )
+    completion_column: str = _field(
+        "completion", "Column holding the completion to learn: text (followed by EOS), or a list of assistant "
+        "{role, content} messages rendered by the chat template after the prompt."
+    )
+    system_prompt: str | None = _field(
+        None, "A system message put before every prompt, as in grpokit train (use the same one in both)."
+    )
+    chat_template: bool | None = _field(
+        None, "Render prompts with the tokenizer's chat template (with the generation prompt), as grpokit train "
+        "does: None = when it has one."
+    )
+    max_length: int | None = _field(
+        None, "Tokens of prompt + completion kept per row; longer completions are cut at the end (counted, "
+        "metric 'truncated'); rows whose prompt alone fills it are left out (counted). None: the model's "
+        "context (max_position_embeddings).", min=2,
+    )
+    eval_fraction: float = _field(
+        0.0, "Share of the rows held out (a seeded draw) to measure the held-out loss 'eval_loss'; 0: none.",
+        min=0, lt=1,
+    )
+    eval_dataset: str | None = _field(
+        None, "A separate file of held-out rows (same formats and columns), instead of eval_fraction."
+    )
+    output_dir: str = _field(
+        "runs/sft", "Run directory: config.yaml, metrics.jsonl, checkpoints/, and the trained model in model/."
+    )
+    seed: int = _field(0, "Seed for the held-out draw, the data order and LoRA's initialisation.")
+    device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
+    dtype: str = _field(
+        "auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
+        "Log-probabilities and the loss are computed in float32 whatever it is.",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+
+    # ---- optimisation ----------------------------------------------------------------------------
+    epochs: float = _field(3.0, "Passes over the training rows (fractions allowed); max_steps overrides it.", gt=0)
+    max_steps: int | None = _field(None, "Optimizer steps to run; None: as many as `epochs` takes.", min=1)
+    batch_size: int = _field(8, "Rows per optimizer step.", min=1)
+    micro_batch_size: int = _field(
+        8, "Rows per forward/backward pass; gradients accumulate over the step's rows (the loss does not "
+        "depend on it).", min=1
+    )
+    learning_rate: float = _field(2e-5, "Peak AdamW learning rate.", gt=0)
+    lr_schedule: str = _field(
+        "linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
+        choices=("linear", "cosine", "constant"),
+    )
+    warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
+    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
+    adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
+    adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
+    max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
+    mixed_precision: str = _field(
+        "no", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
+        "loss stay float32.", choices=("no", "bf16"),
+    )
+    fast_path: bool = _field(
+        True, "Run Llama-family models through grpokit's own forward, which computes no padding (same math; "
+        "see GRPOConfig.fast_path)."
+    )
+
+    # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
+    lora_rank: int = _field(
+        0, "LoRA rank r (peft); 0 trains every weight. The final model/ holds the adapter merged into the "
+        "weights (what grpokit train loads); adapter/ the adapter alone.", min=0
+    )
+    lora_alpha: float = _field(16.0, "LoRA scaling α (the update is scaled by α / r).", gt=0)
+    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch.", min=0, lt=1)
+    lora_target_modules: list[str] | None = _field(
+        None, "Module names to adapt (e.g. [q_proj, v_proj]); None: peft's default for the architecture."
+    )
+
+    # ---- reliability and logging -----------------------------------------------------------------
+    eval_every: int = _field(
+        0, "Measure the held-out loss every this many steps, and always after the last; 0: after the last only.",
+        min=0,
+    )
+    save_every: int = _field(
+        100, "Write a checkpoint every this many steps, and always at the end and on SIGINT/SIGTERM; 0: only then.",
+        min=0,
+    )
+    keep_checkpoints: int = _field(2, "Keep this many most recent checkpoints in output_dir/checkpoints.", min=1)
+    resume: str | None = _field(
+        None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path."
+    )
+    max_nonfinite_updates: int = _field(
+        3, "A non-finite loss or gradient norm skips the update; this many in a row stop training.", min=1
+    )
+    tensorboard: bool = _field(
+        False, "Also write every metric to output_dir/tensorboard (pip install 'grpokit[tensorboard]')."
+    )
+    progress_bar: bool = _field(True, "Show a progress bar on the console.")
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)
+            _check_bounds(f.name, value, f.metadata)
+        if not self.model:
+            raise ConfigError(f"model is required: {SFTConfig.help()['model'].removeprefix('Required. ')}")
+        if self.eval_fraction and self.eval_dataset:
+            raise ConfigError("eval_fraction and eval_dataset both choose held-out rows; set one of them")
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+            raise ConfigError(f"warmup_steps={self.warmup_steps} leaves no step after warmup: max_steps is "
+                              f"{self.max_steps}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SFTConfig:
+        """Build a config, refusing unknown keys with a suggestion (TRL's names included)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                if key in TRL_SFT_NAMES:
+                    hint = f"; TRL's {key!r} is {TRL_SFT_NAMES[key]} here"
+                else:
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}

@@ -25,9 +25,10 @@ def lr_factor(warmup: int, schedule: str, total: int) -> Callable[[int], float]:
     return factor
 
 
-def adamw_with_schedule(model: torch.nn.Module, config: Any, lr: float) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the model's trainable parameters, and its warmup + decay schedule over the run's
-    ``max_steps × num_iterations × num_minibatches`` updates."""
+def adamw_with_schedule(model: torch.nn.Module, config: Any, lr: float,
+                        total_updates: int | None = None) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the model's trainable parameters, and its warmup + decay schedule over ``total_updates``
+    (default: a GRPO run's ``max_steps × num_iterations × num_minibatches`` updates)."""
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel (one pass over all parameters) is the same update at ~2.5× the speed of the
     # per-parameter loop on the CPU; sharded (FSDP) parameters keep the loop.
@@ -35,6 +36,7 @@ def adamw_with_schedule(model: torch.nn.Module, config: Any, lr: float) -> tuple
     optimizer = torch.optim.AdamW(
         params, lr=lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay, fused=fused,
     )
-    total_updates = config.max_steps * config.num_iterations * config.num_minibatches
+    if total_updates is None:
+        total_updates = config.max_steps * config.num_iterations * config.num_minibatches
     schedule = lr_factor(config.warmup_steps, config.lr_schedule, total_updates)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
