@@ -57,7 +57,7 @@ def worker(job: dict) -> dict:
         "beta": BETA, "learning_rate": LR, "aggregation": "token", "micro_batch_size": PROMPTS * G, "seed": 0,
         "max_steps": job["warmup"] + job["steps"], "progress_bar": False, "log_completions": 0,
         "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
-        "keep_freed_memory": job["keep_freed_memory"],
+        "keep_freed_memory": job["keep_freed_memory"], "mixed_precision": "no",
     })
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())
 

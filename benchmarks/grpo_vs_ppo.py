@@ -151,7 +151,8 @@ def worker(job: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig.from_dict({**DEMO_CONFIG, "algorithm": job["algorithm"], "model": "benchmark",
                                        "dataset": BUILTIN, "seed": job["seed"], "output_dir": tmp,
-                                       "progress_bar": False, "device": job["device"], "log_completions": 0})
+                                       "progress_bar": False, "device": job["device"], "log_completions": 0,
+                                       "mixed_precision": "no"})
         trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
         if not warm:  # a random model stops at random: never stop, so both algorithms do the same work
             trainer.sampler.stop_ids = [-1]

@@ -41,7 +41,7 @@ def worker(job: dict) -> dict:
         config = GRPOConfig.from_dict({
             "dataset": BUILTIN, "model": "benchmark", "output_dir": tmp, "prompts_per_step": 2, "num_generations": 4,
             "max_completion_length": 8, "micro_batch_size": 4, "max_steps": 2, "progress_bar": False,
-            "log_completions": 0, **(LORA if job["mode"] == "lora" else {}),
+            "log_completions": 0, "mixed_precision": "no", **(LORA if job["mode"] == "lora" else {}),
         })
         trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
         for _ in range(2):

@@ -208,7 +208,7 @@ def grpokit_worker(job: dict) -> dict:
         "learning_rate": LR, "aggregation": "token", "micro_batch_size": PROMPTS * G, "seed": 0,
         "max_steps": job["warmup"] + job["steps"], "progress_bar": False, "log_completions": 0,
         "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
-        **({"mixed_precision": "bf16"} if job["mode"] == "bf16" else {}),
+        "mixed_precision": "bf16" if job["mode"] == "bf16" else "no",  # as the mode says, on any CPU
         **job.get("overrides", {}),  # benchmarks/dev/ab_steps.py's --base-set / --tree-set
     })
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())

@@ -42,7 +42,8 @@ def logged_keys(metrics: dict) -> set[str]:
 
 def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **overrides):
     values = dict(output_dir=str(tmp_path / "run"), prompts_per_step=4, num_generations=8, max_completion_length=8,
-                  learning_rate=1e-2, max_steps=20, micro_batch_size=12, progress_bar=False, lr_schedule="constant")
+                  learning_rate=1e-2, max_steps=20, micro_batch_size=12, progress_bar=False, lr_schedule="constant",
+                  mixed_precision="no")  # float32 on any machine: tests compare values at float32's precision
     values.update(overrides)
     return GRPOTrainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
                        reward_funcs=list(reward_funcs))

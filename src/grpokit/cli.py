@@ -1,5 +1,5 @@
 """The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``sft CONFIG.yaml [--key value ...]``,
-``eval MODEL``, ``plot RUN_DIR``, ``report RUN_DIR``.
+``eval MODEL``, ``plot RUN_DIR``, ``report RUN_DIR``, ``convert GGUF_FILE OUT_DIR``.
 
 Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
 exit status 2, not a traceback.
@@ -86,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--output", help="write the summary as JSON here")
     evaluate.add_argument("--quiet", action="store_true")
+
+    convert = commands.add_parser(
+        "convert", help="a llama.cpp GGUF file → a Hugging Face model directory (float32, safetensors) to train",
+        description="Dequantize a GGUF file's weights to float32 and save them with its tokenizer and chat "
+        "template (save_pretrained), loadable by plain transformers and by `model:` in a config. Needs "
+        "pip install 'grpokit[gguf]'. A config may also say `model: gguf:FILE` to convert once and cache.",
+    )
+    convert.add_argument("gguf_file", help="the .gguf file")
+    convert.add_argument("out_dir", help="the directory to create (must not exist, or be empty)")
     return parser
 
 
@@ -173,6 +182,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from grpokit.convert import convert_gguf
+
+    out = convert_gguf(args.gguf_file, args.out_dir)
+    print(f"converted {args.gguf_file} to {out} (float32, safetensors); train it with `model: {out}`")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -197,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(plot_run(args.run_dir, args.output))
             return 0
+        if args.command == "convert":
+            return cmd_convert(args)
         return cmd_eval(args)
     except ValueError as error:  # ConfigError, DataError, RewardError and other bad input
         print(f"error: {error}", file=sys.stderr)

@@ -21,6 +21,8 @@ import yaml
 from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB
 from grpokit.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
+TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
+
 
 class ConfigError(ValueError):
     """A configuration value is unknown, ill-typed or out of range; the message names the key."""
@@ -37,8 +39,10 @@ class GRPOConfig:
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
         "builtin:arithmetic",
-        "A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer), or "
-        "'builtin:arithmetic' for the warm-started tiny demo model (built and cached locally).",
+        "A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer); 'gguf:FILE' for a "
+        "llama.cpp GGUF file, converted to float32 once and cached (pip install 'grpokit[gguf]'; or convert it "
+        "yourself with `grpokit convert`); or 'builtin:arithmetic' for the warm-started tiny demo model (built "
+        "and cached locally).",
     )
     dataset: str = _field(
         "builtin:arithmetic",
@@ -179,10 +183,13 @@ class GRPOConfig:
         "always use the full logits.", min=0,
     )
     mixed_precision: str = _field(
-        "no", "'bf16': run the policy and reference passes (sampling included) under bfloat16 autocast; weights, "
-        "gradients, optimizer states, logits and the loss stay float32. Faster where the hardware has bfloat16 "
-        "matrix units (recent x86 CPUs, GPUs); log-probs then differ from float32 by ~1e-2.",
-        choices=("no", "bf16"),
+        "auto", "'bf16': run the policy and reference passes (sampling included) under bfloat16 autocast; weights, "
+        "gradients, optimizer states, logits and the loss stay float32; log-probs then differ from float32 by "
+        "~1e-2. 'no': float32 throughout. 'auto': 'bf16' where the hardware computes bfloat16 natively (CUDA "
+        "compute capability >= 8; CPUs with avx512_bf16 or amx_bf16, or Arm's bf16, in Linux's /proc/cpuinfo), "
+        "'no' elsewhere, where bfloat16 is emulated and slower than float32; decided at start-up, printed, and "
+        "decided again on resume.",
+        choices=("auto", "no", "bf16"),
     )
     keep_freed_memory: bool = _field(
         True, "Training on the CPU under Linux (glibc): keep the memory each step frees for the next step's tensors "
@@ -230,20 +237,31 @@ class GRPOConfig:
     )
 
     # ---- logging ---------------------------------------------------------------------------------
-    tensorboard: bool = _field(
-        False, "Also write every metric to output_dir/tensorboard for TensorBoard (pip install 'grpokit[tensorboard]')."
+    report_to: list[str] = _field(
+        [], "Trackers that also receive every step's metrics under its step number, and the config: 'tensorboard' "
+        "(events in output_dir/tensorboard), 'wandb' (Weights & Biases; files in output_dir/wandb; WANDB_MODE=offline "
+        "keeps them there), 'trackio' (local by default: `trackio show`). Each needs its package: pip install "
+        "'grpokit[NAME]'. metrics.jsonl is always written.",
     )
+    project: str = _field("grpokit", "The trackers' project name (wandb, trackio).")
+    run_name: str | None = _field(None, "The run's name in the trackers; None: output_dir's last part.")
+    tensorboard: bool = _field(False, "The same as 'tensorboard' in report_to (kept for older configs).")
     log_completions: int = _field(
         4, "Completions per step written to completions.jsonl (0 disables).", min=0
     )
     progress_bar: bool = _field(True, "Show a progress bar on the console.")
 
     def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):  # `report_to: wandb`, as TRL takes it
+            self.report_to = [self.report_to]
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value = _coerce(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)
             _check_bounds(f.name, value, f.metadata)
+        unknown = [name for name in self.report_to if name not in TRACKERS]
+        if unknown:
+            raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; choose from {', '.join(TRACKERS)}")
         if not self.reward_funcs:
             raise ConfigError("reward_funcs is empty; give at least one reward function")
         check_reward_weights(self.reward_weights, len(self.reward_funcs))
@@ -266,6 +284,11 @@ class GRPOConfig:
                 f"warmup_steps={self.warmup_steps} leaves no step after warmup: the run makes {updates} optimizer "
                 "steps (max_steps × num_iterations × num_minibatches)"
             )
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers to report to: ``report_to``, with 'tensorboard' when ``tensorboard`` is true."""
+        return list(dict.fromkeys(self.report_to + (["tensorboard"] if self.tensorboard else [])))
 
     @property
     def num_completions(self) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from grpokit.config import ConfigError
+from grpokit.convert import GGUF_PREFIX, ConversionError, converted_gguf
 from grpokit.data import BUILTIN
 
 
@@ -57,8 +58,67 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# CPU feature flags (Linux /proc/cpuinfo) of bfloat16 arithmetic in hardware: AVX512-BF16 and AMX on x86
+# (Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later), FEAT_BF16 on Arm (Neoverse V1/N2,
+# e.g. Graviton 3), which oneDNN's bfloat16 kernels use. Without them bfloat16 products are emulated, slower
+# than float32 (docs/benchmarks.md).
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags as Linux lists them (``flags`` on x86, ``Features`` on Arm); empty where the
+    file is missing (macOS, Windows)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def native_bf16(device: torch.device, cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
+    """What computes bfloat16 natively on ``device`` (e.g. ``"amx_bf16"``, ``"CUDA compute capability 9.0"``),
+    or None where it would be emulated: CUDA below compute capability 8 (before Ampere), CPUs without one of
+    :data:`NATIVE_BF16_CPU_FLAGS`, CPUs whose flags cannot be read, and every other device."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"CUDA compute capability {major}.{minor}" if major >= 8 else None
+    if device.type == "cpu":
+        found = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in cpu_flags(cpuinfo)]
+        return found[0] if found else None
+    return None
+
+
+def resolve_precision(setting: str, device: torch.device, cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """``mixed_precision`` as run on ``device``: ``"bf16"`` or ``"no"``. ``"auto"`` is ``"bf16"`` only where the
+    hardware computes bfloat16 natively (:func:`native_bf16`); an explicit ``"bf16"`` or ``"no"`` is kept."""
+    if setting == "auto":
+        return "bf16" if native_bf16(device, cpuinfo) else "no"
+    if setting not in ("no", "bf16"):
+        raise ValueError(f"mixed_precision={setting!r} is not valid; choose one of 'auto', 'no', 'bf16'")
+    return setting
+
+
+def describe_precision(setting: str, device: torch.device, cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """One line saying what ``mixed_precision`` runs as on ``device``, and why."""
+    resolved, native = resolve_precision(setting, device, cpuinfo), native_bf16(device, cpuinfo)
+    hardware = f"native bfloat16: {native}" if native else f"no native bfloat16 on this {device.type}"
+    if setting == "auto":
+        return f"mixed_precision: auto -> {resolved} ({'bfloat16 autocast' if native else 'float32'}; {hardware})"
+    if setting == "bf16" and not native:
+        return f"mixed_precision: bf16 (as set; {hardware}: emulated, likely slower than float32)"
+    return f"mixed_precision: {setting} (as set; {hardware})"
+
+
 def autocast(mixed_precision: str, device: torch.device):
-    """The autocast context for ``mixed_precision`` ('no' or 'bf16') on ``device``."""
+    """The autocast context for a resolved ``mixed_precision`` ('no' or 'bf16', :func:`resolve_precision`)
+    on ``device``."""
+    if mixed_precision not in ("no", "bf16"):
+        raise ValueError(f"autocast takes a resolved mixed_precision ('no' or 'bf16'), got {mixed_precision!r}; "
+                         "see models.resolve_precision")
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
 
 
@@ -66,8 +126,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dtype: str = "auto"):
-    """A local HF causal LM directory, or the built-in warm-started arithmetic model; ``dtype``:
-    ``"auto"`` (as saved) or one of ``DTYPES``, applied while loading (no float32 copy first)."""
+    """A local HF causal LM directory, ``gguf:FILE`` (converted once and cached: :mod:`grpokit.convert`), or
+    the built-in warm-started arithmetic model; ``dtype``: ``"auto"`` (as saved) or one of ``DTYPES``, applied
+    while loading (no float32 copy first)."""
     import transformers
     from packaging.version import Version
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,6 +140,11 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
         from grpokit.warm_start import warm_started_model_path
 
         name = str(warm_started_model_path(seed=seed, progress=progress))
+    elif name.startswith(GGUF_PREFIX):
+        try:
+            name = str(converted_gguf(name[len(GGUF_PREFIX):]))
+        except ConversionError as error:
+            raise ConversionError(f"model: {error}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         # transformers renamed `torch_dtype` to `dtype` in 4.56

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,45 +81,122 @@ def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt
 
 
 class RunLog:
-    """The run directory's files, and TensorBoard events when asked."""
+    """The run directory's files, and the trackers of ``report_to`` (:func:`start_tracker`)."""
 
-    def __init__(self, output_dir: str | Path, tensorboard: bool = False):
+    def __init__(self, output_dir: str | Path, trackers: Sequence[str] = ()):
         self.dir = Path(output_dir)
-        self.writer = tensorboard_writer(self.dir / "tensorboard") if tensorboard else None
+        self.tracker_names = list(trackers)
+        self.trackers: list[Any] = []
 
-    def start(self, config: dict[str, Any], history: list[dict[str, float]], step: int) -> None:
-        """Write config.yaml; start metrics.jsonl and completions.jsonl afresh, or, when resuming at
-        ``step``, rewrite them up to it from ``history`` so that each step appears once."""
+    def start(self, config: dict[str, Any], history: list[dict[str, float]], step: int,
+              notes: Sequence[str] = ()) -> None:
+        """Write config.yaml (``notes`` atop it as comments: what was decided at start-up, e.g. the precision
+        'auto' chose; the file stays a config that ``grpokit train`` reads); start metrics.jsonl and
+        completions.jsonl afresh, or, when resuming at ``step``, rewrite them up to it from ``history`` so that
+        each step appears once; start each tracker's run (a resumed run is a new tracker run from ``step`` on)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        header = "".join(f"# {line}\n" for note in notes for line in note.splitlines())
+        (self.dir / "config.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
         (self.dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in history))
         kept = []
         if step and (self.dir / "completions.jsonl").is_file():
             lines = (self.dir / "completions.jsonl").read_text().splitlines(keepends=True)
             kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
         (self.dir / "completions.jsonl").write_text("".join(kept))
+        self.finish()
+        self.trackers = [start_tracker(name, self.dir, config) for name in self.tracker_names]
 
     def write(self, metrics: dict[str, float], completions: list[dict[str, Any]]) -> None:
         with (self.dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(metrics) + "\n")
-        if self.writer is not None:
-            for key, value in metrics.items():
-                if key != "step" and value is not None:
-                    self.writer.add_scalar(key, value, metrics["step"])
-            self.writer.flush()
+        # The trackers take numbers, under the step number (metrics that did not apply this step are None).
+        scalars = {key: value for key, value in metrics.items() if key != "step" and value is not None}
+        for tracker in self.trackers:
+            tracker.log(scalars, int(metrics["step"]))
         if completions:
             with (self.dir / "completions.jsonl").open("a") as handle:
                 handle.writelines(json.dumps(record) + "\n" for record in completions)
 
+    def finish(self) -> None:
+        """End the trackers' runs (flushing what they buffer)."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
 
-def check_tensorboard() -> None:
-    """``tensorboard: true`` needs the tensorboard package; a ConfigError says how to install it."""
-    if importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("tensorboard: true needs the tensorboard package: pip install 'grpokit[tensorboard]'")
+
+# The package each tracker of `report_to` (config.TRACKERS) needs, installed by the extra of the same name.
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
 
-def tensorboard_writer(log_dir: Path) -> Any:
-    check_tensorboard()
-    from torch.utils.tensorboard import SummaryWriter
+def check_trackers(names: Sequence[str]) -> None:
+    """Every tracker in ``names`` is known and its package installed; a ConfigError names the pip install.
+    Called at start-up, before the model loads."""
+    for name in names:
+        if name not in TRACKER_PACKAGES:
+            raise ConfigError(f"report_to: {name!r} is not a tracker; choose from {', '.join(TRACKER_PACKAGES)}")
+        if importlib.util.find_spec(TRACKER_PACKAGES[name]) is None:
+            raise ConfigError(f"report_to: {name} needs the {TRACKER_PACKAGES[name]} package: "
+                              f"pip install 'grpokit[{name}]'")
 
-    return SummaryWriter(log_dir=str(log_dir))
+
+def start_tracker(name: str, output_dir: Path, config: dict[str, Any]) -> Any:
+    """A started tracker run with ``log(metrics, step)`` and ``finish()``, the config logged. Its project is
+    ``config["project"]``, its run name ``config["run_name"]`` or else the output directory's name."""
+    check_trackers([name])
+    project, run_name = config.get("project") or "grpokit", config.get("run_name") or output_dir.resolve().name
+    if name == "tensorboard":
+        return TensorBoardTracker(output_dir / "tensorboard", config)
+    elif name == "wandb":
+        return WandbTracker(output_dir, config, project, run_name)
+    elif name == "trackio":
+        return TrackioTracker(config, project, run_name)
+    raise ValueError(f"unknown tracker {name!r}; choose from {', '.join(TRACKER_PACKAGES)}")
+
+
+class TensorBoardTracker:
+    """Event files in ``log_dir`` (TensorBoard's scalars; the config as a text entry)."""
+
+    def __init__(self, log_dir: Path, config: dict[str, Any]):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.writer.add_text("config", "    " + yaml.safe_dump(config, sort_keys=False).replace("\n", "\n    "))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """A Weights & Biases run, its files under ``output_dir/wandb`` (``WANDB_MODE=offline``: only there)."""
+
+    def __init__(self, output_dir: Path, config: dict[str, Any], project: str, run_name: str):
+        import wandb
+
+        self.run = wandb.init(project=project, name=run_name, dir=str(output_dir), config=config)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class TrackioTracker:
+    """A trackio run: a local SQLite database under ``$TRACKIO_DIR`` (default ``~/.cache/huggingface/trackio``;
+    ``trackio show`` opens its dashboard), or a Hugging Face Space where ``TRACKIO_SPACE_ID`` says so."""
+
+    def __init__(self, config: dict[str, Any], project: str, run_name: str):
+        import trackio
+
+        self.run = trackio.init(project=project, name=run_name, config=config, embed=False)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()

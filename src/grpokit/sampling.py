@@ -110,16 +110,17 @@ def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: 
 class Sampler:
     """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
     as the model reads it (:func:`render_prompt`); ``stop_ids``: the tokens that end a completion;
-    ``sharded``: the policy is sharded across processes, which must then run every decoding pass."""
+    ``sharded``: the policy is sharded across processes, which must then run every decoding pass;
+    ``mixed_precision``: the resolved setting, 'no' or 'bf16' (:func:`grpokit.models.resolve_precision`)."""
 
     def __init__(
         self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str],
         reward_funcs: Sequence[Callable], reward_weights: Sequence[float], stop_ids: list[int],
-        device: torch.device, world: World = SINGLE, sharded: bool = False,
+        device: torch.device, world: World = SINGLE, sharded: bool = False, mixed_precision: str = "no",
     ):
         self.config, self.tokenizer, self.rows, self.prompts, self.device = config, tokenizer, rows, prompts, device
         self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
-        self.world, self.sharded = world, sharded
+        self.world, self.sharded, self.mixed_precision = world, sharded, mixed_precision
         # Each process samples with its own stream (docs/distributed.md); one process: seeded by `seed`.
         self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
         self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
@@ -189,7 +190,7 @@ class Sampler:
         rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         model.eval()
-        with autocast(config.mixed_precision, self.device):
+        with autocast(self.mixed_precision, self.device):
             rollout = generate(
                 model, prompt_ids, prompt_mask,
                 num_generations=g, max_new_tokens=config.max_completion_length,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,9 +44,11 @@ from grpokit.distributed import (
 from grpokit.models import (
     autocast,
     build_reference,
+    describe_precision,
     keep_freed_memory,
     load_model_and_tokenizer,
     resolve_device,
+    resolve_precision,
     save_pretrained,
     seed_everything,
     with_lora,
@@ -55,7 +58,7 @@ from grpokit.optim import adamw_with_schedule
 from grpokit.ppo import Critic
 from grpokit.rewards import check_reward_functions, resolve_reward_functions, reward_name
 from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
-from grpokit.runlog import RunLog, check_tensorboard, completion_records, step_metrics
+from grpokit.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
@@ -86,13 +89,18 @@ class GRPOTrainer:
         self.device = device_for(self.world, resolve_device(config.device))
         if config.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
+        # 'auto' is decided here, for this device, and nowhere else: every pass reads self.mixed_precision.
+        # The config (and so a checkpoint) keeps 'auto', so a resume on other hardware decides again.
+        self.mixed_precision = resolve_precision(config.mixed_precision, self.device)
+        self.precision_note = describe_precision(config.mixed_precision, self.device)  # also atop config.yaml
+        if self.world.main:
+            print(self.precision_note, file=sys.stderr)  # beside the progress bar; stdout stays the caller's
 
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
             reward_funcs or config.reward_funcs, config.reward_weights
         )
-        if config.tensorboard:
-            check_tensorboard()
+        check_trackers(config.trackers)
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
         source = "train_dataset" if train_dataset is not None else config.dataset
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
@@ -124,7 +132,7 @@ class GRPOTrainer:
         self.learners = [self.policy] + ([self.critic.learner] if self.critic else [])
         self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights,
                                stop_token_ids(self.model, tokenizer), self.device, self.world,
-                               sharded=is_sharded(self.model))
+                               sharded=is_sharded(self.model), mixed_precision=self.mixed_precision)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self.step = 0
@@ -183,7 +191,7 @@ class GRPOTrainer:
         """The clipped surrogate on a micro-batch (``grpo_loss``), with the policy's entropy on the first
         pass. PPO's KL is in its per-token reward (``ppo.token_rewards``), so its loss has no KL term."""
         config = self.config
-        with autocast(config.mixed_precision, self.device):
+        with autocast(self.mixed_precision, self.device):
             logp, entropy = sequence_logprobs(model, *batch.rollout.sequences(), temperature=config.temperature,
                                               with_entropy=first_pass, fast=self.fast_training,
                                               chunk_mb=config.logprob_chunk_mb)
@@ -206,7 +214,7 @@ class GRPOTrainer:
         model.eval()
         chunks = []
         for micro in rollout.split(self.config.micro_batch_size):
-            with autocast(self.config.mixed_precision, self.device):
+            with autocast(self.mixed_precision, self.device):
                 chunks.append(sequence_logprobs(model, *micro.sequences(), temperature=self.config.temperature,
                                                 fast=self.config.fast_path, chunk_mb=self.config.logprob_chunk_mb)[0])
         model.train(was_training)
@@ -247,8 +255,10 @@ class GRPOTrainer:
     def _start_run_log(self) -> None:
         config = self.config.to_dict()
         config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
-        self.run_log = RunLog(self.config.output_dir, tensorboard=self.config.tensorboard)
-        self.run_log.start(config, self.history, self.step)
+        if self.run_log is not None:
+            self.run_log.finish()
+        self.run_log = RunLog(self.config.output_dir, trackers=self.config.trackers)
+        self.run_log.start(config, self.history, self.step, notes=[self.precision_note])
 
     # ---- checkpoints and saving ------------------------------------------------------------------
 
@@ -331,6 +341,8 @@ class GRPOTrainer:
         if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
             self.save_checkpoint()
         self.save(Path(config.output_dir) / "model")
+        if self.run_log is not None:
+            self.run_log.finish()  # the trackers' runs (stopped runs are ended by their own exit handlers)
         return self.history
 
     def save(self, path: str | Path) -> None:
