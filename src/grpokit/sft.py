@@ -48,7 +48,7 @@ from grpokit.models import (
 )
 from grpokit.optim import adamw_with_schedule
 from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
-from grpokit.runlog import RunLog, check_tensorboard
+from grpokit.runlog import RunLog, check_trackers
 from grpokit.sampling import render_prompt
 from grpokit.trainer import TrainingInterrupted
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, UpdateBatch, update
@@ -189,8 +189,7 @@ class SFTTrainer:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError("grpokit sft runs in one process; launch it without torchrun")
         self.device = resolve_device(config.device)
-        if config.tensorboard:
-            check_tensorboard()
+        check_trackers(["tensorboard"] if config.tensorboard else [])
 
         # The data are checked before the (possibly slow) model load.
         if train_dataset is None and config.dataset is None:
@@ -325,7 +324,7 @@ class SFTTrainer:
         self.run_log.write(metrics, [])
 
     def _start_run_log(self) -> None:
-        self.run_log = RunLog(self.config.output_dir, tensorboard=self.config.tensorboard)
+        self.run_log = RunLog(self.config.output_dir, ["tensorboard"] if self.config.tensorboard else [])
         self.run_log.start(self.config.to_dict(), self.history, self.step)
 
     def state_dict(self) -> dict[str, Any]:
