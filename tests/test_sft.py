@@ -25,7 +25,8 @@ CHAT = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<eos>\n{% en
 
 def sft_config(tmp_path, **overrides) -> SFTConfig:
     values = dict(model="unused", output_dir=str(tmp_path / "sft"), learning_rate=1e-2,
-                  lr_schedule="constant", batch_size=4, micro_batch_size=4, max_steps=4, progress_bar=False)
+                  lr_schedule="constant", batch_size=4, micro_batch_size=4, max_steps=4, progress_bar=False,
+                  mixed_precision="no")  # exact comparisons: never bf16, whatever 'auto' finds on this machine
     return SFTConfig(**{**values, **overrides})
 
 
@@ -331,3 +332,13 @@ def test_collate_keeps_truncation_flags(tokenizer):
     rollout = collate([Example([5, 6], [7], truncated=True), Example([5], [7, 8, 1], truncated=False)], 0)
     assert rollout.truncated.tolist() == [True, False]
     assert rollout.prompt_ids.tolist() == [[5, 6], [0, 5]] and rollout.completion_ids.tolist() == [[7, 0, 0], [7, 8, 1]]
+
+
+def test_mixed_precision_auto_is_decided_once_at_start_up(tokenizer, tiny_model, tmp_path, monkeypatch):
+    import grpokit.models
+
+    monkeypatch.setattr(grpokit.models, "native_bf16", lambda *args: "amx_bf16")
+    assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto").mixed_precision == "bf16"
+    monkeypatch.setattr(grpokit.models, "native_bf16", lambda *args: None)
+    assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto").mixed_precision == "no"
+    assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="bf16").mixed_precision == "bf16"

@@ -500,8 +500,9 @@ class SFTConfig:
     adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
     max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
     mixed_precision: str = _field(
-        "no", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
-        "loss stay float32.", choices=("no", "bf16"),
+        "auto", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
+        "loss stay float32. 'no': float32 throughout. 'auto': as in `grpokit train` (bf16 only where the hardware "
+        "computes it natively), decided at start-up and printed.", choices=("auto", "no", "bf16"),
     )
     fast_path: bool = _field(
         True, "Run Llama-family models through grpokit's own forward, which computes no padding (same math; "

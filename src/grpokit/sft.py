@@ -24,6 +24,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,9 +40,11 @@ from grpokit.config import ConfigError, SFTConfig
 from grpokit.data import DataError, check_columns, load_rows
 from grpokit.models import (
     autocast,
+    describe_precision,
     is_lora,
     load_model_and_tokenizer,
     resolve_device,
+    resolve_precision,
     save_pretrained,
     seed_everything,
     with_lora,
@@ -189,6 +192,8 @@ class SFTTrainer:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError("grpokit sft runs in one process; launch it without torchrun")
         self.device = resolve_device(config.device)
+        self.mixed_precision = resolve_precision(config.mixed_precision, self.device)  # 'auto' decided once, here
+        print(describe_precision(config.mixed_precision, self.device), file=sys.stderr)
         check_trackers(["tensorboard"] if config.tensorboard else [])
 
         # The data are checked before the (possibly slow) model load.
@@ -271,7 +276,7 @@ class SFTTrainer:
     def completion_nll(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
         """Σ −log π(token) over the rollout's completion tokens (a scalar, float32)."""
         rollout = trim(rollout)
-        with autocast(self.config.mixed_precision, self.device):
+        with autocast(self.mixed_precision, self.device):
             logp, _ = sequence_logprobs(model, *rollout.sequences(), fast=self.config.fast_path)  # (N, T)
         return -(logp * rollout.completion_mask).sum()
 
