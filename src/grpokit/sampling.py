@@ -148,9 +148,8 @@ class Sampler:
         """Every column of the rows but the prompt, under its own name and repeated G times; the answer
         column also as ``answer`` (:func:`reward_column_names`)."""
         g, config = self.config.num_generations, self.config
-        columns = {name: [row.get(key) for row in rows for _ in range(g)]
-                   for name, key in reward_column_names(rows, config.prompt_column, config.answer_column).items()}
-        return columns
+        names = reward_column_names(rows, config.prompt_column, config.answer_column)
+        return {name: [row.get(key) for row in rows for _ in range(g)] for name, key in names.items()}
 
     def sample(self, model: torch.nn.Module, step: int = 0) -> tuple[Batch, Batch, dict[str, float]]:
         """The step's training batch of B groups, every group sampled this step, and sampling metrics;
