@@ -122,6 +122,26 @@ def test_the_gradient_does_not_depend_on_the_micro_batch_size(tokenizer, tiny_mo
     torch.testing.assert_close(gradient(2), gradient(5), rtol=1e-5, atol=1e-7)
 
 
+def test_gradient_checkpointing_recomputes_and_gives_the_same_gradient(tokenizer, tiny_model, tmp_path):
+    calls = []  # the first layer's MLP runs again in backward when the layer is recomputed
+    tiny_model.model.layers[0].mlp.up_proj.register_forward_hook(lambda *a: calls.append(1))
+
+    def gradient(checkpointing):
+        trainer = make_trainer(tokenizer, tiny_model, tmp_path / str(checkpointing),
+                               gradient_checkpointing=checkpointing)
+        rollout = collate(trainer.train_examples[:5], tokenizer.pad_token_id)
+        counts = LossCounts(sequences=5, tokens=float(rollout.completion_mask.sum()))
+        tiny_model.zero_grad()
+        calls.clear()
+        batch = UpdateBatch(rollout, rollout.completion_mask, rollout.logp)
+        trainer.loss(tiny_model, batch, counts, True)[0].backward()
+        return torch.cat([p.grad.flatten() for p in tiny_model.parameters()]), len(calls)
+
+    (with_checkpoints, recomputed), (plain, once) = gradient(True), gradient(False)
+    assert (recomputed, once) == (2, 1)
+    torch.testing.assert_close(with_checkpoints, plain, rtol=1e-5, atol=1e-7)
+
+
 def test_the_loss_falls_and_the_metrics_are_logged(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=30, eval_fraction=0.25, eval_every=10)
     assert (len(trainer.train_examples), len(trainer.eval_examples)) == (6, 2)

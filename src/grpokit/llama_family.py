@@ -22,9 +22,11 @@ forces that everywhere).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from grpokit.fused_linear import cast, decode_product, fused
@@ -92,6 +94,22 @@ def _rotated_pairs(x: Tensor, turns: Tensor) -> Tensor:
     return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
 
 
+class _Layout(NamedTuple):
+    """Where :meth:`LlamaFamily.hidden_states`' tokens go in attention, the same for every layer."""
+
+    m: int  # rows of the states: the owned tokens (and, in bfloat16 on the CPU, bucket padding)
+    turns: Tensor  # each row's rotary phases (M, 1, D/2)
+    order: Tensor  # the q/k product's output features in rotary-pair layout
+    gather_qk: Tensor
+    gather_v: Tensor
+    qk_sizes: list[int]
+    v_sizes: list[int]
+    groups: list[tuple[int, int]]  # attention groups: (rows, padded length)
+    pick: Tensor  # where each token's heads are in attention's concatenated output
+    compute: torch.dtype
+    causal_masks: dict[int, Tensor]
+
+
 class LlamaFamily:
     """A supported model's modules, run by the two passes GRPO needs: :meth:`decode`, and
     :meth:`hidden_states` followed by the LM head."""
@@ -151,7 +169,7 @@ class LlamaFamily:
     # ---- training and reference passes: real tokens only -------------------------------------------
 
     def hidden_states(self, input_ids: Tensor, lengths: Tensor, predict: Tensor, prefix_source: Tensor | None = None,
-                      prefix_lengths: Tensor | None = None) -> Tensor:
+                      prefix_lengths: Tensor | None = None, checkpoint_layers: bool = False) -> Tensor:
         """The final hidden states (K, hidden), after the last norm, that the LM head reads (:meth:`head`)
         at the positions ``predict`` (K, 2) = (row, column) of the right-padded ``input_ids``
         (N, L) whose row i holds ``lengths[i]`` real tokens from column 0 (positions 0, 1, ...).
@@ -164,7 +182,8 @@ class LlamaFamily:
         attention never lets a real token see it. Differentiable, and reproducible: gathers are
         ``index_select``, whose gradient sums a row read several times (a shared prompt, padding) in a
         fixed order; indexing's gradient adds them with atomics across CPU threads, in a different
-        order from run to run.
+        order from run to run. ``checkpoint_layers``: keep only each decoder layer's input for backward and
+        recompute the layer there (activation checkpointing: the same values and gradients).
         """
         n, width = input_ids.shape
         device = input_ids.device
@@ -227,27 +246,37 @@ class LlamaFamily:
         qk_sizes, v_sizes = [rotated * r * c for r, c in groups], [kv * r * c for r, c in groups]
         order = self._pair_order(device)[: rotated * d]
         causal_masks: dict[int, Tensor] = {}  # by length, made once for every layer
+        layout = _Layout(m, turns, order, gather_qk, gather_v, qk_sizes, v_sizes, groups, pick, compute, causal_masks)
+        checkpoint_layers = checkpoint_layers and torch.is_grad_enabled()
         for layer in self.backbone.layers:
-            attention = layer.self_attn
-            h = self._norm(layer.input_layernorm, x)
-            # q/k and v as two products, gathered apart: one product's slices, or their concatenation, would
-            # cost passes over the whole in the gradient. Attention in autocast's dtype (what autocast gives SDPA).
-            qk = _rotated_pairs(fused(attention.q_proj, attention.k_proj, order=order)(h).view(m, rotated, d), turns)
-            values = attention.v_proj(h).view(m * kv, d).to(compute)
-            outs = []
-            for qk_part, v_part, (count, length) in zip(
-                qk.to(compute).flatten(0, 1).index_select(0, gather_qk).split(qk_sizes),
-                values.index_select(0, gather_v).split(v_sizes), groups,
-            ):
-                q, k = qk_part.view(rotated * count, length, d).split([self.heads * count, kv * count])
-                v = v_part.view(kv * count, length, d)
-                outs.append(self._attention(q, k, v, count, causal_masks).flatten(0, 1))
-            out = torch.cat(outs).index_select(0, pick).view(m, self.q_size)  # o_proj takes it in its dtype
-            x = x + attention.o_proj(out)
-            h = self._norm(layer.post_attention_layernorm, x)
-            # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
-            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+            if checkpoint_layers:
+                x = torch.utils.checkpoint.checkpoint(self._layer, layer, x, layout, use_reentrant=False)
+            else:
+                x = self._layer(layer, x, layout)
         return self._norm(self.backbone.norm, x.index_select(0, token[predict[:, 0], predict[:, 1]]))
+
+    def _layer(self, layer: nn.Module, x: Tensor, layout: _Layout) -> Tensor:
+        """One decoder layer of :meth:`hidden_states` on the owned tokens' states ``x`` (M, hidden)."""
+        attention, rotated, kv, d = layer.self_attn, self.heads + self.kv_heads, self.kv_heads, self.head_dim
+        h = self._norm(layer.input_layernorm, x)
+        # q/k and v as two products, gathered apart: one product's slices, or their concatenation, would
+        # cost passes over the whole in the gradient. Attention in autocast's dtype (what autocast gives SDPA).
+        qk = _rotated_pairs(fused(attention.q_proj, attention.k_proj, order=layout.order)(h).view(layout.m, rotated, d),
+                            layout.turns)
+        values = attention.v_proj(h).view(layout.m * kv, d).to(layout.compute)
+        outs = []
+        for qk_part, v_part, (count, length) in zip(
+            qk.to(layout.compute).flatten(0, 1).index_select(0, layout.gather_qk).split(layout.qk_sizes),
+            values.index_select(0, layout.gather_v).split(layout.v_sizes), layout.groups,
+        ):
+            q, k = qk_part.view(rotated * count, length, d).split([self.heads * count, kv * count])
+            v = v_part.view(kv * count, length, d)
+            outs.append(self._attention(q, k, v, count, layout.causal_masks).flatten(0, 1))
+        out = torch.cat(outs).index_select(0, layout.pick).view(layout.m, self.q_size)  # o_proj takes it in its dtype
+        x = x + attention.o_proj(out)
+        h = self._norm(layer.post_attention_layernorm, x)
+        # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
+        return x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor, rows: int, causal_masks: dict[int, Tensor]) -> Tensor:
         """Causal attention of ``rows`` rows laid out head-major: q (heads · rows, L, D), k and v

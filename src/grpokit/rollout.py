@@ -11,17 +11,25 @@ and train a model that never stops.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB, chunk_rows, chunked_token_entropy, chunked_token_logprobs
 from grpokit.distributed import is_sharded
 from grpokit.llama_family import LlamaFamily, unsupported, unwrap_peft
 from grpokit.objective import token_entropy, token_logprobs
+
+try:  # transformers >= 4.52: each decoder layer checkpoints itself
+    from transformers.modeling_layers import GradientCheckpointingLayer
+except ImportError:  # earlier: the base model checkpoints the layers it loops over
+    GradientCheckpointingLayer = None
 
 # Models whose causal-LM forward is exactly ``lm_head(base_model(...).last_hidden_state)``, nothing after the
 # head (Gemma 2 soft-caps its logits, Cohere and Granite scale them): off the fast path, their head may run
@@ -347,6 +355,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     fast: bool = True,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    checkpoint_layers: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (N, T) of ``completion_ids`` given the prompts, in one forward pass, float32; 0 where
     ``completion_mask`` is 0.
@@ -357,21 +366,26 @@ def sequence_logprobs(
     runs on the K completion tokens ``chunk_mb`` MiB of logits at a time (:mod:`grpokit.chunked_logprobs`:
     the same values and gradients, without the (K, V) logits held for backward), unless
     :func:`full_logits_reason` says why it cannot; then the model's full logits are computed as they are.
+    ``checkpoint_layers``: the fast path recomputes each decoder layer in backward (activation checkpointing;
+    the model's own forward does so after ``model.gradient_checkpointing_enable()``).
     """
     mask = completion_mask.bool()
     fast = fast and unsupported(model) is None and bool((prompt_mask.sum(dim=1) > 0).all())
     reason = full_logits_reason(model, chunk_mb, fast)
     if fast:
         family = LlamaFamily(model)
-        hidden = _real_token_hidden(family, prompt_ids, prompt_mask, completion_ids, completion_mask)  # (K, H)
+        hidden = _real_token_hidden(family, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                    checkpoint_layers)  # (K, H)
     elif reason is None:
         width = completion_ids.shape[1]
-        outputs = unwrap_peft(model).base_model(
-            **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False)
+        with checkpointed_layers(model, checkpoint_layers):
+            outputs = unwrap_peft(model).base_model(
+                **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False)
         hidden = outputs.last_hidden_state[:, -(width + 1):-1][mask]  # (K, H): the states that predicted each token
     else:
-        return _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
-                              with_entropy)
+        with checkpointed_layers(model, checkpoint_layers):
+            return _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                                  with_entropy)
     tokens = completion_ids[mask]  # (K,)
     if reason is None:
         head = unwrap_peft(model).get_output_embeddings()
@@ -392,6 +406,38 @@ def sequence_logprobs(
     if entropy is not None:
         entropy = torch.zeros(mask.shape, dtype=entropy.dtype, device=mask.device).index_put((rows, steps), entropy)
     return logp, entropy
+
+
+@contextlib.contextmanager
+def checkpointed_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Within the block, the model's own forward checkpoints each transformers decoder layer: it keeps the
+    layer's input and recomputes the layer in backward. Unlike ``model.gradient_checkpointing_enable()`` this
+    needs no training mode (grpokit's passes run in eval mode, without dropout): only the flags of the modules
+    that decide it are set (the layers, ``GradientCheckpointingLayer``; before transformers 4.52 the base
+    model), and restored after the block, before backward recomputes the layers."""
+    if not enabled or not torch.is_grad_enabled():
+        yield
+        return
+    if GradientCheckpointingLayer is not None:
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    else:
+        layers = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None), bool)]
+    if not layers:
+        raise ValueError(f"gradient_checkpointing: {type(unwrap_peft(model)).__name__} has no transformers "
+                         "decoder layer that can be checkpointed (GradientCheckpointingLayer)")
+    saved = [(m.gradient_checkpointing, m.training, m.__dict__.get("_gradient_checkpointing_func")) for m in layers]
+    for m in layers:
+        m.gradient_checkpointing, m.training = True, True
+        m._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for m, (flag, training, func) in zip(layers, saved):
+            m.gradient_checkpointing, m.training = flag, training
+            if func is None:
+                del m._gradient_checkpointing_func
+            else:
+                m._gradient_checkpointing_func = func
 
 
 def full_logits_reason(model: torch.nn.Module, chunk_mb: float, fast: bool) -> str | None:
@@ -433,7 +479,8 @@ def _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     return logp, entropy
 
 
-def _real_token_hidden(family: LlamaFamily, prompt_ids, prompt_mask, completion_ids, completion_mask) -> Tensor:
+def _real_token_hidden(family: LlamaFamily, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                       checkpoint_layers: bool = False) -> Tensor:
     """The final hidden states (K, H) that predicted the K completion tokens, from the fast path: each row's
     real tokens laid out from column 0 (its prompt, then its completion up to where it stopped), and rows
     with the same prompt (a group's G completions) sharing the first such row's computation of it."""
@@ -450,4 +497,4 @@ def _real_token_hidden(family: LlamaFamily, prompt_ids, prompt_mask, completion_
     n = key.shape[0]
     first = torch.full((int(same.max()) + 1,), n, device=key.device).scatter_reduce(
         0, same, torch.arange(n, device=key.device), "amin")
-    return family.hidden_states(input_ids, lengths, predict, first[same], prompt_lengths)
+    return family.hidden_states(input_ids, lengths, predict, first[same], prompt_lengths, checkpoint_layers)

@@ -277,7 +277,8 @@ class SFTTrainer:
         """Σ −log π(token) over the rollout's completion tokens (a scalar, float32)."""
         rollout = trim(rollout)
         with autocast(self.mixed_precision, self.device):
-            logp, _ = sequence_logprobs(model, *rollout.sequences(), fast=self.config.fast_path)  # (N, T)
+            logp, _ = sequence_logprobs(model, *rollout.sequences(), fast=self.config.fast_path,
+                                        checkpoint_layers=self.config.gradient_checkpointing)  # (N, T)
         return -(logp * rollout.completion_mask).sum()
 
     def training_step(self) -> dict[str, float]:

@@ -194,7 +194,8 @@ class GRPOTrainer:
         with autocast(self.mixed_precision, self.device):
             logp, entropy = sequence_logprobs(model, *batch.rollout.sequences(), temperature=config.temperature,
                                               with_entropy=first_pass, fast=self.fast_training,
-                                              chunk_mb=config.logprob_chunk_mb)
+                                              chunk_mb=config.logprob_chunk_mb,
+                                              checkpoint_layers=config.gradient_checkpointing)
         loss, stats = grpo_loss(
             logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.loss_mask,
             epsilon=config.epsilon, epsilon_high=config.epsilon_high,
