@@ -236,3 +236,25 @@ def test_ppo_checkpoint_holds_the_value_model(tokenizer, tiny_model, tmp_path):
         assert torch.equal(a, b)
     optimizers = [t.critic.learner.optimizer.state_dict()["state"].keys() for t in (fresh, trainer)]
     assert optimizers[0] == optimizers[1] and optimizers[0]
+
+
+def test_pruning_renames_before_deleting(tmp_path, monkeypatch):
+    """A crash in the middle of deleting an old checkpoint leaves no step-* directory with files missing: it is
+    renamed to .tmp-* first, and the next save's pruning removes that."""
+    from grpokit import checkpoint
+
+    for step in (1, 2, 3):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / "manifest.json").write_text("{}")
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def crash(path, **kwargs):
+        raise KeyboardInterrupt  # the process dies mid-delete
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", crash)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-delete-step-1", "step-2", "step-3"]
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    checkpoint._prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3"]

@@ -153,8 +153,12 @@ def _digest(path: Path) -> dict[str, Any]:
 def _prune(root: Path, keep: int) -> None:
     complete = sorted(p for p in root.glob("step-*") if (p / "manifest.json").is_file())
     for old in complete[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-*"):  # left by a crash mid-write (ours was just renamed into place)
+        # Renamed out of the step-* names first (one atomic rename): a crash mid-delete leaves a .tmp-* directory
+        # that the next save removes, never a step-* directory with some of its files gone.
+        doomed = old.with_name(f".tmp-delete-{old.name}")
+        old.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):  # left by a crash mid-write or mid-delete (ours was just renamed into place)
         shutil.rmtree(stale, ignore_errors=True)
 
 
