@@ -72,6 +72,17 @@ def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
     assert "pass@2" in capsys.readouterr().out
 
 
+def test_eval_writes_each_greedy_completion(tmp_path, tiny_model_dir, data_file):
+    out = tmp_path / "completions.jsonl"
+    assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--samples", "0", "--max-new-tokens", "6",
+                 "--system-prompt", "Be brief.", "--completions", str(out), "--quiet"]) == 0
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [w["prompt"] for w in written] == [r["prompt"] for r in rows]  # as in the data, not as rendered
+    assert [w["answer"] for w in written] == [r["answer"] for r in rows]
+    assert all(isinstance(w["completion"], str) and w["correct"] in (0, 1) and w["format"] in (0, 1) for w in written)
+
+
 def test_eval_pass_k_larger_than_the_samples_is_refused(tmp_path, tiny_model_dir, data_file, capsys):
     assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--samples", "2", "--pass-k", "3",
                  "--max-new-tokens", "4", "--quiet"]) == 2

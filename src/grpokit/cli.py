@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-new-tokens", type=int, default=64)
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--output", help="write the summary as JSON here")
+    evaluate.add_argument("--completions", help="write each row's greedy completion and its scores here (JSONL)")
     evaluate.add_argument("--quiet", action="store_true")
 
     convert = commands.add_parser(
@@ -163,15 +164,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rows = load_rows(args.data)
     check_columns(rows, [args.prompt_column, args.answer_column], source=args.data)
     model, tokenizer = load_model_and_tokenizer(args.model, progress=not args.quiet)
+    raw_prompts = [row[args.prompt_column] for row in rows]
     # the prompts as training renders them: through the chat template when the tokenizer has one
     rows = [{**row, args.prompt_column: render_prompt(tokenizer, row[args.prompt_column],
                                                       system_prompt=args.system_prompt)} for row in rows]
+    greedy: list[str] = []
     scores = evaluate(
         model, tokenizer, rows, prompt_column=args.prompt_column, answer_column=args.answer_column,
         samples_per_prompt=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         seed=args.seed, progress=not args.quiet,
-        pass_ks=args.pass_k if args.pass_k is not None else sorted({1, args.samples}),
+        pass_ks=args.pass_k if args.pass_k is not None else sorted({1, args.samples}), greedy_completions=greedy,
     )
+    if args.completions:
+        with open(args.completions, "w") as out:
+            for prompt, row, text, correct, formatted in zip(raw_prompts, rows, greedy, scores["greedy_correct"],
+                                                             scores["greedy_format"]):
+                out.write(json.dumps({"prompt": prompt, "answer": row[args.answer_column],
+                                      "completion": text, "correct": correct, "format": formatted}) + "\n")
     summary = {"model": args.model, "data": args.data, "num_prompts": len(rows), "samples": args.samples,
                **summarize(scores)}
     for key, value in summary.items():

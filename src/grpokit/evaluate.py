@@ -28,11 +28,12 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
     pass_ks: Sequence[int] | None = None,
+    greedy_completions: list[str] | None = None,
 ) -> dict[str, list[float]]:
     """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
     ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
-    the samples)."""
+    the samples). ``greedy_completions``: a list that receives each row's greedy completion, in order."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -62,6 +63,8 @@ def evaluate(
             formatted = torch.tensor(format_reward(prompts, completions)).view(-1, k)
             scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
             scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
+            if mode == "greedy" and greedy_completions is not None:
+                greedy_completions += completions
             if mode == "sampled":
                 for k in pass_ks:
                     scores[f"pass@{k}"] += [pass_at_k(samples_per_prompt, int(c), k)
