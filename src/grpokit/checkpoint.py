@@ -47,7 +47,8 @@ JSON_RNG = ("python", "numpy")  # random streams kept in state.json; the torch o
 # Keys that may change between a checkpoint and the run that resumes it: they do not change the math.
 RESUMABLE_CHANGES = {
     "max_steps", "output_dir", "progress_bar", "log_completions", "save_every", "keep_checkpoints", "resume",
-    "device", "micro_batch_size", "logprob_chunk_mb", "reward_timeout", "on_reward_error", "max_nonfinite_updates",
+    "device", "micro_batch_size", "logprob_chunk_mb", "gradient_checkpointing", "reward_timeout", "on_reward_error",
+    "max_nonfinite_updates",
     # 'auto' decides again on the resuming machine anyway (an older checkpoint says 'no', the old default)
     "mixed_precision",
     "report_to", "tensorboard", "project", "run_name",  # where metrics go, not what they are
