@@ -366,8 +366,8 @@ def sequence_logprobs(
     runs on the K completion tokens ``chunk_mb`` MiB of logits at a time (:mod:`grpokit.chunked_logprobs`:
     the same values and gradients, without the (K, V) logits held for backward), unless
     :func:`full_logits_reason` says why it cannot; then the model's full logits are computed as they are.
-    ``checkpoint_layers``: the fast path recomputes each decoder layer in backward (activation checkpointing;
-    the model's own forward does so after ``model.gradient_checkpointing_enable()``).
+    ``checkpoint_layers``: each decoder layer is recomputed in backward (activation checkpointing), on the fast
+    path and, under :func:`checkpointed_layers`, through the model's own forward.
     """
     mask = completion_mask.bool()
     fast = fast and unsupported(model) is None and bool((prompt_mask.sum(dim=1) > 0).all())
