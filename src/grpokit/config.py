@@ -34,8 +34,43 @@ def _field(default: Any, help: str, **kwargs: Any) -> Any:
     return field(default=default, metadata={"help": help, **kwargs})
 
 
+class _Config:
+    """What every grpokit config does with its fields: coerce and bound-check them, build from a dict refusing
+    unknown keys (with a suggestion, and ``TRL_NAMES``' translations of TRL's names), dump, document."""
+
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = {}
+
+    def _check_fields(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)
+            _check_bounds(f.name, value, f.metadata)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> typing.Self:
+        """Build a config, refusing unknown keys with a suggestion."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in known:
+                if key in cls.TRL_NAMES:
+                    hint = f"; TRL's {key!r} is {cls.TRL_NAMES[key]} here"
+                else:
+                    close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+
 @dataclass
-class GRPOConfig:
+class GRPOConfig(_Config):
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
         "builtin:arithmetic",
@@ -259,11 +294,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):  # `report_to: wandb`, as TRL takes it
             self.report_to = [self.report_to]
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
-            object.__setattr__(self, f.name, value)
-            _check_bounds(f.name, value, f.metadata)
+        self._check_fields()
         unknown = [name for name in self.report_to if name not in TRACKERS]
         if unknown:
             raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; choose from {', '.join(TRACKERS)}")
@@ -299,24 +330,6 @@ class GRPOConfig:
     def num_completions(self) -> int:
         """N = B × G completions per step."""
         return self.prompts_per_step * self.num_generations
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        """Build a config, refusing unknown keys with a suggestion."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"unknown config key {key!r}{hint}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
 
 
 def check_reward_weights(weights: list[float] | None, num_functions: int) -> None:
@@ -435,9 +448,11 @@ TRL_SFT_NAMES = {
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(_Config):
     """Supervised fine-tuning on prompt/completion rows (``grpokit sft``; docs/sft.md): the cold start
     whose output directory ``grpokit train`` takes as ``model``."""
+
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = TRL_SFT_NAMES
 
     # ---- model and data --------------------------------------------------------------------------
     model: str | None = _field(
@@ -550,11 +565,7 @@ class SFTConfig:
     progress_bar: bool = _field(True, "Show a progress bar on the console.")
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
-            object.__setattr__(self, f.name, value)
-            _check_bounds(f.name, value, f.metadata)
+        self._check_fields()
         if not self.model:
             raise ConfigError(f"model is required: {SFTConfig.help()['model'].removeprefix('Required. ')}")
         if self.eval_fraction and self.eval_dataset:
@@ -562,24 +573,3 @@ class SFTConfig:
         if self.max_steps is not None and self.warmup_steps >= self.max_steps:
             raise ConfigError(f"warmup_steps={self.warmup_steps} leaves no step after warmup: max_steps is "
                               f"{self.max_steps}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> SFTConfig:
-        """Build a config, refusing unknown keys with a suggestion (TRL's names included)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                if key in TRL_SFT_NAMES:
-                    hint = f"; TRL's {key!r} is {TRL_SFT_NAMES[key]} here"
-                else:
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"unknown config key {key!r}{hint}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
