@@ -9,7 +9,12 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from grpokit import chunked_logprobs, rollout
-from grpokit.chunked_logprobs import ChunkedTokenLogprobs, chunk_rows, chunked_token_entropy, chunked_token_logprobs
+from grpokit.chunked_logprobs import (
+    ChunkedTokenLogprobs,
+    chunk_rows,
+    chunked_logprobs_and_entropy,
+    chunked_token_logprobs,
+)
 from grpokit.config import GRPOConfig
 from grpokit.objective import token_entropy, token_logprobs
 from grpokit.rollout import full_logits_reason, sequence_logprobs
@@ -50,16 +55,22 @@ def test_values_and_gradients_equal_the_full_logits(chunk_size, temperature, bia
     assert torch.allclose(logp, expected, rtol=0, atol=1e-12)
     for grad, expected_grad in zip(grads, expected_grads):  # hidden, weight, bias
         assert torch.allclose(grad, expected_grad, rtol=0, atol=1e-12)
-    entropy = chunked_token_entropy(hidden, weight, b, temperature, chunk_size)
+    # the entropy from the same pass: equal to the full logits' too, no gradient, and the log-probs unchanged
+    both = lambda: chunked_logprobs_and_entropy(hidden, weight, b, tokens, temperature, chunk_size, True)  # noqa: E731
+    logp_too, entropy = both()
     expected_entropy = token_entropy(torch.nn.functional.linear(hidden, weight, b), temperature)
     assert torch.allclose(entropy, expected_entropy, rtol=0, atol=1e-12) and not entropy.requires_grad
+    assert torch.equal(logp_too.detach(), logp)
+    assert all(torch.equal(g, e) for g, e in zip(values_and_grads(lambda: both()[0], hidden, weight, b,
+                                                                  loss_weights)[1], grads))
+    assert chunked_logprobs_and_entropy(hidden, weight, b, tokens, temperature, chunk_size)[1] is None
 
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_gradcheck(bias):
     hidden, weight, b, tokens, _ = head_problem(bias, seed=1)
     for chunk_size in (3, 4):
-        function = lambda h, w, b, c=chunk_size: ChunkedTokenLogprobs.apply(h, w, b, tokens, 0.7, c)  # noqa: E731
+        function = lambda h, w, b, c=chunk_size: ChunkedTokenLogprobs.apply(h, w, b, tokens, 0.7, c)[0]  # noqa: E731
         assert torch.autograd.gradcheck(function, (hidden, weight, b))
 
 
@@ -149,7 +160,7 @@ def test_sequence_logprobs_chunked_equal_full_logits(tokenizer, name, fast, monk
                                           chunk_mb=chunk_mb)
         (logp * torch.linspace(-1, 1, logp.numel(), dtype=logp.dtype).view_as(logp)).sum().backward()
         results[chunk_mb] = logp.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert chunks == ([5] * 7 + [3]) * 3  # 38 tokens: 8 chunks for the log-probs, the entropy, and backward
+    assert chunks == ([5] * 7 + [3]) * 2  # 38 tokens: 8 chunks for the log-probs with the entropy, 8 in backward
     (logp_full, entropy_full, grads_full), (logp, entropy, grads) = results.values()
     assert logp.dtype == torch.float64 and (logp[batch[3] == 0] == 0).all() and (logp[-1] == 0).all()
     assert torch.allclose(logp, logp_full, rtol=0, atol=1e-10)

@@ -332,3 +332,26 @@ def test_forward_hooks_on_projections_and_the_head_are_honoured(tokenizer):
     mask = rollout.completion_mask.bool()
     assert torch.allclose(rollout.logp[mask], logp_hf[mask], atol=1e-5)
     assert torch.allclose(logp_fast, logp_hf, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_down_equals_autograd_and_saves_only_gate_and_up(bias):
+    gen = torch.Generator().manual_seed(5)
+    gate, up = (torch.randn(7, 12, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    down = torch.nn.Linear(12, 5, bias=bias, dtype=torch.float64)
+    inputs = [gate, up, *down.parameters()]
+    assert torch.autograd.gradcheck(lambda g, u: fused_linear.swiglu_down(g, u, down), (gate, up))
+    weights = torch.randn(7, 5, generator=gen, dtype=torch.float64)
+    expected = torch.autograd.grad((down(torch.nn.functional.silu(gate) * up) * weights).sum(), inputs)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fused_linear.swiglu_down(gate, up, down)
+    got = torch.autograd.grad((out * weights).sum(), inputs)
+    assert all(torch.allclose(g, e, rtol=0, atol=1e-12) for g, e in zip(got, expected))
+    assert sum(t.numel() for t in saved) == 2 * gate.numel() + down.weight.numel()  # gate, up and the weight
+    hooked = []
+    down.register_forward_hook(lambda *a: hooked.append(1))
+    fused_linear.swiglu_down(gate, up, down)  # a hooked layer is called as a module
+    with torch.no_grad():
+        fused_linear.swiglu_down(gate, up, torch.nn.Linear(12, 5, dtype=torch.float64))
+    assert hooked == [1]

@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpokit.objective import token_entropy
-
 DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at SmolLM2's 49,152-token vocabulary
 
 
@@ -36,7 +34,9 @@ def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
-    """log π(token) = z[token]/T − logsumexp(z/T) for z = weight · hidden (+ bias), chunk by chunk.
+    """log π(token) = z[token]/T − logsumexp(z/T) for z = weight · hidden (+ bias), chunk by chunk, and,
+    with ``with_entropy``, each token's entropy −Σ π log π from the same chunk's logits (a metric: no
+    gradient; without it, an empty tensor).
 
     Saves ``hidden``, ``weight``, ``bias``, ``tokens`` and the K log-sum-exps; backward recomputes each
     chunk's logits z and uses ∂ log π / ∂z = (onehot(token) − softmax(z/T)) / T.
@@ -44,9 +44,10 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
-                chunk_size: int) -> Tensor:
+                chunk_size: int, with_entropy: bool = False) -> tuple[Tensor, Tensor]:
         logp = hidden.new_empty(len(tokens), dtype=torch.promote_types(weight.dtype, torch.float32))
         lse = torch.empty_like(logp)
+        entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for start in range(0, len(tokens), chunk_size):
             rows = slice(start, start + chunk_size)
             scaled = _logits(hidden[rows], weight, bias)  # (C, V)
@@ -54,13 +55,17 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 scaled /= temperature
             lse[rows] = torch.logsumexp(scaled, dim=-1)  # as token_logprobs: gather, then logsumexp
             logp[rows] = scaled.gather(-1, tokens[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
+            if with_entropy:  # as token_entropy: −Σ p · log p, log p = z/T − logsumexp, here in place
+                logprobs = scaled.sub_(lse[rows].unsqueeze(1))
+                entropy[rows] = -torch.linalg.vecdot(logprobs.exp(), logprobs)
         ctx.save_for_backward(hidden, weight, bias, tokens, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return logp
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_logp: Tensor):
+    def backward(ctx, grad_logp: Tensor, _grad_entropy: Tensor):
         hidden, weight, bias, tokens, lse = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
@@ -93,7 +98,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 if need_bias:
                     grad_bias += grad_z.sum(dim=0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None)
 
 
 def chunked_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor,
@@ -104,6 +109,14 @@ def chunked_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, 
     ``hidden``, ``weight`` and ``bias`` (a tied head's weight is the embedding's: autograd adds the two
     gradients as usual). The head's product runs in the weight's dtype with autocast off: cast the weight
     first to compute it in another."""
+    return chunked_logprobs_and_entropy(hidden, weight, bias, tokens, temperature, chunk_size)[0]
+
+
+def chunked_logprobs_and_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor,
+                                 temperature: float = 1.0, chunk_size: int = 1024,
+                                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """:func:`chunked_token_logprobs` and, with ``with_entropy``, the entropy (K,) of each token's
+    distribution, without gradient (a metric), from the same pass over the head (None otherwise)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
@@ -111,18 +124,5 @@ def chunked_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, 
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1] or weight.shape[1:] != hidden.shape[1:]:
         raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} and tokens "
                          f"{tuple(tokens.shape)} are not (K, H), (V, H) and (K,)")
-    return ChunkedTokenLogprobs.apply(hidden, weight, bias, tokens, temperature, chunk_size)
-
-
-@torch.no_grad()
-def chunked_token_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float = 1.0,
-                          chunk_size: int = 1024) -> Tensor:
-    """The entropy (K,) of ``softmax((hidden @ weight.T + bias) / temperature)`` per token,
-    ``chunk_size`` tokens at a time; a metric, so without gradient."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    entropy = hidden.new_empty(len(hidden), dtype=torch.promote_types(weight.dtype, torch.float32))
-    for start in range(0, len(hidden), chunk_size):
-        rows = slice(start, start + chunk_size)
-        entropy[rows] = token_entropy(_logits(hidden[rows], weight, bias), temperature)
-    return entropy
+    logp, entropy = ChunkedTokenLogprobs.apply(hidden, weight, bias, tokens, temperature, chunk_size, with_entropy)
+    return logp, entropy if with_entropy else None

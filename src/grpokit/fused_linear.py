@@ -61,6 +61,47 @@ def fused(*modules: nn.Module, dtype: torch.dtype | None = None,
     return lambda x: F.linear(x.to(weight.dtype), weight, bias)
 
 
+class _SwiGLUDown(torch.autograd.Function):
+    """``F.linear(silu(gate) * up, weight, bias)`` that saves only ``gate`` and ``up`` for backward: autograd
+    would also keep silu(gate) and the product, two more (rows, intermediate) tensors per layer, the largest
+    of a decoder layer's activations. Backward recomputes both (elementwise, cheap next to the products)."""
+
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(gate, up, weight)
+        ctx.has_bias = bias is not None
+        # under autocast, F.linear computes in autocast's dtype as the module would
+        return F.linear(F.silu(gate) * up, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        gate, up, weight = ctx.saved_tensors
+        need_gate, need_up, need_weight, need_bias = ctx.needs_input_grad
+        sigmoid = torch.sigmoid(gate)
+        silu = gate * sigmoid
+        grad_product = grad_out @ weight.to(grad_out.dtype)
+        grad_weight = grad_bias = None
+        if need_weight:
+            grad_weight = (grad_out.flatten(0, -2).t() @ (silu * up).flatten(0, -2).to(grad_out.dtype)).to(weight.dtype)
+        if need_bias and ctx.has_bias:
+            grad_bias = grad_out.flatten(0, -2).sum(0).to(weight.dtype)
+        grad_up = (grad_product * silu).to(up.dtype) if need_up else None
+        # d silu(x)/dx = σ(x) (1 + x (1 − σ(x))), as autograd's silu backward
+        grad_gate = (grad_product * up * (sigmoid * (1 + gate * (1 - sigmoid)))).to(gate.dtype) if need_gate else None
+        return grad_gate, grad_up, grad_weight, grad_bias
+
+
+def swiglu_down(gate: Tensor, up: Tensor, down: nn.Module) -> Tensor:
+    """``down(silu(gate) * up)``, a SwiGLU MLP's output: with a gradient and a plain ``nn.Linear`` ``down``,
+    through :class:`_SwiGLUDown`, which keeps half the activations autograd would; otherwise ``down`` is
+    called as a module."""
+    linear = plain_linear(down)
+    if linear is None or not torch.is_grad_enabled():
+        return down(F.silu(gate) * up)
+    return _SwiGLUDown.apply(gate, up, *linear)
+
+
 def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = None,
                    scale: Tensor | None = None, order: Tensor | None = None) -> Callable[..., Tensor]:
     """:func:`fused` for decoding (prompts once, then few rows with the same weights every token), as
@@ -91,18 +132,22 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
     if order is not None:
         weight, bias = weight[order], None if bias is None else bias[order]
     packed = onednn_pack(weight, rows)
-    if packed is None:
-        def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
-            x = cast(x, weight.dtype)
-            if add is not None and add.dtype == weight.dtype and bias is None and x.dim() == 2:
-                return torch.addmm(add, x, weight.t())
-            out = F.linear(x, weight, bias)
-            return out if add is None else add + out
-        return linear
+    if packed is not None:  # the packed copy is all decoding reads: the unpacked one is not kept as well
+        return _onednn_product(packed, bias, weight.dtype)
 
-    def onednn(x: Tensor, add: Tensor | None = None) -> Tensor:
+    def linear(x: Tensor, add: Tensor | None = None) -> Tensor:
         x = cast(x, weight.dtype)
-        if add is not None and add.dtype == weight.dtype:
+        if add is not None and add.dtype == weight.dtype and bias is None and x.dim() == 2:
+            return torch.addmm(add, x, weight.t())
+        out = F.linear(x, weight, bias)
+        return out if add is None else add + out
+    return linear
+
+
+def _onednn_product(packed: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Callable[..., Tensor]:
+    def onednn(x: Tensor, add: Tensor | None = None) -> Tensor:
+        x = cast(x, dtype)
+        if add is not None and add.dtype == dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
         out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         return out if add is None else add + out

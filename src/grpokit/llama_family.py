@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from grpokit.fused_linear import cast, decode_product, fused
+from grpokit.fused_linear import cast, decode_product, fused, swiglu_down
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
@@ -276,7 +276,7 @@ class LlamaFamily:
         x = x + attention.o_proj(out)
         h = self._norm(layer.post_attention_layernorm, x)
         # two products, not one on stacked weights: the gradient of one output's halves would be concatenated
-        return x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+        return x + swiglu_down(layer.mlp.gate_proj(h), layer.mlp.up_proj(h), layer.mlp.down_proj)
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor, rows: int, causal_masks: dict[int, Tensor]) -> Tensor:
         """Causal attention of ``rows`` rows laid out head-major: q (heads · rows, L, D), k and v

@@ -21,7 +21,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB, chunk_rows, chunked_token_entropy, chunked_token_logprobs
+from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB, chunk_rows, chunked_logprobs_and_entropy
 from grpokit.distributed import is_sharded
 from grpokit.llama_family import LlamaFamily, unsupported, unwrap_peft
 from grpokit.objective import token_entropy, token_logprobs
@@ -395,8 +395,7 @@ def sequence_logprobs(
             dtype = torch.get_autocast_dtype(device)
             weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
         chunk = chunk_rows(weight.shape[0], chunk_mb)
-        logp = chunked_token_logprobs(hidden, weight, bias, tokens, temperature, chunk)
-        entropy = chunked_token_entropy(hidden.detach(), weight, bias, temperature, chunk) if with_entropy else None
+        logp, entropy = chunked_logprobs_and_entropy(hidden, weight, bias, tokens, temperature, chunk, with_entropy)
     else:
         logits = family.head(hidden)  # (K, V)
         logp = token_logprobs(logits, tokens, temperature)
