@@ -3,8 +3,9 @@
 The objective's pure functions (``group_advantages``, ``process_advantages``, ``kl_penalty``,
 ``grpo_loss``) are the public core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop, GRPO's or (with
 ``algorithm: ppo``) that of PPO, the baseline it replaces, whose GAE is ``gae``; ``format_reward`` and
-``accuracy_reward`` are the built-in rule-based rewards; ``SFTTrainer`` and ``SFTConfig`` run the supervised
-cold start before it (docs/sft.md). ``docs/architecture.md`` maps the modules.
+``accuracy_reward`` are the built-in rule-based rewards, ``OutcomeRewardModel`` and ``ProcessRewardModel``
+learned ones; ``SFTTrainer`` and ``SFTConfig`` run the supervised cold start before it (docs/sft.md).
+``docs/architecture.md`` maps the modules.
 """
 
 from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
@@ -18,6 +19,7 @@ from grpokit.objective import (
     token_logprobs,
 )
 from grpokit.ppo import gae, value_loss
+from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import Rollout, generate
 from grpokit.sft import SFTTrainer
@@ -26,7 +28,8 @@ from grpokit.trainer import GRPOTrainer
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "RewardError", "Rollout", "accuracy_reward",
+    "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "OutcomeRewardModel", "ProcessRewardModel",
+    "RewardError", "Rollout", "accuracy_reward",
     "aggregate_loss", "format_reward", "gae", "generate", "group_advantages", "grpo_loss", "kl_penalty",
     "SFTConfig", "SFTTrainer", "load_config", "load_jsonl", "process_advantages", "token_logprobs", "value_loss",
 ]

@@ -112,7 +112,8 @@ class GRPOConfig(_Config):
         ["accuracy", "format"],
         "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
         "and the process reward 'arithmetic_steps'), 'FILE.py:NAME' or 'package.module:NAME' for your own (called "
-        "as TRL calls them: docs/data_and_rewards.md); the Python API also takes callables.",
+        "as TRL calls them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a "
+        "bare DIR too) or 'process_model:DIR'; the Python API also takes callables.",
     )
     reward_weights: list[float] | None = _field(
         None, "Weight of each reward function in the total reward; None means 1.0 each."

@@ -35,6 +35,7 @@ import torch
 from grpokit.answers import Text, answers_match, extract_answer, parse_number, text_of
 from grpokit.arithmetic import arithmetic_steps_reward
 from grpokit.config import check_reward_weights
+from grpokit.reward_models import reward_model_from_spec
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
@@ -138,25 +139,28 @@ def reward_name(fn: RewardFunction) -> str:
 
 
 def resolve_reward_functions(
-    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None
+    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None, **model_options: Any
 ) -> tuple[list[RewardFunction], list[float]]:
     """The reward functions and their weights (None: 1.0 each), checked: names unique, one weight per
     function. A spec is a callable, the name of a built-in reward (``"accuracy"``, ``"math_accuracy"``,
-    ``"format"``, ``"arithmetic_steps"``), or ``"FILE.py:NAME"`` / ``"package.module:NAME"``."""
+    ``"format"``, ``"arithmetic_steps"``), ``"FILE.py:NAME"`` / ``"package.module:NAME"``, or a reward model:
+    ``"model:PATH"``, ``"process_model:PATH"`` or a directory (:mod:`grpokit.reward_models`, which
+    ``model_options`` reach: ``device``, ``mixed_precision``, ``batch_size``, ...)."""
     functions, builtin = [], builtin_rewards()
     for spec in specs:
         if callable(spec):
             functions.append(spec)
         elif spec in builtin:
             functions.append(builtin[spec])
-        elif ":" in spec:
-            functions.append(load_reward_function(spec))
+        elif ":" in spec or Path(spec).is_dir():
+            functions.append(load_reward_function(spec, **model_options))
         else:
             close = difflib.get_close_matches(spec, sorted(builtin), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(
                 f"reward_funcs: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
-                "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python)"
+                "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python); a reward "
+                "model is 'model:DIR' or 'process_model:DIR'"
             )
     names = [reward_name(fn) for fn in functions]
     if len(set(names)) != len(names):
@@ -165,9 +169,13 @@ def resolve_reward_functions(
     return functions, [1.0] * len(functions) if weights is None else list(weights)
 
 
-def load_reward_function(spec: str) -> RewardFunction:
+def load_reward_function(spec: str, **model_options: Any) -> RewardFunction:
     """``"path/to/file.py:name"`` (a path relative to the working directory) or ``"package.module:name"``
-    (importable from ``sys.path``) → that function; errors name the file, module or attribute."""
+    (importable from ``sys.path``) → that function; errors name the file, module or attribute. A reward
+    model's spec (``model:PATH``, ``process_model:PATH``, a directory) → the model, loaded with ``model_options``."""
+    model = reward_model_from_spec(spec, **model_options)
+    if model is not None:
+        return model
     where, _, name = spec.rpartition(":")
     if not where or not name:
         raise ValueError(f"reward_funcs: {spec!r} must be 'path/to/file.py:name' or 'package.module:name'")

@@ -97,8 +97,10 @@ class GRPOTrainer:
             print(self.precision_note, file=sys.stderr)  # beside the progress bar; stdout stays the caller's
 
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
+        # Reward models named in the config run on this process's device, in the run's precision.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
-            reward_funcs or config.reward_funcs, config.reward_weights
+            reward_funcs or config.reward_funcs, config.reward_weights, device=self.device,
+            mixed_precision=self.mixed_precision,
         )
         check_trackers(config.trackers)
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
