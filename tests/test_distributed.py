@@ -71,7 +71,8 @@ SCRIPT = textwrap.dedent(f"""
         tokenizer = build_tokenizer()
         config = GRPOConfig(output_dir=os.path.join(sys.argv[1], name), prompts_per_step=4, num_generations=4,
                             max_completion_length=6, max_steps={STEPS}, learning_rate=1e-2, progress_bar=False,
-                            micro_batch_size=3, save_every=0, fast_path=False, **overrides)
+                            micro_batch_size=3, save_every=0, fast_path=False, mixed_precision="no",
+                            **overrides)  # float32 on any CPU: bf16 would round the two runs apart
         trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
                                 train_dataset=ROWS, reward_funcs=[ones])
         if rank != 0:
