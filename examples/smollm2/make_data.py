@@ -3,9 +3,10 @@
     python examples/smollm2/make_data.py runs/smollm2/data    # cold_start.jsonl, train.jsonl, held_out.jsonl
 
 - ``cold_start.jsonl``: ROWS ``{"prompt", "completion"}`` rows for ``grpokit sft``, each a worked column
-  addition (``<think>\\n7+1=8\\n4+2=6\\n</think>\\n<answer>68</answer>``) of a problem **without a carry**. The
-  cold start teaches the format and the column method on easy problems only; carrying is left for GRPO to
-  learn from the accuracy reward alone.
+  addition (``<think>\\n7+5=12\\n4+8+1=13\\n</think>\\n<answer>132</answer>``); a minority (CARRY_SHARE) carry.
+  The cold start teaches the format and the column method, with just enough carrying that the model's samples
+  sometimes carry correctly: a problem whose G samples are all wrong gives GRPO no signal, so a cold start
+  without any carry leaves every carry problem out of reach of RL.
 - ``train.jsonl``: ``{"prompt", "answer"}`` rows for ``grpokit train``: every training pair, carries included.
 - ``held_out.jsonl``: ``{"prompt", "answer", "carry"}``, pairs that neither stage ever sees
   (grpokit.arithmetic's fixed held-out split), for ``grpokit eval``.
@@ -21,6 +22,7 @@ from pathlib import Path
 from grpokit.arithmetic import HELD_OUT_PAIRS, TRAIN_PAIRS, has_carry, make_row, prompt_text, worked_solution
 
 ROWS = 300  # cold-start rows
+CARRY_SHARE = 0.25  # of the cold-start rows (the held-out problems carry in 45 % of cases)
 HELD_OUT = 200
 
 
@@ -33,9 +35,12 @@ def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
-    easy = [pair for pair in TRAIN_PAIRS if not has_carry(*pair)]
+    carries = round(ROWS * CARRY_SHARE)
+    cold = (rng.sample([p for p in TRAIN_PAIRS if has_carry(*p)], carries)
+            + rng.sample([p for p in TRAIN_PAIRS if not has_carry(*p)], ROWS - carries))
+    rng.shuffle(cold)
     write_jsonl(out / "cold_start.jsonl", [{"prompt": prompt_text(a, b), "completion": worked_solution(a, b)}
-                                           for a, b in rng.sample(easy, ROWS)])
+                                           for a, b in cold])
     train = list(TRAIN_PAIRS)
     rng.shuffle(train)
     write_jsonl(out / "train.jsonl", [{k: v for k, v in make_row(a, b).items() if k != "carry"} for a, b in train])

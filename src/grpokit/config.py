@@ -221,7 +221,7 @@ class GRPOConfig(_Config):
     gradient_checkpointing: bool = _field(
         False, "Recompute each decoder layer's activations in backward instead of holding them for the whole "
         "micro-batch (activation checkpointing): the same values and gradients, less memory, more update time "
-        "(SmolLM2-135M on a CPU: -1.5 GB peak, +17 % update time; docs/benchmarks.md).",
+        "(SmolLM2-135M on a CPU: -0.9 GB peak, +14 % update time; docs/benchmarks.md).",
     )
     mixed_precision: str = _field(
         "auto", "'bf16': run the policy and reference passes (sampling included) under bfloat16 autocast; weights, "
