@@ -4,11 +4,12 @@ The objective's pure functions (``group_advantages``, ``process_advantages``, ``
 ``grpo_loss``) are the public core; ``GRPOTrainer`` and ``GRPOConfig`` run the loop, GRPO's or (with
 ``algorithm: ppo``) that of PPO, the baseline it replaces, whose GAE is ``gae``; ``format_reward`` and
 ``accuracy_reward`` are the built-in rule-based rewards, ``OutcomeRewardModel`` and ``ProcessRewardModel``
-learned ones; ``SFTTrainer`` and ``SFTConfig`` run the supervised cold start before it (docs/sft.md).
+learned ones, which ``RewardTrainer`` and ``RewardConfig`` train (docs/reward_models.md); ``SFTTrainer`` and
+``SFTConfig`` run the supervised cold start before it (docs/sft.md).
 ``docs/architecture.md`` maps the modules.
 """
 
-from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
+from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, load_config
 from grpokit.data import DataError, load_jsonl
 from grpokit.objective import (
     aggregate_loss,
@@ -20,6 +21,7 @@ from grpokit.objective import (
 )
 from grpokit.ppo import gae, value_loss
 from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
+from grpokit.reward_train import RewardTrainer
 from grpokit.rewards import RewardError, accuracy_reward, format_reward
 from grpokit.rollout import Rollout, generate
 from grpokit.sft import SFTTrainer
@@ -29,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "OutcomeRewardModel", "ProcessRewardModel",
-    "RewardError", "Rollout", "accuracy_reward",
+    "RewardConfig", "RewardError", "RewardTrainer", "Rollout", "accuracy_reward",
     "aggregate_loss", "format_reward", "gae", "generate", "group_advantages", "grpo_loss", "kl_penalty",
     "SFTConfig", "SFTTrainer", "load_config", "load_jsonl", "process_advantages", "token_logprobs", "value_loss",
 ]

@@ -1,5 +1,6 @@
 """The ``grpokit`` command: ``demo``, ``train CONFIG.yaml [--key value ...]``, ``sft CONFIG.yaml [--key value ...]``,
-``eval MODEL``, ``plot RUN_DIR``, ``report RUN_DIR``, ``convert GGUF_FILE OUT_DIR``.
+``reward train CONFIG.yaml [--key value ...]``, ``sample MODEL``, ``eval MODEL``, ``plot RUN_DIR``,
+``report RUN_DIR``, ``convert GGUF_FILE OUT_DIR``.
 
 Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
 exit status 2, not a traceback.
@@ -12,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from grpokit.config import GRPOConfig, SFTConfig, load_config, parse_overrides
+from grpokit.config import GRPOConfig, RewardConfig, SFTConfig, load_config, parse_overrides
 from grpokit.data import check_columns, load_rows
 from grpokit.update import TrainingError
 
@@ -58,6 +59,50 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
         help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
     )
+
+    reward = commands.add_parser("reward", help="reward models: `grpokit reward train CONFIG` (docs/reward_models.md)")
+    reward_commands = reward.add_subparsers(dest="reward_command", required=True)
+    reward_train = reward_commands.add_parser(
+        "train", help="train an outcome or process reward model from labelled, pair or step rows",
+        epilog=_train_epilog(RewardConfig), formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="grpokit reward train [CONFIG.yaml] [--resume [PATH|latest]] [--key value ...]",
+        description="CONFIG.yaml: a YAML config file (omit it to give every key as --key value).",
+    )
+    reward_train.add_argument(
+        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
+        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
+    )
+
+    sample = commands.add_parser(
+        "sample", help="sample completions from a model, label them with rule rewards: rows for `reward train`",
+        description="Samples --num-generations completions per prompt of --data from MODEL and labels each with "
+        "the --reward-funcs (weighted sum: `label`; a process reward's steps: `steps`), written as JSONL rows "
+        "that `grpokit reward train` reads; --pairs writes preference pairs built within each group instead.",
+    )
+    sample.add_argument("model", help="model directory, gguf:FILE, or builtin:arithmetic")
+    sample.add_argument("--data", required=True,
+                        help="JSONL, CSV or Parquet file, a save_to_disk directory, gsm8k:FILE, or builtin:arithmetic")
+    sample.add_argument("--num-generations", type=int, required=True, metavar="G", help="completions per prompt")
+    sample.add_argument("--out", required=True, help="the JSONL file to write")
+    sample.add_argument("--reward-funcs", nargs="+", default=["accuracy", "format"], metavar="REWARD",
+                        help="reward functions as in a config's reward_funcs (default: accuracy format); a process "
+                        "reward such as arithmetic_steps adds a steps column")
+    sample.add_argument("--reward-weights", type=float, nargs="+", default=None, metavar="W")
+    sample.add_argument("--pairs", action="store_true",
+                        help="write preference pairs {prompt, chosen, rejected}: within each group, the best "
+                        "completion with the worst, the second best with the second worst, ... (equal labels left out)")
+    sample.add_argument("--prompt-column", default="prompt")
+    sample.add_argument("--answer-column", default="answer")
+    sample.add_argument("--num-prompts", type=int, default=None, help="only the first N rows of --data")
+    sample.add_argument("--system-prompt", default=None,
+                        help="system message before each prompt (as the training config's system_prompt)")
+    sample.add_argument("--max-new-tokens", type=int, default=64)
+    sample.add_argument("--temperature", type=float, default=1.0)
+    sample.add_argument("--top-p", type=float, default=1.0)
+    sample.add_argument("--batch-size", type=int, default=16, help="prompts per generation pass")
+    sample.add_argument("--device", default="auto")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--quiet", action="store_true")
 
     plot = commands.add_parser("plot", help="learning curves of a run directory as PNG (needs matplotlib)")
     plot.add_argument("run_dir", help="a run's output_dir (holds metrics.jsonl)")
@@ -151,6 +196,57 @@ def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_reward_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpokit.reward_train import RewardTrainer
+
+    overrides = parse_overrides(extra)
+    if args.resume is not None:
+        overrides["resume"] = args.resume
+    config = load_config(args.config, overrides, config_class=RewardConfig)
+    trainer = RewardTrainer(config)
+    history = trainer.train()
+    last = history[-1] if history else {}
+    summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("loss", "eval_loss", "eval_accuracy") if last.get(k) is not None)
+    prefix = "process_model:" if trainer.form == "steps" else "model:"
+    model = Path(config.output_dir) / "model"
+    print(f"done: {len(history)} steps; last step: {summary}; reward model saved to {model} (grpokit train takes it "
+          f"as `reward_funcs: [{prefix}{model}]`)")
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from grpokit.models import load_model_and_tokenizer, resolve_device
+    from grpokit.rewards import resolve_reward_functions
+    from grpokit.sample import sample_rows
+
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    rows = load_rows(args.data, args.seed)[:args.num_prompts]
+    check_columns(rows, [args.prompt_column], source=args.data)
+    device = resolve_device(args.device)
+    functions, weights = resolve_reward_functions(args.reward_funcs, args.reward_weights, device=device)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.seed, progress=not args.quiet)
+    out, counts = sample_rows(
+        model.to(device), tokenizer, rows, functions, weights, num_generations=args.num_generations,
+        prompt_column=args.prompt_column, answer_column=args.answer_column, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_p=args.top_p, system_prompt=args.system_prompt, seed=args.seed,
+        batch_size=args.batch_size, pairs=args.pairs, progress=not args.quiet,
+    )
+    if not out:
+        raise ValueError(f"--data {args.data}: no row to write ({counts['completions']} completions: "
+                         f"{counts['unscored']} unscored, {counts['no_steps']} without a step"
+                         + (f", {counts['groups_without_pairs']} groups without a pair)" if args.pairs else ")"))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in out)
+    form = "pairs" if args.pairs else "step rows" if "steps" in out[0] else "labelled rows"
+    left_out = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items() if k not in ("prompts", "completions"))
+    print(f"wrote {len(out)} {form} to {args.out} from {counts['completions']} completions of {counts['prompts']} "
+          f"prompts (left out: {left_out}); train a reward model on them with `grpokit reward train --dataset "
+          f"{args.out} --model ...`")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.evaluate import evaluate, summarize
     from grpokit.models import load_model_and_tokenizer
@@ -202,9 +298,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("train", "sft"):
+    if extra and args.command not in ("train", "sft", "reward"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "train":
+    if args.command in ("train", "reward"):  # CONFIG taken by hand: see build_parser
         args.config = extra.pop(0) if extra and not extra[0].startswith("-") else None
     try:
         if args.command == "demo":
@@ -213,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args, extra)
         if args.command == "sft":
             return cmd_sft(args, extra)
+        if args.command == "reward":
+            return cmd_reward_train(args, extra)
+        if args.command == "sample":
+            return cmd_sample(args)
         if args.command == "report":
             from grpokit.report import write_report
 

@@ -1,5 +1,5 @@
-"""``GRPOConfig`` and ``SFTConfig``: flat, documented, validated dataclasses for a GRPO run and for a
-supervised cold start (``grpokit sft``).
+"""``GRPOConfig``, ``SFTConfig`` and ``RewardConfig``: flat, documented, validated dataclasses for a GRPO
+run, a supervised cold start (``grpokit sft``) and the training of a reward model (``grpokit reward train``).
 
 Every field has a ``help`` text (shown by ``grpokit train --help`` / ``grpokit sft --help`` and in the
 docs). Values are checked on construction; unknown keys, wrong types and out-of-range values raise
@@ -417,7 +417,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
                 config_class: type = GRPOConfig) -> Any:
     """Read a YAML config (or none: defaults) and apply overrides; errors name the file and key.
-    ``config_class``: :class:`GRPOConfig` (``grpokit train``) or :class:`SFTConfig` (``grpokit sft``)."""
+    ``config_class``: :class:`GRPOConfig` (``grpokit train``), :class:`SFTConfig` (``grpokit sft``) or
+    :class:`RewardConfig` (``grpokit reward train``)."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -571,6 +572,128 @@ class SFTConfig(_Config):
             raise ConfigError(f"model is required: {SFTConfig.help()['model'].removeprefix('Required. ')}")
         if self.eval_fraction and self.eval_dataset:
             raise ConfigError("eval_fraction and eval_dataset both choose held-out rows; set one of them")
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+            raise ConfigError(f"warmup_steps={self.warmup_steps} leaves no step after warmup: max_steps is "
+                              f"{self.max_steps}")
+
+
+REWARD_FORMS = ("auto", "labelled", "pairs", "steps")
+
+
+@dataclass
+class RewardConfig(_Config):
+    """Training a reward model (``grpokit reward train``; docs/reward_models.md): an outcome model from
+    labelled rows or preference pairs, a process model from step-labelled rows, its output directory what
+    ``grpokit train`` takes as ``reward_funcs: [model:DIR]`` or ``[process_model:DIR]``."""
+
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = TRL_SFT_NAMES
+
+    # ---- model and data --------------------------------------------------------------------------
+    model: str | None = _field(
+        None, "Required. The backbone: a local Hugging Face causal-LM directory (DeepSeekMath initialises its "
+        "reward model from the policy's SFT model: give grpokit sft's output_dir/model), 'gguf:FILE', or "
+        "'builtin:arithmetic'. Its LM head is dropped and a new, randomly initialised classification head with "
+        "one label is trained with it (a directory already holding such a classifier continues from its head)."
+    )
+    dataset: str | None = _field(
+        None, "Required (unless rows are passed in Python). A JSONL file, a CSV file with a header, a .parquet "
+        "file, or a directory written by datasets' save_to_disk (its 'train' split), in one of the three forms "
+        "of `form` (what `grpokit sample` writes)."
+    )
+    form: str = _field(
+        "auto", "The rows' form: 'labelled' {prompt, completion, label} (outcome model), 'pairs' {prompt, "
+        "chosen, rejected} (outcome model, Bradley-Terry), 'steps' {prompt, completion, steps: [[offset, "
+        "label], ...]} (process model). 'auto': from the first row's columns, steps before pairs before "
+        "labelled.", choices=REWARD_FORMS,
+    )
+    label_loss: str = _field(
+        "auto", "Labelled rows: 'bce' (binary cross-entropy with logits: labels in [0, 1]), 'mse' (mean squared "
+        "error of the logit: any real label), or 'auto' (bce when every label is 0 or 1, else mse).",
+        choices=("auto", "bce", "mse"),
+    )
+    prompt_column: str = _field("prompt", "Column holding the prompt: text, or a list of {role, content} messages.")
+    completion_column: str = _field(
+        "completion", "Labelled and step rows: the column holding the completion (text, or assistant messages)."
+    )
+    label_column: str = _field("label", "Labelled rows: the column holding each completion's label (a number).")
+    chosen_column: str = _field("chosen", "Pairs: the column holding the preferred completion.")
+    rejected_column: str = _field("rejected", "Pairs: the column holding the other completion.")
+    steps_column: str = _field(
+        "steps", "Step rows: the column holding [[offset, label], ...]: each step's end (an exclusive character "
+        "offset into the completion, increasing, 1 to its length) and its label in [0, 1] (a JSON string in CSV)."
+    )
+    max_length: int | None = _field(
+        None, "Tokens kept per text; longer texts are cut as the reward model cuts them when scoring (an "
+        "outcome text keeps its end, a step text its start, the steps past the cut dropped), counted. None: "
+        "the model's context.", min=2,
+    )
+    eval_fraction: float = _field(
+        0.1, "Share of the rows held out (a seeded draw) for eval_loss and eval_accuracy; 0: none. Not used "
+        "when eval_dataset is given.", min=0, lt=1,
+    )
+    eval_dataset: str | None = _field(
+        None, "A separate file of held-out rows (same form and columns), instead of eval_fraction."
+    )
+    output_dir: str = _field(
+        "runs/reward", "Run directory: config.yaml, metrics.jsonl, checkpoints/, and the trained reward model "
+        "in model/ (with its tokenizer)."
+    )
+    seed: int = _field(0, "Seed for the new head's initialisation, the held-out draw and the data order.")
+    device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
+    dtype: str = _field(
+        "auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
+        "The loss is computed in float32 whatever it is.", choices=("auto", "float32", "bfloat16", "float16"),
+    )
+
+    # ---- optimisation ----------------------------------------------------------------------------
+    epochs: float = _field(1.0, "Passes over the training rows (fractions allowed); max_steps overrides it.", gt=0)
+    max_steps: int | None = _field(None, "Optimizer steps to run; None: as many as `epochs` takes.", min=1)
+    batch_size: int = _field(16, "Rows (pairs, for pairs) per optimizer step.", min=1)
+    micro_batch_size: int = _field(
+        16, "Rows per forward/backward pass; gradients accumulate over the step's rows (the loss does not "
+        "depend on it).", min=1
+    )
+    learning_rate: float = _field(1e-5, "Peak AdamW learning rate.", gt=0)
+    lr_schedule: str = _field(
+        "linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
+        choices=("linear", "cosine", "constant"),
+    )
+    warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
+    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
+    adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
+    adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
+    max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
+    mixed_precision: str = _field(
+        "auto", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
+        "loss stay float32. 'no': float32 throughout. 'auto': as in `grpokit train`, decided at start-up and "
+        "printed.", choices=("auto", "no", "bf16"),
+    )
+
+    # ---- reliability and logging -----------------------------------------------------------------
+    eval_every: int = _field(
+        0, "Measure the held-out loss and accuracy every this many steps, and always after the last; 0: after "
+        "the last only.", min=0,
+    )
+    save_every: int = _field(
+        100, "Write a checkpoint every this many steps, and always at the end and on SIGINT/SIGTERM; 0: only then.",
+        min=0,
+    )
+    keep_checkpoints: int = _field(2, "Keep this many most recent checkpoints in output_dir/checkpoints.", min=1)
+    resume: str | None = _field(
+        None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path."
+    )
+    max_nonfinite_updates: int = _field(
+        3, "A non-finite loss or gradient norm skips the update; this many in a row stop training.", min=1
+    )
+    tensorboard: bool = _field(
+        False, "Also write every metric to output_dir/tensorboard (pip install 'grpokit[tensorboard]')."
+    )
+    progress_bar: bool = _field(True, "Show a progress bar on the console.")
+
+    def __post_init__(self) -> None:
+        self._check_fields()
+        if not self.model:
+            raise ConfigError(f"model is required: {RewardConfig.help()['model'].removeprefix('Required. ')}")
         if self.max_steps is not None and self.warmup_steps >= self.max_steps:
             raise ConfigError(f"warmup_steps={self.warmup_steps} leaves no step after warmup: max_steps is "
                               f"{self.max_steps}")

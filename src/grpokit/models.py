@@ -125,6 +125,21 @@ def autocast(mixed_precision: str, device: torch.device):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def model_directory(name: str, seed: int = 0, progress: bool = True) -> str:
+    """The Hugging Face directory that ``model`` names: itself, the cached conversion of ``gguf:FILE``, or
+    the built-in warm-started model (built and cached on first use)."""
+    if name == BUILTIN:
+        from grpokit.warm_start import warm_started_model_path
+
+        return str(warm_started_model_path(seed=seed, progress=progress))
+    if name.startswith(GGUF_PREFIX):
+        try:
+            return str(converted_gguf(name[len(GGUF_PREFIX):]))
+        except ConversionError as error:
+            raise ConversionError(f"model: {error}") from None
+    return name
+
+
 def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dtype: str = "auto"):
     """A local HF causal LM directory, ``gguf:FILE`` (converted once and cached: :mod:`grpokit.convert`), or
     the built-in warm-started arithmetic model; ``dtype``: ``"auto"`` (as saved) or one of ``DTYPES``, applied
@@ -136,15 +151,7 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
 
     if not progress:
         hf_logging.disable_progress_bar()
-    if name == BUILTIN:
-        from grpokit.warm_start import warm_started_model_path
-
-        name = str(warm_started_model_path(seed=seed, progress=progress))
-    elif name.startswith(GGUF_PREFIX):
-        try:
-            name = str(converted_gguf(name[len(GGUF_PREFIX):]))
-        except ConversionError as error:
-            raise ConversionError(f"model: {error}") from None
+    name = model_directory(name, seed, progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         # transformers renamed `torch_dtype` to `dtype` in 4.56

@@ -58,7 +58,7 @@ class _RewardModel:
         self.mixed_precision = resolve_precision(mixed_precision, self.device)  # 'auto' decided for the device
         self.model, self.tokenizer = self._load(dtype)
         self.pad_id = self._pad_id()
-        self.context = _context_length(self.tokenizer, self.model.config)
+        self.context = context_length(self.tokenizer, self.model.config)
         self.chat = bool(getattr(self.tokenizer, "chat_template", None))
         self.truncated = 0  # texts cut to the context so far
 
@@ -115,40 +115,16 @@ class _RewardModel:
         return pad
 
     def _text(self, prompt: Text, completion: Text, locate: bool = False) -> tuple[str, int]:
-        """The text the model reads and (``locate``) where in it the completion's text starts."""
-        if not self.chat:  # plain concatenation; a message-list prompt as its contents, one per line
-            prefix = prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
-            return prefix + text_of(completion), len(prefix)
-        before = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        turns = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
-        text = self.tokenizer.apply_chat_template([*before, *turns], tokenize=False)
-        if not locate:
-            return text, -1
-        marked = self.tokenizer.apply_chat_template([*before, *turns[:-1], {**turns[-1], "content": _SENTINEL}],
-                                                    tokenize=False)
-        start, content = marked.find(_SENTINEL), text_of(completion)
-        if start < 0 or text[start:start + len(content)] != content:
-            start = -1  # the template rewrites the assistant's content: only the outcome model can cope
-        return text, start
+        return reward_text(self.tokenizer, prompt, completion, locate)
 
     def _encode(self, texts: list[str], keep_end: bool) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
-        """Token ids cut to the context, and each uncut token's character span. ``keep_end``: cut the start (the
-        outcome model reads the last token); else cut the end (a causal model's earlier tokens, and so earlier
-        steps, then score exactly as uncut)."""
-        # A rendered template holds its own special tokens; plain text gets the tokenizer's own (BOS).
-        encoded = self.tokenizer(texts, add_special_tokens=not self.chat,
-                                 return_offsets_mapping=self.tokenizer.is_fast)
-        ids = [list(row) for row in encoded["input_ids"]]
-        spans = [list(map(tuple, row)) for row in encoded.get("offset_mapping", [[]] * len(ids))]
-        long = [i for i, row in enumerate(ids) if self.context and len(row) > self.context]
-        for i in long:  # spans stay whole: a step whose last token was cut is found past the kept ids
-            ids[i] = ids[i][-self.context:] if keep_end else ids[i][:self.context]
-        if long and not self.truncated:
+        ids, spans, cut = encode_texts(self.tokenizer, texts, self.context, keep_end)
+        if cut and not self.truncated:
             kept = "end" if keep_end else "start"
-            warnings.warn(f"reward model {self.__name__!r}: {len(long)} of {len(texts)} texts are longer than its "
+            warnings.warn(f"reward model {self.__name__!r}: {len(cut)} of {len(texts)} texts are longer than its "
                           f"context of {self.context} tokens and were cut, keeping their {kept} (counted in "
                           ".truncated; warned once)", stacklevel=3)
-        self.truncated += len(long)
+        self.truncated += len(cut)
         return ids, spans
 
     def _logits(self, ids: list[list[int]]) -> list[torch.Tensor]:
@@ -157,13 +133,7 @@ class _RewardModel:
         out: list[torch.Tensor] = [torch.empty(0)] * len(ids)
         for first in range(0, len(order), self.batch_size):
             rows = order[first:first + self.batch_size]
-            width = max(1, max(len(ids[i]) for i in rows))
-            # Right padding: a causal model's real tokens never see the pads after them.
-            input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros_like(input_ids)
-            for j, i in enumerate(rows):
-                input_ids[j, :len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
-                mask[j, :len(ids[i])] = 1
+            input_ids, mask = right_pad([ids[i] for i in rows], self.pad_id)
             with torch.inference_mode(), autocast(self.mixed_precision, self.device):
                 logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
             for j, i in enumerate(rows):
@@ -217,12 +187,7 @@ class ProcessRewardModel(_RewardModel):
 
     def step_ends(self, completion: str) -> list[int]:
         """Where each step ends in ``completion`` (exclusive character offsets)."""
-        ends, offset = [], 0
-        for piece in completion.split(self.step_separator):
-            if piece.strip():
-                ends.append(offset + len(piece.rstrip()))
-            offset += len(piece) + len(self.step_separator)
-        return ends
+        return step_ends(completion, self.step_separator)
 
     def __call__(self, prompts: list[Text], completions: list[Text], **kwargs: Any) -> list[list[tuple[int, float]]]:
         located = [self._text(p, c, locate=True) for p, c in zip(prompts, completions)]
@@ -233,21 +198,92 @@ class ProcessRewardModel(_RewardModel):
         results = []
         for logits, row_spans, start, completion in zip(self._logits(ids), spans, starts, completions):
             probabilities = torch.sigmoid(logits[:, 0]) if logits.shape[-1] == 1 else logits.softmax(-1)[:, 1]
-            # The token holding a step's last character: the last non-empty token starting before its end.
-            kept = [(a, j) for j, (a, b) in enumerate(row_spans) if b > a]
-            token_starts = [a for a, _ in kept]
-            steps = []
-            for end in self.step_ends(text_of(completion)):
-                k = bisect.bisect_left(token_starts, start + end) - 1
-                if k >= 0 and kept[k][1] < len(probabilities):  # else cut with the context: no reward
-                    steps.append((end, float(probabilities[kept[k][1]])))
+            ends = self.step_ends(text_of(completion))
+            steps = [(end, float(probabilities[j])) for end, j in zip(ends, step_tokens(row_spans, start, ends))
+                     if j is not None and j < len(probabilities)]  # else cut with the context: no reward
             results.append(steps)
         return results
 
 
-def _context_length(tokenizer: Any, config: Any) -> int | None:
+def context_length(tokenizer: Any, config: Any) -> int | None:
     """The most tokens the model reads: the tokenizer's limit (when it sets a real one) and the model's
     positions, whichever is smaller; None when neither says."""
     limits = [getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None)]
     limits = [n for n in limits if isinstance(n, int) and 0 < n < 10**8]  # transformers' "no limit" is ~1e30
     return min(limits) if limits else None
+
+
+# ---- what training (grpokit.reward_train) shares, so that a trained model scores as it was trained -----
+
+
+def reward_text(tokenizer: Any, prompt: Text, completion: Text, locate: bool = False) -> tuple[str, int]:
+    """The text a reward model reads for ``prompt`` + ``completion`` and (``locate``) where in it the
+    completion's text starts (-1 where a chat template rewrites the assistant's content)."""
+    if not getattr(tokenizer, "chat_template", None):  # plain concatenation; message contents one per line
+        prefix = prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
+        return prefix + text_of(completion), len(prefix)
+    before = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    turns = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+    text = tokenizer.apply_chat_template([*before, *turns], tokenize=False)
+    if not locate:
+        return text, -1
+    marked = tokenizer.apply_chat_template([*before, *turns[:-1], {**turns[-1], "content": _SENTINEL}],
+                                           tokenize=False)
+    start, content = marked.find(_SENTINEL), text_of(completion)
+    if start < 0 or text[start:start + len(content)] != content:
+        start = -1  # the template rewrites the assistant's content: only the outcome model can cope
+    return text, start
+
+
+def encode_texts(tokenizer: Any, texts: list[str], context: int | None,
+                 keep_end: bool) -> tuple[list[list[int]], list[list[tuple[int, int]]], list[int]]:
+    """Token ids cut to ``context``, each uncut token's character span, and the indices of the texts cut.
+    ``keep_end``: cut the start (the outcome model reads the last token); else cut the end (a causal model's
+    earlier tokens, and so earlier steps, then score exactly as uncut)."""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    # A rendered template holds its own special tokens; plain text gets the tokenizer's own (BOS).
+    encoded = tokenizer(texts, add_special_tokens=not chat, return_offsets_mapping=tokenizer.is_fast)
+    ids = [list(row) for row in encoded["input_ids"]]
+    spans = [list(map(tuple, row)) for row in encoded.get("offset_mapping", [[]] * len(ids))]
+    long = [i for i, row in enumerate(ids) if context and len(row) > context]
+    for i in long:  # spans stay whole: a step whose last token was cut is found past the kept ids
+        ids[i] = ids[i][-context:] if keep_end else ids[i][:context]
+    return ids, spans, long
+
+
+def step_ends(completion: str, separator: str) -> list[int]:
+    """Where each step of ``completion`` ends (exclusive character offsets): each non-blank piece between
+    ``separator`` s, before its trailing whitespace."""
+    ends, offset = [], 0
+    for piece in completion.split(separator):
+        if piece.strip():
+            ends.append(offset + len(piece.rstrip()))
+        offset += len(piece) + len(separator)
+    return ends
+
+
+def step_tokens(spans: list[tuple[int, int]], start: int, ends: list[int]) -> list[int | None]:
+    """The index of the token holding each step's last character (``start + end - 1`` in the text, the
+    completion starting at ``start``): the last non-empty token starting before the step's end, so a token
+    across the end belongs to the step it starts in; None before the first token. An index may lie past
+    the ids kept by a cut (:func:`encode_texts`)."""
+    kept = [(a, j) for j, (a, b) in enumerate(spans) if b > a]
+    token_starts = [a for a, _ in kept]
+    found = []
+    for end in ends:
+        k = bisect.bisect_left(token_starts, start + end) - 1
+        found.append(kept[k][1] if k >= 0 else None)
+    return found
+
+
+def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of the rows, right-padded with ``pad_id``: a causal model's real tokens
+    never see the pads after them, and a sequence classifier reads the last token that is not
+    ``config.pad_token_id``."""
+    width = max(1, max((len(row) for row in rows), default=1))
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for j, row in enumerate(rows):
+        input_ids[j, :len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[j, :len(row)] = 1
+    return input_ids, mask

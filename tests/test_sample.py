@@ -1,0 +1,157 @@
+"""``grpokit sample``: G completions per prompt labelled by rule rewards, in the forms ``grpokit reward train``
+reads (labelled rows, step rows from a process reward, preference pairs), and the chain sample → reward
+train → GRPO with the trained reward model."""
+
+import json
+
+import pytest
+import yaml
+
+from grpokit import OutcomeRewardModel, ProcessRewardModel
+from grpokit.arithmetic import arithmetic_steps_reward
+from grpokit.cli import main
+from grpokit.rewards import resolve_reward_functions
+from grpokit.sample import sample_rows
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(12, 30), (47, 85), (20, 21), (33, 44)]]
+REWARDS = '''
+def has_a(completions, **kwargs):
+    return [float("a" in c) for c in completions]
+
+
+def odd(completions, **kwargs):
+    """About half the completions: the parity of the sum of their characters' codes."""
+    return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+def line_steps(completions, **kwargs):
+    """A step per line: 1 when the line holds an 'a'."""
+    out = []
+    for c in completions:
+        steps, offset = [], 0
+        for line in c.split("\\n"):
+            offset += len(line)
+            if line.strip():
+                steps.append((offset, float("a" in line)))
+            offset += 1
+        out.append(steps)
+    return out
+'''
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARDS)
+    return path
+
+
+def sample(tiny_model, tokenizer, specs, **options):
+    functions, weights = resolve_reward_functions(specs)
+    values = dict(num_generations=4, max_new_tokens=12, seed=0, batch_size=3, progress=False)
+    return sample_rows(tiny_model, tokenizer, ROWS, functions, weights, **{**values, **options})
+
+
+def test_labelled_rows_carry_each_completions_reward(tiny_model, tokenizer, reward_file):
+    rows, counts = sample(tiny_model, tokenizer, [f"{reward_file}:has_a", "format"])
+    assert counts["completions"] == 16 and counts["unscored"] == 0 and len(rows) == 16
+    assert [r["prompt"] for r in rows] == [row["prompt"] for row in ROWS for _ in range(4)]
+    assert [r["answer"] for r in rows] == [row["answer"] for row in ROWS for _ in range(4)]
+    for row in rows:
+        assert set(row) == {"prompt", "completion", "label", "rewards", "answer"}  # no steps: outcome rewards only
+        expected = float("a" in row["completion"])
+        assert row["rewards"] == {"has_a": expected, "format_reward": 0.0} and row["label"] == expected
+    assert len({r["completion"] for r in rows}) > 8  # sampled, not greedy
+    again, _ = sample(tiny_model, tokenizer, [f"{reward_file}:has_a", "format"])
+    assert again == rows  # seeded
+    other, _ = sample(tiny_model, tokenizer, [f"{reward_file}:has_a", "format"], seed=1)
+    assert other != rows
+
+
+def test_a_process_reward_gives_step_rows(tiny_model, tokenizer):
+    rows, _ = sample(tiny_model, tokenizer, ["arithmetic_steps"])
+    assert rows and all(set(r) == {"prompt", "completion", "label", "rewards", "answer", "steps"} for r in rows)
+    for row in rows:
+        (expected,) = arithmetic_steps_reward([row["prompt"]], [row["completion"]])
+        assert row["steps"] == [[end, reward] for end, reward in expected if end > 0]
+        assert row["label"] == pytest.approx(sum(r for _, r in expected) / len(expected))
+
+
+def test_pairs_pair_higher_with_lower_rewards_within_a_group(tiny_model, tokenizer, reward_file):
+    labelled, _ = sample(tiny_model, tokenizer, [f"{reward_file}:odd"], num_generations=6)
+    pairs, counts = sample(tiny_model, tokenizer, [f"{reward_file}:odd"], num_generations=6, pairs=True)
+    assert pairs and all(set(p) == {"prompt", "chosen", "rejected", "chosen_label", "rejected_label", "answer"}
+                         for p in pairs)
+    for pair in pairs:
+        group = [r for r in labelled if r["prompt"] == pair["prompt"]]
+        assert sum(map(ord, pair["chosen"])) % 2 == 1 and sum(map(ord, pair["rejected"])) % 2 == 0
+        assert pair["chosen_label"] == 1.0 and pair["rejected_label"] == 0.0
+        completions = [r["completion"] for r in group]
+        assert pair["chosen"] in completions and pair["rejected"] in completions
+    for row in ROWS:  # each completion in one pair at most: at most G / 2 pairs per group
+        group = [r for r in labelled if r["prompt"] == row["prompt"]]
+        made = [p for p in pairs if p["prompt"] == row["prompt"]]
+        good = sum(r["label"] for r in group)
+        assert len(made) <= min(good, len(group) - good)
+    assert counts["groups_without_pairs"] == sum(not any(p["prompt"] == row["prompt"] for p in pairs) for row in ROWS)
+
+
+def test_sample_then_reward_train_then_grpo_through_the_cli(tmp_path, tiny_model_dir, reward_file, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    samples = tmp_path / "samples.jsonl"
+    assert main(["sample", str(tiny_model_dir), "--data", str(data), "--num-generations", "4", "--out", str(samples),
+                 "--reward-funcs", f"{reward_file}:has_a", "format", "--max-new-tokens", "12", "--temperature", "1.0",
+                 "--seed", "3", "--quiet"]) == 0
+    assert "wrote 16 labelled rows" in capsys.readouterr().out
+    written = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert all(r["label"] == float("a" in r["completion"]) for r in written)
+
+    config = tmp_path / "reward.yaml"
+    config.write_text(yaml.safe_dump(dict(model=str(tiny_model_dir), dataset=str(samples),
+                                          output_dir=str(tmp_path / "rm"),
+                                          max_steps=2, batch_size=8, micro_batch_size=4, learning_rate=1e-3,
+                                          eval_fraction=0.25, progress_bar=False)))
+    assert main(["reward", "train", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "reward model (outcome, labelled rows, bce): 12 training rows, 4 held out; 2 steps" in out
+    model = tmp_path / "rm" / "model"
+    assert OutcomeRewardModel(model).__name__ == "model"
+
+    grpo = tmp_path / "grpo.yaml"
+    grpo.write_text(yaml.safe_dump(dict(model=str(tiny_model_dir), dataset=str(data), output_dir=str(tmp_path / "grpo"),
+                                        reward_funcs=[f"model:{model}"], prompts_per_step=2, num_generations=2,
+                                        max_completion_length=8, max_steps=1, progress_bar=False)))
+    assert main(["train", str(grpo)]) == 0
+    (metrics,) = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert "rewards/model" in metrics
+
+
+def test_step_rows_and_pairs_through_the_cli_train_reward_models(tmp_path, tiny_model_dir, reward_file, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    for name, options in [("steps", ["--reward-funcs", f"{reward_file}:line_steps"]),
+                          ("pairs", ["--reward-funcs", f"{reward_file}:odd", "--pairs"])]:
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["sample", str(tiny_model_dir), "--data", str(data), "--num-generations", "6", "--out", str(out),
+                     "--max-new-tokens", "16", "--quiet", *options]) == 0
+        assert f"{'pairs' if name == 'pairs' else 'step rows'} to {out}" in capsys.readouterr().out
+        assert main(["reward", "train", "--model", str(tiny_model_dir), "--dataset", str(out), "--output_dir",
+                     str(tmp_path / name), "--max_steps", "1", "--eval_fraction", "0", "--progress_bar", "false"]) == 0
+        assert f"{name} rows" in capsys.readouterr().out
+    ProcessRewardModel(tmp_path / "steps" / "model")
+    OutcomeRewardModel(tmp_path / "pairs" / "model")
+
+
+def test_bad_sample_arguments_are_one_clear_line(tmp_path, tiny_model_dir, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    out = str(tmp_path / "out.jsonl")
+    assert main(["sample", str(tiny_model_dir), "--data", str(data), "--num-generations", "2", "--out", out]) == 2
+    assert "row 0 has no column 'prompt'" in capsys.readouterr().err
+    assert main(["sample", str(tiny_model_dir), "--data", str(data), "--prompt-column", "question",
+                 "--num-generations", "2", "--out", out, "--reward-funcs", "acuracy"]) == 2
+    assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in capsys.readouterr().err
+    assert main(["sample", str(tiny_model_dir), "--data", str(data), "--prompt-column", "question",
+                 "--num-generations", "1", "--pairs", "--out", out, "--quiet"]) == 2
+    assert "--num-generations must be at least 2" in capsys.readouterr().err
