@@ -45,10 +45,9 @@ from grpokit.models import (
     resolve_precision,
     seed_everything,
 )
-from grpokit.optim import adamw_with_schedule
 from grpokit.reward_models import context_length, encode_texts, reward_text, right_pad, step_tokens
 from grpokit.runlog import check_trackers
-from grpokit.sft import SFTTrainer, split
+from grpokit.sft import SFTTrainer, split, step_budget
 from grpokit.trainer import TrainingInterrupted
 from grpokit.update import Learner, NonfiniteGuard
 
@@ -299,12 +298,8 @@ class RewardTrainer:
         if not self.train_examples:
             raise DataError(f"{source}: no training row left: every row's steps lie past max_length={self.context}")
 
-        self.steps_per_epoch = math.ceil(len(self.train_examples) / config.batch_size)
-        self.max_steps = config.max_steps or math.ceil(config.epochs * self.steps_per_epoch)
-        if config.warmup_steps >= self.max_steps:
-            raise ConfigError(f"warmup_steps={config.warmup_steps} leaves no step after warmup: the run makes "
-                              f"{self.max_steps} optimizer steps")
-        optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate, self.max_steps)
+        self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
+            self.model, config, len(self.train_examples))
         self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=None)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.step = 0

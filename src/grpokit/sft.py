@@ -234,12 +234,8 @@ class SFTTrainer:
         if not self.train_examples:
             raise DataError(f"{source}: no training row left: every prompt fills max_length={max_length}")
 
-        self.steps_per_epoch = math.ceil(len(self.train_examples) / config.batch_size)
-        self.max_steps = config.max_steps or math.ceil(config.epochs * self.steps_per_epoch)
-        if config.warmup_steps >= self.max_steps:
-            raise ConfigError(f"warmup_steps={config.warmup_steps} leaves no step after warmup: the run makes "
-                              f"{self.max_steps} optimizer steps")
-        optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate, self.max_steps)
+        self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
+            self.model, config, len(self.train_examples))
         self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=self.loss)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.step = 0
@@ -428,6 +424,18 @@ def _rows(given: Sequence[dict[str, Any]] | None, file: str | None, name: str,
     check_columns(rows, [config.prompt_column, config.completion_column], source=source)
     check_completions(rows, config.completion_column, source)
     return rows, source
+
+
+def step_budget(model: torch.nn.Module, config: Any, rows: int) -> tuple[int, int, torch.optim.Optimizer, Any]:
+    """(steps per epoch, optimizer steps, AdamW, its schedule) for a supervised run over ``rows`` training
+    rows: ``config.max_steps`` or ``config.epochs`` epochs of ``config.batch_size`` rows, warmup included."""
+    steps_per_epoch = math.ceil(rows / config.batch_size)
+    max_steps = config.max_steps or math.ceil(config.epochs * steps_per_epoch)
+    if config.warmup_steps >= max_steps:
+        raise ConfigError(f"warmup_steps={config.warmup_steps} leaves no step after warmup: the run makes "
+                          f"{max_steps} optimizer steps")
+    optimizer, scheduler = adamw_with_schedule(model, config, config.learning_rate, max_steps)
+    return steps_per_epoch, max_steps, optimizer, scheduler
 
 
 def split(examples: list[Example | None], fraction: float, seed: int) -> tuple[list, list]:
