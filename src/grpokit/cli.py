@@ -24,6 +24,13 @@ def _train_epilog(config_class: type = GRPOConfig) -> str:
     return "\n".join(lines)
 
 
+def _add_resume(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
+        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO training for causal language models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -45,20 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
         usage="grpokit train [CONFIG.yaml] [--resume [PATH|latest]] [--key value ...]",
         description="CONFIG.yaml: a YAML config file (omit it to use the defaults and overrides).",
     )
-    train.add_argument(
-        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
-        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
-    )
+    _add_resume(train)
 
     sft = commands.add_parser(
         "sft", help="supervised fine-tuning on prompt/completion rows (the cold start before GRPO)",
         epilog=_train_epilog(SFTConfig), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sft.add_argument("config", nargs="?", help="YAML config file (omit to give every key as --key value)")
-    sft.add_argument(
-        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
-        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
-    )
+    _add_resume(sft)
 
     reward = commands.add_parser("reward", help="reward models: `grpokit reward train CONFIG` (docs/reward_models.md)")
     reward_commands = reward.add_subparsers(dest="reward_command", required=True)
@@ -68,10 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage="grpokit reward train [CONFIG.yaml] [--resume [PATH|latest]] [--key value ...]",
         description="CONFIG.yaml: a YAML config file (omit it to give every key as --key value).",
     )
-    reward_train.add_argument(
-        "--resume", nargs="?", const="latest", default=None, metavar="PATH|latest",
-        help="continue from a checkpoint: the newest under output_dir/checkpoints (default) or PATH",
-    )
+    _add_resume(reward_train)
 
     sample = commands.add_parser(
         "sample", help="sample completions from a model, label them with rule rewards: rows for `reward train`",
