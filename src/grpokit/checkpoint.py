@@ -18,7 +18,9 @@ mid-write never leaves a directory that looks complete; a directory without a ma
 files do not match it, is refused. The last ``keep_checkpoints`` are kept. Nothing is unpickled
 beyond what ``weights_only=True`` allows.
 
-The reference model is not saved: it is the starting policy, rebuilt from ``config.model`` on resume.
+The reference model is not saved: it is the starting policy, rebuilt from ``config.model`` on resume;
+except in iterative RL (``rl_iterations``), where ``reference.safetensors`` and ``reward_model.safetensors``
+hold the reference and the learned reward model as the last iteration's end left them.
 """
 
 from __future__ import annotations

@@ -119,6 +119,39 @@ class GRPOConfig(_Config):
         None, "Weight of each reward function in the total reward; None means 1.0 each."
     )
 
+    # ---- iterative RL (docs/reward_models.md, "Iterative RL") -------------------------------------
+    rl_iterations: int = _field(
+        1, "Iterative RL (DeepSeekMath §4.1.4): the run's steps in this many iterations; after each but the last, "
+        "the learned reward model in reward_funcs is retrained on samples of the new policy (labelled by "
+        "reward_model_labels) plus a replay share of its older data, and the reference model is reset to the "
+        "current policy. 1: a plain run.", min=1
+    )
+    steps_per_iteration: int | None = _field(
+        None, "Iterative RL: steps per iteration; max_steps must then be rl_iterations × steps_per_iteration. "
+        "None: max_steps / rl_iterations (which must divide evenly).", min=1
+    )
+    reward_model_labels: list[str] = _field(
+        [], "Iterative RL: the rule reward functions (same syntax as reward_funcs) that label the policy's samples "
+        "the reward model is retrained on: their weighted sum as the label; a process reward's steps for a "
+        "process model."
+    )
+    reward_model_label_weights: list[float] | None = _field(
+        None, "Iterative RL: the weight of each of reward_model_labels; None means 1.0 each."
+    )
+    reward_model_prompts: int = _field(
+        64, "Iterative RL: training prompts sampled (num_generations completions each) to retrain the reward model "
+        "after each iteration.", min=1
+    )
+    reward_model_replay: float = _field(
+        0.1, "Iterative RL: the share of the reward model's older rows (its reward_model_config dataset and earlier "
+        "iterations' samples) replayed beside each iteration's new samples.", min=0, max=1
+    )
+    reward_model_config: str | None = _field(
+        None, "Iterative RL: the `grpokit reward train` YAML whose settings (learning rate, epochs, batch size, "
+        "form, held-out data, ...) retrain the reward model and whose dataset is its first old data; None: "
+        "RewardConfig's defaults and no old data."
+    )
+
     # ---- sampling (docs/math.md, step 1) ---------------------------------------------------------
     prompts_per_step: int = _field(16, "B: prompts sampled per training step.", min=1)
     num_generations: int = _field(8, "G: completions sampled per prompt (the group).", min=2)
@@ -315,12 +348,43 @@ class GRPOConfig(_Config):
         if self.parallelism == "fsdp" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
                               "sharded passes; use ddp")
+        if self.rl_iterations > 1:
+            self._check_iterations()
+        elif self.steps_per_iteration is not None:
+            raise ConfigError("steps_per_iteration is set but rl_iterations is 1; set rl_iterations, or drop it")
         updates = self.max_steps * self.num_iterations * self.num_minibatches
         if self.warmup_steps >= updates:
             raise ConfigError(
                 f"warmup_steps={self.warmup_steps} leaves no step after warmup: the run makes {updates} optimizer "
                 "steps (max_steps × num_iterations × num_minibatches)"
             )
+
+    def _check_iterations(self) -> None:
+        k, s = self.rl_iterations, self.steps_per_iteration
+        if s is None and self.max_steps % k:
+            raise ConfigError(f"max_steps={self.max_steps} does not divide into rl_iterations={k} iterations; set "
+                              "steps_per_iteration, or a max_steps that is a multiple of rl_iterations")
+        if s is not None and s * k != self.max_steps:
+            raise ConfigError(f"max_steps={self.max_steps} but rl_iterations × steps_per_iteration = {k} × {s} = "
+                              f"{k * s}; set max_steps: {k * s}")
+        if not self.reward_model_labels:
+            raise ConfigError("rl_iterations > 1 needs reward_model_labels: the rule rewards that label the "
+                              "policy's samples the reward model is retrained on")
+        if self.reward_model_label_weights is not None and \
+                len(self.reward_model_label_weights) != len(self.reward_model_labels):
+            raise ConfigError(f"reward_model_label_weights has {len(self.reward_model_label_weights)} values but "
+                              f"reward_model_labels has {len(self.reward_model_labels)}")
+        if self.lora_rank:
+            raise ConfigError("rl_iterations > 1 with lora_rank: the reference is the base model with the adapter "
+                              "off, which cannot be reset to the current policy; use lora_rank: 0")
+        if self.parallelism == "fsdp":
+            raise ConfigError("rl_iterations > 1 with parallelism: fsdp is not supported (the reference reset needs "
+                              "the whole policy on every process); use ddp")
+
+    @property
+    def iteration_steps(self) -> int:
+        """Steps per RL iteration (``max_steps`` for a plain run)."""
+        return self.steps_per_iteration or self.max_steps // self.rl_iterations
 
     @property
     def trackers(self) -> list[str]:

@@ -240,7 +240,9 @@ class RewardTrainer:
                  eval_dataset: Sequence[dict[str, Any]] | None = None):
         self.config = config
         seed_everything(config.seed)  # the new head's initialisation
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Launched by torchrun, every process would train its own copy. (Iterative RL under torchrun retrains
+        # the reward model on the first process only, with the process group already up: that is allowed.)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
             raise ConfigError("grpokit reward train runs in one process; launch it without torchrun")
         self.device = resolve_device(config.device)
         self.mixed_precision = resolve_precision(config.mixed_precision, self.device)

@@ -28,8 +28,8 @@ def sample_rows(
     model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]], reward_funcs: Sequence[RewardFunction],
     reward_weights: Sequence[float], *, num_generations: int, prompt_column: str = "prompt",
     answer_column: str = "answer", max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-    system_prompt: str | None = None, seed: int = 0, batch_size: int = 16, pairs: bool = False,
-    progress: bool = True,
+    system_prompt: str | None = None, chat_template: bool | None = None, seed: int = 0, batch_size: int = 16,
+    pairs: bool = False, progress: bool = True,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The labelled rows ``{prompt, completion, label, rewards, [steps]}`` (``pairs``: ``{prompt, chosen,
     rejected, chosen_label, rejected_label}``) of G = ``num_generations`` completions per row, and counts
@@ -38,6 +38,7 @@ def sample_rows(
     if num_generations < 1 or (pairs and num_generations < 2):
         raise ValueError(f"--num-generations must be at least {2 if pairs else 1}, got {num_generations}")
     check_reward_functions(reward_funcs, reward_column_names(rows, prompt_column, answer_column), "--data")
+    was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -50,7 +51,8 @@ def sample_rows(
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="sample", disable=not progress, dynamic_ncols=True):
         batch = list(rows[start:start + batch_size])
-        rendered = [render_prompt(tokenizer, row[prompt_column], system_prompt=system_prompt) for row in batch]
+        rendered = [render_prompt(tokenizer, row[prompt_column], system_prompt=system_prompt,
+                                  chat_template=chat_template) for row in batch]
         encoded = tokenizer(rendered, padding=True, padding_side="left", return_tensors="pt")
         rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=g,
                            max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
@@ -69,6 +71,7 @@ def sample_rows(
                 row["answer"] = source[answer_column]
             # None marks a completion no function applied to; the group's position is kept for the pairs.
             labelled.append(None if all(v is None for v in scores.values()) else row)
+    model.train(was_training)
 
     counts = {"prompts": len(rows), "completions": len(labelled), "unscored": labelled.count(None),
               "no_steps": 0, "groups_without_pairs": 0, "empty_sides": 0}

@@ -11,7 +11,8 @@ adds one learner, the :class:`~grpokit.ppo.Critic`, whose value model gives GAE 
 and trains beside the policy in step 5; everything else is shared.
 
 Where it departs from the paper: none in the math. The reference model is the starting checkpoint,
-frozen (the paper also refreshes it between RL iterations; we do not).
+frozen; with ``rl_iterations`` (iterative RL, :mod:`grpokit.iterative`) it is reset to the policy at each
+iteration's end, as in DeepSeekMath, after the learned reward model is retrained (step 7).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from grpokit.distributed import (
     init_world,
     is_sharded,
 )
+from grpokit.iterative import IterativeRL
 from grpokit.models import (
     autocast,
     build_reference,
@@ -108,6 +110,7 @@ class GRPOTrainer:
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
         needed = check_reward_functions(self.reward_funcs, keywords, source)
         check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
+        self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
 
         if model is None:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
@@ -185,7 +188,14 @@ class GRPOTrainer:
                                (start, sampled_at, frozen, updated))
         if self.critic is not None:
             metrics.update(self.critic.metrics(fixed, last))
+        if self.iterations is not None:
+            metrics["rl_iteration"] = self.iterations.iteration(self.step)
         self._log(metrics, batch, fixed.advantages)
+
+        # 7. Iterative RL, at an iteration's end: retrain the reward model on the new policy's samples and
+        #    reset the reference to the policy.
+        if self.iterations is not None and self.iterations.ends_iteration(self.step):
+            self.iterations.advance(self)
         return metrics
 
     def policy_loss(self, model: torch.nn.Module, batch: UpdateBatch, counts: LossCounts,
@@ -277,6 +287,10 @@ class GRPOTrainer:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         modules = {"model": self.model, **({"value_model": self.critic.value_model} if self.critic else {})}
+        if self.iterations is not None:  # both change between iterations
+            modules["reward_model"] = self.iterations.reward_model.model
+            if self.reference is not None:
+                modules["reference"] = self.reference.model
         optimizers = {}
         for learner in self.learners:
             optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
