@@ -19,22 +19,28 @@ from grpokit.distributed import init_world
 
 TESTS = Path(__file__).parent
 STEPS = 3
-VARIANTS = {"sequence": {}, "token": {"aggregation": "token", "scale_rewards": "batch"},
+VARIANTS = {"sequence": {}, "fast-path": {"fast_path": True},
+            "token": {"aggregation": "token", "scale_rewards": "batch"},
             "ppo": {"algorithm": "ppo"}, "fsdp": {"parallelism": "fsdp"},
-            "ppo-fsdp": {"algorithm": "ppo", "parallelism": "fsdp"}}
+            "ppo-fsdp": {"algorithm": "ppo", "parallelism": "fsdp"},
+            # Every process loads the reward models named in the config and scores its own completions.
+            "reward-model": {"reward_funcs": ["model:{reward_models}/orm"]},
+            "process-reward-model": {"reward_funcs": ["process_model:{reward_models}/prm"], "supervision": "process"}}
+REWARD_MODEL_VARIANTS = {"reward-model": "orm", "process-reward-model": "prm"}  # → the reward model's name
 
 # Rollouts are a function of each prompt's text and the completion's index in its group (not of the
 # process layout), so both layouts train on the same completions: the update path is what is compared.
-# Both use the model's own forward (fast_path: false): with several processes the training passes take
-# it anyway, and Adam at lr 1e-2 would turn the paths' float rounding into visible differences.
+# Both use the model's own forward (fast_path: false) unless a variant says otherwise: Adam at lr 1e-2 would
+# turn the paths' float rounding into visible differences. "fast-path": DDP around PolicyLogprobs keeps the
+# fast path and the chunked LM head for the training passes, as in one process.
 SCRIPT = textwrap.dedent(f"""
-    import os, sys, zlib
+    import json, os, sys, zlib
     sys.path.insert(0, {str(TESTS)!r})
     import torch
     torch.set_num_threads(1)
     import grpokit.sampling, grpokit.runlog
     from conftest import TINY
-    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
     from grpokit.tiny_model import build_model, build_tokenizer
     from grpokit.rollout import Rollout
     from test_trainer import ROWS, ones
@@ -61,6 +67,17 @@ SCRIPT = textwrap.dedent(f"""
 
     grpokit.sampling.generate = fake_generate
     rank = int(os.environ.get("RANK", 0))
+
+    # The prompts of every call of a reward model on this process, written to OUT/VARIANT-scored-RANK.json with
+    # the texts it cut.
+    scored = []
+    def counted(call):
+        def count(self, prompts, completions, **kwargs):
+            scored.append(list(prompts))
+            return call(self, prompts, completions, **kwargs)
+        return count
+    OutcomeRewardModel.__call__ = counted(OutcomeRewardModel.__call__)
+    ProcessRewardModel.__call__ = counted(ProcessRewardModel.__call__)
     if rank != 0:  # only rank 0 may touch the run directory
         def refuse(*args, **kwargs):
             raise AssertionError(f"rank {{rank}} wrote to the run directory")
@@ -69,15 +86,22 @@ SCRIPT = textwrap.dedent(f"""
     variants = {VARIANTS!r}
     for name, overrides in variants.items():
         tokenizer = build_tokenizer()
+        specs = [spec.format(reward_models=sys.argv[2]) for spec in overrides.pop("reward_funcs", [])]
         config = GRPOConfig(output_dir=os.path.join(sys.argv[1], name), prompts_per_step=4, num_generations=4,
                             max_completion_length=6, max_steps={STEPS}, learning_rate=1e-2, progress_bar=False,
-                            micro_batch_size=3, save_every=0, fast_path=False, mixed_precision="no",
+                            micro_batch_size=3, save_every=0, fast_path=overrides.pop("fast_path", False),
+                            mixed_precision="no",
+                            **({{"reward_funcs": specs}} if specs else {{}}),
                             **overrides)  # float32 on any CPU: bf16 would round the two runs apart
         trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
-                                train_dataset=ROWS, reward_funcs=[ones])
+                                train_dataset=ROWS, reward_funcs=None if specs else [ones])
         if rank != 0:
             trainer.model.save_pretrained = trainer.tokenizer.save_pretrained = refuse
+        scored.clear()
         trainer.train()
+        if specs:
+            with open(os.path.join(sys.argv[1], f"{{name}}-scored-{{rank}}.json"), "w") as handle:
+                json.dump({{"calls": scored, "truncated": trainer.reward_funcs[0].truncated}}, handle)
 """)
 
 
@@ -95,7 +119,7 @@ def launch(tmp_path: Path, out: Path, processes: int) -> None:
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    command = [sys.executable, str(script), str(out)]
+    command = [sys.executable, str(script), str(out), str(tmp_path / "reward_models")]
     if processes > 1:
         command = [*torchrun(processes), *command[1:]]
     run_to_success(command, env)
@@ -112,7 +136,14 @@ def run_to_success(command: list[str], env: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    from grpokit.tiny_model import build_tokenizer
+    from test_reward_models import save_classifier
+
     tmp = tmp_path_factory.mktemp("dp")
+    # Tiny random classifiers over the policy's characters, reading 12 tokens: prompts of 8 or 9 characters with
+    # completions of up to 6 are cut now and then, which each process counts for reward_truncated/<name>.
+    save_classifier(tmp / "reward_models" / "orm", build_tokenizer(), max_positions=12, seed=5)
+    save_classifier(tmp / "reward_models" / "prm", build_tokenizer(), head="token", max_positions=12, seed=6)
     launch(tmp, tmp / "one", 1)
     launch(tmp, tmp / "two", 2)
     return tmp / "one", tmp / "two"
@@ -147,6 +178,36 @@ def test_metrics_equal_the_single_process_ones(runs, variant):
             if key.startswith("time_") or key == "tokens_per_sec":
                 continue
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (variant, a["step"], key)
+
+
+@pytest.mark.parametrize("variant", REWARD_MODEL_VARIANTS)
+def test_each_process_scores_its_share_with_its_own_reward_model(runs, variant):
+    """Each process loads the reward model and scores only its own completions, once per step: together the
+    completions of the one process's calls; the rewards logged are the one process's."""
+    one, two = runs
+    name = REWARD_MODEL_VARIANTS[variant]
+    counts = [json.loads(path.read_text()) for path in (one / f"{variant}-scored-0.json",
+                                                         *(two / f"{variant}-scored-{rank}.json" for rank in (0, 1)))]
+    whole, first, second = (count["calls"] for count in counts)
+    assert [len(call) for call in whole] == [16] * STEPS  # B·G completions per step
+    assert [len(call) for call in first] == [len(call) for call in second] == [8] * STEPS  # half each
+    for step in range(STEPS):
+        assert not set(first[step]) & set(second[step])  # other prompts: each process its own groups
+        assert sorted(first[step] + second[step]) == sorted(whole[step])
+    records = [[json.loads(line) for line in (run / variant / "completions.jsonl").read_text().splitlines()]
+               for run in runs]
+    assert len(records[0]) == len(records[1]) == 4 * STEPS  # rank 0's first group, the same in both layouts
+    for a, b in zip(*records):
+        assert (a["prompt"], a["completion"]) == (b["prompt"], b["completion"])
+        assert (a["reward"], a[name]) == pytest.approx((b["reward"], b[name]), rel=1e-4, abs=1e-6)
+    metrics = [[json.loads(line) for line in (run / variant / "metrics.jsonl").read_text().splitlines()]
+               for run in runs]
+    assert all(m[f"rewards/{name}"] is not None for m in metrics[1])
+    # Texts cut to the reward model's context: each process counts its own, the metric is their sum.
+    cut = [m[f"reward_truncated/{name}"] for m in metrics[1]]
+    assert cut == [m[f"reward_truncated/{name}"] for m in metrics[0]] and 0 < sum(cut) < 16 * STEPS
+    assert counts[1]["truncated"] > 0 and counts[2]["truncated"] > 0
+    assert counts[1]["truncated"] + counts[2]["truncated"] == counts[0]["truncated"] == sum(cut)
 
 
 def test_rank_zero_alone_writes(runs):
@@ -209,3 +270,37 @@ def test_two_processes_resume_bit_exact(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_ddp_training_pass_takes_the_chunked_head(tokenizer, tiny_model, monkeypatch, fast):
+    """DDP wraps PolicyLogprobs: its forward runs the fast path (or the base model) and the LM head in chunks,
+    never the (tokens × vocabulary) logits, with the gradients of the plain pass."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from grpokit import rollout
+
+    prompt_ids = torch.randint(3, 60, (3, 5))
+    prompt_mask = torch.ones_like(prompt_ids)
+    completion_ids = torch.randint(3, 60, (3, 4))
+    completion_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    sequences = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    plain = torch.nn.utils.parameters_to_vector(
+        torch.autograd.grad(rollout.sequence_logprobs(tiny_model, *sequences, fast=fast)[0].sum(),
+                            list(tiny_model.parameters())))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the full logits were computed")
+
+    monkeypatch.setattr(rollout, "_full_logprobs", refuse)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(rollout.PolicyLogprobs(tiny_model, fast=fast))
+        logp, entropy = ddp(*sequences, with_entropy=True)
+        logp.sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert entropy is not None and entropy.shape == completion_mask.shape
+    grads = torch.nn.utils.parameters_to_vector([p.grad for p in tiny_model.parameters()])
+    torch.testing.assert_close(grads, plain, rtol=1e-5, atol=1e-6)

@@ -67,6 +67,7 @@ def test_a_model_without_checkpointable_layers_is_named(tokenizer):
 
 
 def test_the_trainer_checkpoints_its_policy_passes_only(tokenizer, tiny_model, tmp_path, monkeypatch):
+    from grpokit import rollout as rollout_module
     from grpokit import trainer as trainer_module
 
     calls = []
@@ -75,7 +76,8 @@ def test_the_trainer_checkpoints_its_policy_passes_only(tokenizer, tiny_model, t
         calls.append((torch.is_grad_enabled(), kwargs.get("checkpoint_layers", False)))
         return sequence_logprobs(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "sequence_logprobs", recorded)
+    monkeypatch.setattr(trainer_module, "sequence_logprobs", recorded)  # the frozen passes
+    monkeypatch.setattr(rollout_module, "sequence_logprobs", recorded)  # the policy's (PolicyLogprobs)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=1, gradient_checkpointing=True)
     trainer.training_step()
     assert (True, True) in calls and all(checkpoint == grad for grad, checkpoint in calls if grad)

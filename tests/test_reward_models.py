@@ -22,6 +22,7 @@ import grpokit
 from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards import resolve_reward_functions, score_steps
 from grpokit.tiny_model import build_tokenizer
+from test_trainer import documented_metrics, logged_keys
 
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 MERGES = [("1", "2"), ("a", "b"), ("ab", "c"), (" ", "="), ("=", " "), ("\n", "["), ("5", "\n")]
@@ -324,6 +325,74 @@ def test_process_supervision_with_a_process_reward_model(dirs, tokenizer, tiny_m
         expected = sum(r for _, r in steps) / len(steps) if steps else None
         assert record["prm_2"] == (pytest.approx(expected, abs=1e-4) if steps else None)
     assert any(record["prm_2"] is not None for record in records)
+
+
+@pytest.mark.parametrize("supervision", ["outcome", "process"])
+def test_each_step_logs_how_many_completions_a_reward_model_cut(tokenizer, tiny_model, tmp_path, supervision):
+    """A reward model of 15 positions reads prompts of 8 characters with completions of up to 8 tokens: each step
+    logs how many of its completions it cut, those whose text is longer than 15 of its tokens; rule rewards log
+    no count."""
+    head, prefix = {"outcome": ("sequence", "model:"), "process": ("token", "process_model:")}[supervision]
+    path = save_classifier(tmp_path / "short_rm", build_tokenizer(), head=head, max_positions=15, seed=4)
+    rows = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(8)]
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), reward_funcs=["accuracy", "format", f"{prefix}{path}"],
+                        supervision=supervision, prompts_per_step=2, num_generations=4, max_completion_length=8,
+                        max_steps=3, log_completions=8, progress_bar=False, mixed_precision="no", device="cpu")
+    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=rows)
+    with pytest.warns(UserWarning, match="'short_rm': .* longer than its context of 15 tokens"):
+        trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 8  # every completion of every step
+    reader = AutoTokenizer.from_pretrained(path)
+    cut = [sum(len(reader(r["prompt"] + r["completion"])["input_ids"]) > 15 for r in records if r["step"] == step)
+           for step in (1, 2, 3)]
+    assert [m["reward_truncated/short_rm"] for m in metrics] == cut
+    assert 0 < sum(cut) < 24 and trainer.reward_funcs[2].truncated == sum(cut)  # some cut, not all
+    assert logged_keys(metrics[0]) == documented_metrics(reward_models=True)[0]
+    assert not any(key.startswith("reward_truncated/") and key != "reward_truncated/short_rm" for key in metrics[0])
+
+
+@pytest.mark.parametrize("supervision", ["outcome", "process"])
+def test_ppo_trains_with_a_reward_model(dirs, tokenizer, tiny_model, tmp_path, supervision):
+    """algorithm: ppo rewarded by an outcome model (one reward at the last token) or a process model (a reward at
+    each step's last token): the logged rewards are the model's scores of the logged completions, and the policy
+    and the value model move."""
+    name = {"outcome": "orm_chat", "process": "prm_2"}[supervision]
+    prefix = {"outcome": "model:", "process": "process_model:"}[supervision]
+    rows = [{"prompt": f"Count {i}:"} for i in range(8)]
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), algorithm="ppo", reward_funcs=[f"{prefix}{dirs[name]}"],
+                        supervision=supervision, prompts_per_step=2, num_generations=4, max_completion_length=8,
+                        learning_rate=1e-2, max_steps=2, log_completions=8, progress_bar=False, mixed_precision="no",
+                        device="cpu")
+    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=rows)
+    policy = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    values = {n: p.detach().clone() for n, p in trainer.critic.value_model.named_parameters()}
+    trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and len(records) == 2 * 8  # every completion of every step
+    prompts, completions = [r["prompt"] for r in records], [r["completion"] for r in records]
+    if supervision == "outcome":
+        expected = OutcomeRewardModel(dirs[name])(prompts=prompts, completions=completions)
+        assert [[reward for _, reward in r["steps"]] for r in records] == [pytest.approx([e], abs=1e-4)
+                                                                          for e in expected]  # one step each
+    else:
+        steps = ProcessRewardModel(dirs[name])(prompts=prompts, completions=completions)
+        assert [[reward for _, reward in r["steps"]] for r in records] == [
+            pytest.approx([reward for _, reward in s], abs=1e-4) for s in steps]
+        assert sum(len(s) > 1 for s in steps) >= 2  # completions of several steps among them
+        expected = [sum(reward for _, reward in s) / len(s) if s else None for s in steps]
+        assert all(e is not None for e in expected)  # every completion has a step to score
+    assert [r[name] for r in records] == pytest.approx(expected, abs=1e-4)
+    assert [r["reward"] for r in records] == pytest.approx(expected, abs=1e-4)
+    for step, m in zip((1, 2), metrics):
+        scores = [e for r, e in zip(records, expected) if r["step"] == step]
+        assert m["reward"] == pytest.approx(sum(scores) / 8, abs=1e-5) == m[f"rewards/{name}"]
+        assert m[f"reward_truncated/{name}"] == 0 and "value_loss" in m
+    assert all(not torch.equal(p, policy[n]) for n, p in trainer.model.named_parameters() if n.endswith("proj.weight"))
+    assert all(not torch.equal(p, values[n]) for n, p in trainer.critic.value_model.named_parameters()
+               if n.endswith("proj.weight") or n.startswith("head."))
 
 
 def test_the_reward_model_examples_in_the_docs_run(tmp_path, monkeypatch):

@@ -29,15 +29,17 @@ METRICS_DOC = Path(__file__).parent.parent / "docs" / "metrics.md"
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
 
 
-def documented_metrics() -> tuple[set[str], set[str]]:
-    """The keys in docs/metrics.md's tables: every algorithm's, and the ones PPO adds."""
-    common, ppo = METRICS_DOC.read_text().split("## PPO adds")
+def documented_metrics(reward_models: bool = False) -> tuple[set[str], set[str]]:
+    """The keys in docs/metrics.md's tables: every run's (with ``reward_models``: and those reward models add),
+    and the ones PPO adds."""
+    common, *sections = re.split(r"^## ", METRICS_DOC.read_text(), flags=re.M)
+    section = lambda title: next(s for s in sections if s.startswith(title))  # noqa: E731
     keys = lambda text: set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.M))  # noqa: E731
-    return keys(common), keys(ppo)
+    return keys(common) | (keys(section("Reward models add")) if reward_models else set()), keys(section("PPO adds"))
 
 
 def logged_keys(metrics: dict) -> set[str]:
-    return {re.sub(r"^rewards/.*", "rewards/<name>", key) for key in metrics}
+    return {re.sub(r"^(rewards|reward_truncated)/.*", r"\1/<name>", key) for key in metrics}
 
 
 def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **overrides):

@@ -241,7 +241,7 @@ class GRPOConfig(_Config):
     fast_path: bool = _field(
         True, "Run Llama-family models (Llama, Qwen2, Mistral without a sliding window) through grpokit's own "
         "forward: a preallocated KV cache when sampling, no padding computed in the reference and policy passes "
-        "(same math; docs/benchmarks.md). Other models, and the training passes of multi-process runs, use the "
+        "(same math; docs/benchmarks.md). Other models, and the training passes of parallelism: fsdp, use the "
         "model's own forward; false forces that everywhere.",
     )
     logprob_chunk_mb: float = _field(

@@ -156,9 +156,11 @@ def data_parallel(module: torch.nn.Module, world: World, parallelism: str = "ddp
 
 @contextlib.contextmanager
 def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Skip the gradient reduction in this forward/backward (all micro-batches but the last)."""
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
-        module.set_requires_gradient_sync(enabled)
+    """Skip the gradient reduction in this forward/backward (all micro-batches but the last). ``module``: DDP
+    around the pass, or a module holding an FSDP2-sharded model."""
+    sharded = next((m for m in module.modules() if hasattr(m, "set_requires_gradient_sync")), None)
+    if sharded is not None:  # FSDP2
+        sharded.set_requires_gradient_sync(enabled)
         yield
     elif enabled or not hasattr(module, "no_sync"):
         yield

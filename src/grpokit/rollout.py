@@ -16,6 +16,7 @@ import functools
 import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -437,6 +438,22 @@ def checkpointed_layers(model: torch.nn.Module, enabled: bool = True) -> Iterato
                 del m._gradient_checkpointing_func
             else:
                 m._gradient_checkpointing_func = func
+
+
+class PolicyLogprobs(torch.nn.Module):
+    """The policy's training pass, :func:`sequence_logprobs`, as a module's forward: DDP wraps this (its forward
+    starts the gradient sync) so that under torchrun the pass is the same as in one process — the fast path and
+    the LM head in chunks — rather than the model's own forward with its full logits. The policy is
+    ``self.model`` (its parameters are the same tensors)."""
+
+    def __init__(self, model: torch.nn.Module, **options: Any):
+        super().__init__()
+        self.model, self.options = model, options  # temperature, fast, chunk_mb, checkpoint_layers
+
+    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
+                with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        return sequence_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                 with_entropy=with_entropy, **self.options)
 
 
 def full_logits_reason(model: torch.nn.Module, chunk_mb: float, fast: bool) -> str | None:

@@ -23,7 +23,8 @@ from grpokit.config import GRPOConfig
 from grpokit.distributed import SINGLE, World, gather
 from grpokit.models import autocast
 from grpokit.objective import process_advantages
-from grpokit.rewards import TrainerState, score_completions, score_steps
+from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
+from grpokit.rewards import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rollout import Rollout, generate, step_token_ends
 
 
@@ -181,8 +182,9 @@ class Sampler:
     def generate_and_score(
         self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None, step: int = 0
     ) -> Batch:
-        """Sample and score one round of the dataset rows at ``indices``; add its seconds and its reward
-        errors to ``stats``. ``step``: as in :meth:`sample`."""
+        """Sample and score one round of the dataset rows at ``indices``; add its seconds, its reward
+        errors and the completions each reward model cut to its context to ``stats``. ``step``: as in
+        :meth:`sample`."""
         stats = {} if stats is None else stats
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
@@ -212,6 +214,9 @@ class Sampler:
         )
         errors: list[dict[str, Any]] = []
         options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
+        # Reward models count the texts they cut to their context (cumulative): this round's share is the growth.
+        models = [fn for fn in self.reward_funcs if isinstance(fn, (OutcomeRewardModel, ProcessRewardModel))]
+        cut_before = [fn.truncated for fn in models]
         if config.supervision == "outcome":
             rewards, per_function = score_completions(self.reward_funcs, self.reward_weights, **arguments, **options)
             last = (rollout.lengths - 1).clamp(min=0).tolist()
@@ -221,7 +226,9 @@ class Sampler:
                                                             **options)
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
-                           ("reward_errors", len(errors))):
+                           ("reward_errors", len(errors)),
+                           *((f"reward_truncated/{reward_name(fn)}", fn.truncated - before)
+                             for fn, before in zip(models, cut_before))):
             stats[key] = stats.get(key, 0) + value
         return Batch(rows, rollout, completions, rewards, per_function, steps)
 

@@ -59,7 +59,7 @@ from grpokit.objective import grpo_loss, masked_mean
 from grpokit.optim import adamw_with_schedule
 from grpokit.ppo import Critic
 from grpokit.rewards import check_reward_functions, resolve_reward_functions, reward_name
-from grpokit.rollout import Rollout, sequence_logprobs, stop_token_ids
+from grpokit.rollout import PolicyLogprobs, Rollout, sequence_logprobs, stop_token_ids
 from grpokit.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
@@ -128,10 +128,16 @@ class GRPOTrainer:
         # Copies of the starting policy are taken before it is sharded: π_ref, and PPO's value model.
         self.reference = build_reference(self.model, config.beta)
         self.critic = Critic(self.model, config, self.world, self.device) if config.algorithm == "ppo" else None
-        # The policy's training passes go through DDP or FSDP2 with several processes, whose hooks the
-        # fast path would bypass: it is off for them there (sampling and frozen passes keep it).
-        self.fast_training = config.fast_path and not self.world.distributed
-        train_model = data_parallel(self.model, self.world, config.parallelism)  # FSDP shards it in place
+        # The policy's training passes are a module (PolicyLogprobs: the fast path, the LM head in chunks) that
+        # DDP wraps with several processes, its gradient sync hooked in as in any forward. FSDP2 shards the model
+        # in place and must gather its parameters in the model's own forward: there the pass takes it, and the
+        # full logits (sampling and the frozen passes keep the fast path).
+        fsdp = self.world.distributed and config.parallelism == "fsdp"
+        policy_pass = PolicyLogprobs(self.model, temperature=config.temperature, fast=config.fast_path and not fsdp,
+                                     chunk_mb=config.logprob_chunk_mb, checkpoint_layers=config.gradient_checkpointing)
+        if fsdp:
+            data_parallel(self.model, self.world, "fsdp")  # shards it in place
+        train_model = policy_pass if fsdp else data_parallel(policy_pass, self.world)
         optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate)  # over the shards
         self.policy = Learner("", self.model, train_model, optimizer, scheduler, loss=self.policy_loss)
         self.learners = [self.policy] + ([self.critic.learner] if self.critic else [])
@@ -204,10 +210,7 @@ class GRPOTrainer:
         pass. PPO's KL is in its per-token reward (``ppo.token_rewards``), so its loss has no KL term."""
         config = self.config
         with autocast(self.mixed_precision, self.device):
-            logp, entropy = sequence_logprobs(model, *batch.rollout.sequences(), temperature=config.temperature,
-                                              with_entropy=first_pass, fast=self.fast_training,
-                                              chunk_mb=config.logprob_chunk_mb,
-                                              checkpoint_layers=config.gradient_checkpointing)
+            logp, entropy = model(*batch.rollout.sequences(), with_entropy=first_pass)  # PolicyLogprobs (in DDP)
         loss, stats = grpo_loss(
             logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.loss_mask,
             epsilon=config.epsilon, epsilon_high=config.epsilon_high,
