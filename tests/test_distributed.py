@@ -25,7 +25,11 @@ VARIANTS = {"sequence": {}, "fast-path": {"fast_path": True},
             "ppo-fsdp": {"algorithm": "ppo", "parallelism": "fsdp"},
             # Every process loads the reward models named in the config and scores its own completions.
             "reward-model": {"reward_funcs": ["model:{reward_models}/orm"]},
-            "process-reward-model": {"reward_funcs": ["process_model:{reward_models}/prm"], "supervision": "process"}}
+            "process-reward-model": {"reward_funcs": ["process_model:{reward_models}/prm"], "supervision": "process"},
+            # Iterative RL: the first process samples and retrains the reward model after steps 1 and 2, every
+            # process then scores with the new weights and resets its reference.
+            "iterative": {"reward_funcs": ["model:{reward_models}/orm"], "rl_iterations": STEPS,
+                          "reward_model_labels": ["format"], "reward_model_prompts": 2}}
 REWARD_MODEL_VARIANTS = {"reward-model": "orm", "process-reward-model": "prm"}  # → the reward model's name
 
 # Rollouts are a function of each prompt's text and the completion's index in its group (not of the
@@ -38,7 +42,7 @@ SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {str(TESTS)!r})
     import torch
     torch.set_num_threads(1)
-    import grpokit.sampling, grpokit.runlog
+    import grpokit.sample, grpokit.sampling, grpokit.runlog
     from conftest import TINY
     from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
     from grpokit.tiny_model import build_model, build_tokenizer
@@ -65,7 +69,7 @@ SCRIPT = textwrap.dedent(f"""
         return Rollout(repeat(prompt_ids), repeat(prompt_mask), ids, mask, torch.zeros(ids.shape),
                        lengths == max_new_tokens)
 
-    grpokit.sampling.generate = fake_generate
+    grpokit.sampling.generate = grpokit.sample.generate = fake_generate  # GRPO's and iterative RL's samples
     rank = int(os.environ.get("RANK", 0))
 
     # The prompts of every call of a reward model on this process, written to OUT/VARIANT-scored-RANK.json with
@@ -208,6 +212,21 @@ def test_each_process_scores_its_share_with_its_own_reward_model(runs, variant):
     assert cut == [m[f"reward_truncated/{name}"] for m in metrics[0]] and 0 < sum(cut) < 16 * STEPS
     assert counts[1]["truncated"] > 0 and counts[2]["truncated"] > 0
     assert counts[1]["truncated"] + counts[2]["truncated"] == counts[0]["truncated"] == sum(cut)
+
+
+def test_iterative_rl_retrains_once_and_every_process_follows(runs):
+    """The first process alone sampled and retrained (rank 1 writing nothing, checked in the script); the two
+    layouts retrained the same reward model, and each iteration's first step has KL exactly 0 on every process."""
+    one, two = runs
+    for run in runs:
+        metrics = [json.loads(line) for line in (run / "iterative" / "metrics.jsonl").read_text().splitlines()]
+        assert [m["rl_iteration"] for m in metrics] == [1, 2, 3] and [m["kl"] for m in metrics[1:]] == [0.0, 0.0]
+    for k in (1, 2):
+        a, b = (load_file(str(run / "iterative" / "reward_model" / f"iteration-{k}" / "model" / "model.safetensors"))
+                for run in runs)
+        for key in a:
+            assert torch.allclose(a[key], b[key], atol=1e-5, rtol=1e-4), (k, key)
+    assert len((two / "iterative" / "reward_model" / "iterations.jsonl").read_text().splitlines()) == 2
 
 
 def test_rank_zero_alone_writes(runs):
