@@ -56,7 +56,7 @@ from grpokit.trainer import GRPOTrainer
 from grpokit.warm_start import warm_started_model_path
 
 # The reward model's training settings (also what iterative RL retrains it with).
-REWARD_TRAINING = dict(learning_rate=5e-4, epochs=3, batch_size=16, micro_batch_size=32, eval_fraction=0.2,
+REWARD_TRAINING = dict(learning_rate=2e-3, epochs=5, batch_size=16, micro_batch_size=32, eval_fraction=0.2,
                        mixed_precision="no", progress_bar=False, save_every=0)
 SOURCES = ["rule outcome", "rule process", "learned outcome", "learned process", "learned outcome + iterative RL"]
 
@@ -119,9 +119,12 @@ def held_out_scores(model, tokenizer, rows, reward: OutcomeRewardModel) -> dict[
         completions += rollout.decode(tokenizer)
     model.train()
     prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
-    return {"rm_score": float(np.mean(reward(prompts=prompts, completions=completions))),
+    scores = reward(prompts=prompts, completions=completions)
+    examples = [{"prompt": p, "answer": a, "completion": c, "rm_score": r}
+                for p, a, c, r in list(zip(prompts, answers, completions, scores))[:3]]
+    return {"rm_score": float(np.mean(scores)),
             "greedy": float(np.mean(accuracy_reward(prompts, completions, answer=answers))),
-            "format": float(np.mean(format_reward(prompts, completions)))}
+            "format": float(np.mean(format_reward(prompts, completions))), "examples": examples}
 
 
 def grpo(warm: Path, seed: int, settings: dict, out_dir: Path) -> GRPOTrainer:
@@ -272,7 +275,7 @@ def plot_sources(records: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rm-prompts", type=int, default=32, help="prompts (× 4 samples) the reward models learn from")
+    parser.add_argument("--rm-prompts", type=int, default=64, help="prompts (× 4 samples) the reward models learn from")
     parser.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.04, 0.2])
     parser.add_argument("--steps", type=int, default=80, help="(a): GRPO steps per β")
     parser.add_argument("--eval-every", type=int, default=10)
@@ -281,6 +284,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3, help="(b): iterative RL's iterations over --max-steps")
     parser.add_argument("--iteration-prompts", type=int, default=32)
     parser.add_argument("--parts", nargs="+", default=["kl", "sources"], choices=["kl", "sources"])
+    parser.add_argument("--sources", nargs="+", default=SOURCES, choices=SOURCES, help="(b): the sources to run")
     parser.add_argument("--out", default="benchmarks/results/reward_models.json")
     parser.add_argument("--figures", default="docs/images/reward_models")
     args = parser.parse_args()
@@ -310,6 +314,8 @@ def main() -> None:
                           f"{100 * e[0]['greedy']:.1f} → {100 * e[-1]['greedy']:.1f} %", flush=True)
             if "sources" in args.parts:
                 for name, settings in sources(models, args.iterations, args.iteration_prompts).items():
+                    if name not in args.sources:
+                        continue
                     record = source_run(warm[seed], seed, name, settings, args.budget, args.max_steps,
                                         root / name.replace(" ", "_"))
                     result["sources"].append(record)

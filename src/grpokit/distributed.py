@@ -129,6 +129,19 @@ def _move(obj: Any) -> Any:
     return obj
 
 
+def broadcast_from_main(module: torch.nn.Module, value: Any, world: World) -> Any:
+    """The first process's weights of ``module`` (in place) and its ``value``, on every process: no shared
+    filesystem needed."""
+    if not world.distributed:
+        return value
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()

@@ -18,7 +18,7 @@ trainer's run (``metrics.jsonl``, ``model/``), and one line per iteration in ``i
 The policy's optimizer and learning-rate schedule run on across iterations (one schedule over
 ``max_steps``). A checkpoint holds the reward model's and the reference's weights, so a run resumes
 bit-exactly; the older rows are read back from the earlier iterations' ``samples.jsonl``. Under torchrun the
-first process samples and retrains; every process then loads the new weights.
+first process samples and retrains; the new weights are then broadcast to every process.
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from grpokit.checkpoint import load_weights
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
 from grpokit.data import DataError, load_rows
-from grpokit.distributed import World, barrier
+from grpokit.distributed import World, broadcast_from_main
 from grpokit.models import autocast
 from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards import RewardFunction, resolve_reward_functions
@@ -125,6 +124,7 @@ class IterativeRL:
         step ``trainer.step``; returns what was done (also a line of ``iterations.jsonl``)."""
         k = trainer.step // self.steps
         folder = self.root / f"iteration-{k}"
+        summary = None
         with preserved_rng():
             if self.world.main:
                 started = time.perf_counter()
@@ -138,15 +138,11 @@ class IterativeRL:
                            "seconds": time.perf_counter() - started}
                 with (self.root / "iterations.jsonl").open("a", encoding="utf-8") as log:
                     log.write(json.dumps(summary) + "\n")
-            barrier(self.world)
-            model = self.reward_model.model
-            load_weights(model, sorted((folder / "model").glob("*.safetensors")), f"reward model of iteration {k}")
-            model.eval().requires_grad_(False)
+        # The other processes wait here for the first one's new weights.
+        summary = broadcast_from_main(self.reward_model.model, summary, self.world)
         if trainer.reference is not None:
             trainer.reference.model.load_state_dict(trainer.model.state_dict())
-        if not self.world.main:
-            summary = {"iteration": k, "step": trainer.step}
-        if trainer.world.main and trainer.config.progress_bar:
+        if self.world.main and self.config.progress_bar:
             print(f"iteration {k}: reward model retrained on {summary.get('rows', '?')} rows "
                   f"(eval accuracy {summary.get('eval_accuracy')}); reference reset", flush=True)
         return summary
@@ -200,6 +196,7 @@ class IterativeRL:
         history = reward_trainer.train()
         # Its checkpoints cannot be resumed from (a resumed run redoes the whole iteration end): only model/ stays.
         shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+        self.reward_model.model.load_state_dict(reward_trainer.model.state_dict())
         last = history[-1]
         return {"rows": len(new) + len(replayed), "new_rows": len(new), "replayed_rows": len(replayed),
                 "loss": last["loss"], "eval_accuracy": last.get("eval_accuracy"), "reward_steps": len(history)}
