@@ -24,7 +24,6 @@ import math
 import numbers
 import re
 import sys
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from grpokit.answers import Text, answers_match, extract_answer, parse_number, t
 from grpokit.arithmetic import arithmetic_steps_reward
 from grpokit.config import check_reward_weights
 from grpokit.reward_models import reward_model_from_spec
+from grpokit.tools import Overran, call_with_timeout
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
@@ -268,24 +268,10 @@ def _short(text: str, limit: int = 120) -> str:
 
 def _invoke(fn: RewardFunction, name: str, kwargs: dict, timeout: float | None, what: str) -> Any:
     """``fn(**kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns."""
-    if timeout is None:
-        return fn(**kwargs)
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = fn(**kwargs)
-        except Exception as error:  # handed to the caller's thread
-            result["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True, name=f"reward {name}")
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise RewardError(f"reward function {name!r} took longer than reward_timeout={timeout} s {what}")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    try:
+        return call_with_timeout(fn, kwargs, timeout, f"reward {name}")
+    except Overran:
+        raise RewardError(f"reward function {name!r} took longer than reward_timeout={timeout} s {what}") from None
 
 
 def _call(
