@@ -24,7 +24,6 @@ first process samples and retrains; the new weights are then broadcast to every 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import random
 import shutil
@@ -143,7 +142,7 @@ class IterativeRL:
         if trainer.reference is not None:
             trainer.reference.model.load_state_dict(trainer.model.state_dict())
         if self.world.main and self.config.progress_bar:
-            print(f"iteration {k}: reward model retrained on {summary.get('rows', '?')} rows "
+            print(f"iteration {k}: reward model retrained on {summary['rows']} rows "
                   f"(eval accuracy {summary.get('eval_accuracy')}); reference reset", flush=True)
         return summary
 
@@ -151,16 +150,15 @@ class IterativeRL:
         from grpokit.sample import sample_rows
 
         config = self.config
-        rows = trainer.sampler.rows
-        draw = random.Random(config.seed * 7919 + k).sample(range(len(rows)), min(config.reward_model_prompts,
-                                                                                  len(rows)))
+        rows, seed = trainer.sampler.rows, config.seed * 7919 + k
+        draw = random.Random(seed).sample(range(len(rows)), min(config.reward_model_prompts, len(rows)))
         with autocast(trainer.mixed_precision, trainer.device):
             sampled, _ = sample_rows(
                 trainer.model, trainer.tokenizer, [rows[i] for i in draw], self.labels, self.label_weights,
                 num_generations=config.num_generations, prompt_column=config.prompt_column,
                 answer_column=config.answer_column, max_new_tokens=config.max_completion_length,
                 temperature=config.temperature, top_p=config.top_p, system_prompt=config.system_prompt,
-                chat_template=config.chat_template, seed=config.seed * 7919 + k,
+                chat_template=config.chat_template, seed=seed,
                 batch_size=config.prompts_per_step, pairs=self.form == "pairs", progress=False,
             )
         if self.form == "steps" and not sampled:
@@ -190,13 +188,13 @@ class IterativeRL:
                          seed=self.reward_config.seed + k, device=str(trainer.device),
                          mixed_precision=trainer.mixed_precision, resume=None,
                          progress_bar=self.config.progress_bar)
-        model = copy.deepcopy(self.reward_model.model).requires_grad_(True)
-        reward_trainer = RewardTrainer(config, model=model, tokenizer=self.reward_model.tokenizer,
+        model = self.reward_model.model  # trained in place, from its current weights
+        reward_trainer = RewardTrainer(config, model=model.requires_grad_(True), tokenizer=self.reward_model.tokenizer,
                                        train_dataset=new + replayed, eval_dataset=self.eval_rows)
         history = reward_trainer.train()
+        model.eval().requires_grad_(False)
         # Its checkpoints cannot be resumed from (a resumed run redoes the whole iteration end): only model/ stays.
         shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-        self.reward_model.model.load_state_dict(reward_trainer.model.state_dict())
         last = history[-1]
         return {"rows": len(new) + len(replayed), "new_rows": len(new), "replayed_rows": len(replayed),
                 "loss": last["loss"], "eval_accuracy": last.get("eval_accuracy"), "reward_steps": len(history)}
