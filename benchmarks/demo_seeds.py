@@ -1,6 +1,7 @@
 """Run ``grpokit demo`` from scratch for several seeds and check the demo's bar.
 
     python benchmarks/demo_seeds.py --seeds 0 1 2 --out benchmarks/results/demo_seeds.json
+    python benchmarks/demo_seeds.py --task tools --seeds 0 1 2 --out benchmarks/results/demo_tools_seeds.json
 
 Each seed runs the real command in a fresh process with an empty warm-start cache, so its wall time
 is what a user's first ``grpokit demo`` costs. Prints a Markdown table for ``docs/benchmarks.md``.
@@ -8,6 +9,7 @@ Run it alone: timings on a 2-core machine are meaningless while anything else is
 
 The bar (on held-out prompts): accuracy up >= 25 points both greedy and sampled at T=1; format rate
 >= 95 % (greedy and sampled); on the carry class, greedy accuracy from < 50 % to > 90 %; <= 10 min.
+The tools demo's: greedy accuracy and the tool-call rate (greedy and sampled) up >= 30 points; <= 15 min.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from common import cpu_model
 
 def check(result: dict, seconds: float) -> dict[str, bool]:
     before, after = result["before"], result["after"]
+    if result.get("task") == "tools":
+        gain = lambda key: after["all"][key] - before["all"][key]  # noqa: E731
+        return {"greedy acc +30": gain("greedy_correct") >= 0.3,
+                "greedy tool rate +30": gain("greedy_tool_rate") >= 0.3,
+                "sampled tool rate +30": gain("sampled_tool_rate") >= 0.3, "<= 15 min": seconds <= 900}
     return {
         "greedy +25": after["all"]["greedy_correct"] - before["all"]["greedy_correct"] >= 0.25,
         "sampled +25": after["all"]["sampled_correct"] - before["all"]["sampled_correct"] >= 0.25,
@@ -38,6 +45,7 @@ def check(result: dict, seconds: float) -> dict[str, bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=("arithmetic", "tools"), default="arithmetic")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="benchmarks/results/demo_seeds.json")
     args = parser.parse_args()
@@ -48,8 +56,8 @@ def main() -> None:
             env = {**os.environ, "GRPOKIT_CACHE": str(Path(tmp) / "cache")}
             out_dir = Path(tmp) / "run"
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "grpokit", "demo", "--seed", str(seed), "--output-dir", str(out_dir),
-                            "--quiet"], env=env, check=True)
+            subprocess.run([sys.executable, "-m", "grpokit", "demo", "--task", args.task, "--seed", str(seed),
+                            "--output-dir", str(out_dir), "--quiet"], env=env, check=True)
             seconds = time.perf_counter() - start
             result = json.loads((out_dir / "demo.json").read_text())
         records.append({"seed": seed, "wall_seconds": seconds, "checks": check(result, seconds), **result})
@@ -59,6 +67,23 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({"machine": machine, "runs": records}, indent=2))
 
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+    if args.task == "tools":
+        print("| seed | greedy acc before → after | sampled acc before → after | tool-call rate greedy before → after "
+              "| tool-call rate sampled before → after | calls / completion (sampled) after | tool errors / completion "
+              "(sampled) after | format after (greedy / sampled) | warm start s | GRPO s | total s | all checks |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in records:
+            b, a = r["before"]["all"], r["after"]["all"]
+            failed = [name for name, ok in r["checks"].items() if not ok]
+            print(f"| {r['seed']} | {pct(b['greedy_correct'])} → {pct(a['greedy_correct'])} "
+                  f"| {pct(b['sampled_correct'])} → {pct(a['sampled_correct'])} "
+                  f"| {pct(b['greedy_tool_rate'])} → {pct(a['greedy_tool_rate'])} "
+                  f"| {pct(b['sampled_tool_rate'])} → {pct(a['sampled_tool_rate'])} "
+                  f"| {a['sampled_tool_calls']:.2f} | {a['sampled_tool_errors']:.3f} "
+                  f"| {pct(a['greedy_format'])} / {pct(a['sampled_format'])} "
+                  f"| {r['seconds']['warm_start']:.0f} | {r['seconds']['grpo']:.0f} | {r['wall_seconds']:.0f} "
+                  f"| {'FAIL: ' + ', '.join(failed) if failed else 'pass'} |")
+        return
     print("| seed | greedy acc before → after | sampled acc (T=1) before → after | format after (greedy / sampled) "
           "| carry class greedy before → after | warm start s | GRPO s | total s | all checks |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -93,13 +93,32 @@ def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The demo end to end with the warm start replaced by the tiny model (the real one is a benchmark)."""
     import grpokit.demo
 
-    monkeypatch.setattr(grpokit.demo, "warm_started_model_path", lambda seed, progress: tiny_model_dir)
+    monkeypatch.setattr(grpokit.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
     assert main(["demo", "--steps", "2", "--eval-prompts", "8", "--output-dir", str(tmp_path / "demo"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "accuracy, greedy" in out and "carry class: accuracy, greedy" in out
     assert "greedy:\n  before: '" in out and "\n  after:  '" in out
     result = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert set(result["before"]) == {"all", "carry", "no_carry"} and result["config"]["max_steps"] == 2
+
+
+def test_tools_demo_plumbing(tmp_path, monkeypatch, capsys):
+    """``demo --task tools`` end to end on an untrained tiny model with the tool tags."""
+    import grpokit.demo
+    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+
+    tokenizer = build_tokenizer(tool_tags=True)
+    build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                         max_positions=160)).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setattr(grpokit.demo, "warm_started_model_path", lambda seed, progress, task: tmp_path / "tiny")
+    assert main(["demo", "--task", "tools", "--steps", "1", "--eval-prompts", "4", "--output-dir",
+                 str(tmp_path / "demo"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "tool-call rate, greedy" in out and "tool errors per completion, sampled" in out
+    result = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert result["task"] == "tools" and result["config"]["tools"] == ["calculator"]
+    assert {"greedy_tool_rate", "sampled_tool_calls", "sampled_tool_errors"} <= set(result["after"]["all"])
 
 
 def test_example_configs_are_valid_and_match_the_demo():
@@ -122,6 +141,7 @@ def test_readme_python_examples_run(tmp_path, tiny_model_dir, monkeypatch):
     """The README's Python examples (outcome, then process supervision), pointed at the tiny model and
     shortened, run as written."""
     readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = readme.split("<!-- tools-example -->")[0]  # that one runs as it is (test_examples.py)
     blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
     assert len(blocks) == 2
     namespace: dict = {}

@@ -29,7 +29,9 @@ VARIANTS = {"sequence": {}, "fast-path": {"fast_path": True},
             # Iterative RL: the first process samples and retrains the reward model after steps 1 and 2, every
             # process then scores with the new weights and resets its reference.
             "iterative": {"reward_funcs": ["model:{reward_models}/orm"], "rl_iterations": STEPS,
-                          "reward_model_labels": ["format"], "reward_model_prompts": 2}}
+                          "reward_model_labels": ["format"], "reward_model_prompts": 2},
+            # Tool results (two inserted tokens in some completions): holes in the loss mask, and GAE across them.
+            "tools": {"tools": ["calculator"]}, "ppo-tools": {"algorithm": "ppo", "tools": ["calculator"]}}
 REWARD_MODEL_VARIANTS = {"reward-model": "orm", "process-reward-model": "prm"}  # → the reward model's name
 
 # Rollouts are a function of each prompt's text and the completion's index in its group (not of the
@@ -47,6 +49,7 @@ SCRIPT = textwrap.dedent(f"""
     from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
     from grpokit.tiny_model import build_model, build_tokenizer
     from grpokit.rollout import Rollout
+    from grpokit.tools import ToolUse
     from test_trainer import ROWS, ones
 
     def fake_generate(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, eos_token_id,
@@ -66,8 +69,15 @@ SCRIPT = textwrap.dedent(f"""
         ids, lengths = torch.stack(rows), torch.tensor(lengths)
         mask = (torch.arange(max_new_tokens) < lengths.unsqueeze(1)).long()
         repeat = lambda t: t.repeat_interleave(num_generations, 0)
+        tool_mask, tools = None, kw.get("tools")
+        if tools is not None:  # a "result" of two tokens after the first in every other completion that has room
+            tool_mask = torch.zeros_like(mask)
+            for i, n in enumerate(lengths.tolist()):
+                if n >= 4 and int(ids[i, 0]) % 2:
+                    tool_mask[i, 1:3] = 1
+                    tools.calls[i].append(ToolUse("calculator", {{}}, "x", bool(int(ids[i, 1]) % 2), 1, 2, 0.0))
         return Rollout(repeat(prompt_ids), repeat(prompt_mask), ids, mask, torch.zeros(ids.shape),
-                       lengths == max_new_tokens)
+                       lengths == max_new_tokens, tool_mask)
 
     grpokit.sampling.generate = grpokit.sample.generate = fake_generate  # GRPO's and iterative RL's samples
     rank = int(os.environ.get("RANK", 0))
@@ -227,6 +237,15 @@ def test_iterative_rl_retrains_once_and_every_process_follows(runs):
         for key in a:
             assert torch.allclose(a[key], b[key], atol=1e-5, rtol=1e-4), (k, key)
     assert len((two / "iterative" / "reward_model" / "iterations.jsonl").read_text().splitlines()) == 2
+
+
+def test_tool_calls_of_every_process_reach_the_metrics(runs):
+    """The tools variants had inserted tokens and calls in both layouts (equal metrics: the test above)."""
+    for run in runs:
+        for variant in ("tools", "ppo-tools"):
+            metrics = [json.loads(line) for line in (run / variant / "metrics.jsonl").read_text().splitlines()]
+            assert all(m["tool_call_rate"] > 0 and m["tool_result_tokens_mean"] > 0 for m in metrics)
+            assert all(0 < m["tool_errors"] < m["tool_calls"] for m in metrics)
 
 
 def test_rank_zero_alone_writes(runs):

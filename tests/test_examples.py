@@ -14,6 +14,7 @@ from grpokit.config import GRPOConfig, SFTConfig
 ROOT = Path(__file__).resolve().parents[1]
 SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml"]
 TRAIN_CONFIGS = ["examples/jsonl_dataset.yaml", "examples/smollm2/grpo.yaml", "src/grpokit/recipes/arithmetic.yaml",
+                 "src/grpokit/recipes/tools.yaml",
                  "src/grpokit/recipes/arithmetic_process.yaml"]
 
 
@@ -47,3 +48,11 @@ def test_the_recipe_data(tmp_path):
     assert not held_out & set(cold)
     assert all(str(sum(pair(r["prompt"]))) == r["answer"] for r in read["train"][:50] + read["held_out"])
     assert sum(r["carry"] for r in read["held_out"]) > 0
+
+
+def test_the_readme_tools_example_runs_as_written(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("<!-- tools-example -->\n```python\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("tool-call rate ") and (tmp_path / "runs/my-tools/model").is_dir()

@@ -13,7 +13,7 @@ from grpokit.tools import MAX_RESULT, ToolCall, calculator, parse_tool_call, run
     ("1/3", "0.3333333333333333333333333333"),
     ("2 + 3 * 4", "14"), ("(2 + 3) * 4", "20"), ("10 - 4 - 3", "3"), ("100 / 10 / 5", "2"), ("-3 + 5", "2"),
     ("−3 − −2", "-1"), ("--4", "4"), ("0.1 + 0.2", "0.3"), ("2.50 × 4", "10"), (".5 + 1.", "1.5"),
-    ("  ( ( 1 ) )  ", "1"), ("1e3", "error: unsupported character 'e' (only digits, '.', + − × ÷ and parentheses)"),
+    ("  ( ( 1 ) )  ", "1"), ("1e3", "error: unsupported character 'e' (only digits, '.', + - * / and parentheses)"),
 ])
 def test_arithmetic(expression, expected):
     assert calculator(expression) == expected

@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after"
     )
+    demo.add_argument("--task", choices=("arithmetic", "tools"), default="arithmetic",
+                      help="arithmetic: two-digit sums; tools: products, with a calculator the model may call")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--output-dir", default="runs/demo")
+    demo.add_argument("--output-dir", default=None, help="default: runs/demo, or runs/demo-tools")
     demo.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's)")
     demo.add_argument("--eval-prompts", type=int, default=400, help="held-out prompts to evaluate")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -146,9 +148,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from grpokit.demo import format_table, run_demo
 
     overrides = {} if args.steps is None else {"max_steps": args.steps}
-    result = run_demo(args.seed, args.output_dir, eval_prompts=args.eval_prompts, progress=not args.quiet, **overrides)
+    output_dir = args.output_dir or ("runs/demo-tools" if args.task == "tools" else "runs/demo")
+    result = run_demo(args.seed, output_dir, task=args.task, eval_prompts=args.eval_prompts, progress=not args.quiet,
+                      **overrides)
     seconds = result["seconds"]
-    print(f"\nGRPO demo, seed {args.seed}: {result['eval_prompts']} held-out prompts, "
+    print(f"\nGRPO demo ({args.task}), seed {args.seed}: {result['eval_prompts']} held-out prompts, "
           f"{result['samples_per_prompt']} samples each for the sampled rows")
     print(format_table(result["table"]))
     example = result["example"]
@@ -156,7 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for when in ("before", "after"):
         print(f"  {when + ':':<7} {example[when]!r}")
     print(f"warm start {seconds['warm_start']:.0f} s (cached after the first run), GRPO {seconds['grpo']:.0f} s, "
-          f"total {seconds['total']:.0f} s; run directory: {args.output_dir}")
+          f"total {seconds['total']:.0f} s; run directory: {output_dir}")
     return 0
 
 

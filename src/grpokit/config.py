@@ -155,9 +155,24 @@ class GRPOConfig(_Config):
     # ---- sampling (docs/math.md, step 1) ---------------------------------------------------------
     prompts_per_step: int = _field(16, "B: prompts sampled per training step.", min=1)
     num_generations: int = _field(8, "G: completions sampled per prompt (the group).", min=2)
-    max_completion_length: int = _field(64, "Maximum new tokens per completion.", min=1)
+    max_completion_length: int = _field(
+        64, "Maximum tokens per completion (with tools, the inserted tool results count too).", min=1)
     temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
+
+    # ---- tools (docs/tools.md) ---------------------------------------------------------------------
+    tools: list[str] = _field(
+        [], "Tools the model may call while it writes: 'calculator' (built in), 'FILE.py:NAME' or "
+        "'package.module:NAME' (a function with type hints and a docstring); the Python API also takes callables. "
+        "The model writes <tool>{\"name\": ..., \"arguments\": {...}}</tool>; the result comes back as "
+        "<result>…</result>, which the loss, the KL and the length metrics leave out.")
+    environment_factory: str | None = _field(
+        None, "'FILE.py:NAME' or 'package.module:NAME' of a callable returning, per completion, an environment: "
+        "reset(**row) is called with the completion's dataset row, its public methods are tools, and its "
+        "get_reward() (or reward()), if any, is a reward function named after its class.")
+    max_tool_calls: int = _field(4, "Tool calls per completion; a further call gets an error text back.", min=0)
+    tool_timeout: float | None = _field(
+        10.0, "Seconds a tool call may take; a slower one gets an error text back (and counts in tool_errors).", gt=0)
 
     # ---- objective (docs/math.md: advantages, the objective) ------------------------------------
     algorithm: str = _field(

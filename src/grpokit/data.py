@@ -103,6 +103,7 @@ def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str,
 
 
 BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.arithmetic)
+BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tool_task)
 
 
 def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
@@ -113,6 +114,10 @@ def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
         from grpokit.arithmetic import train_rows
 
         return train_rows(4096, seed)
+    if source == BUILTIN_TOOLS:
+        from grpokit import tool_task
+
+        return tool_task.train_rows(4096, seed)
     if source.startswith("gsm8k:"):
         return load_gsm8k(source.removeprefix("gsm8k:"))
     if Path(source).is_dir():

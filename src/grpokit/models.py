@@ -17,7 +17,7 @@ import torch
 
 from grpokit.config import ConfigError
 from grpokit.convert import GGUF_PREFIX, ConversionError, converted_gguf
-from grpokit.data import BUILTIN
+from grpokit.data import BUILTIN, BUILTIN_TOOLS
 
 
 def resolve_device(name: str) -> torch.device:
@@ -128,10 +128,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def model_directory(name: str, seed: int = 0, progress: bool = True) -> str:
     """The Hugging Face directory that ``model`` names: itself, the cached conversion of ``gguf:FILE``, or
     the built-in warm-started model (built and cached on first use)."""
-    if name == BUILTIN:
+    if name in (BUILTIN, BUILTIN_TOOLS):
         from grpokit.warm_start import warm_started_model_path
 
-        return str(warm_started_model_path(seed=seed, progress=progress))
+        return str(warm_started_model_path(seed=seed, progress=progress, task=name.removeprefix("builtin:")))
     if name.startswith(GGUF_PREFIX):
         try:
             return str(converted_gguf(name[len(GGUF_PREFIX):]))

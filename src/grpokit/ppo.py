@@ -41,7 +41,9 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
 
     ``δ_t = r_t + γ V_{t+1} − V_t`` with ``V`` = 0 after a completion's last token (the episode ends),
     ``A_t = Σ_l (γλ)^l δ_{t+l}``, ``returns = A + V``. ``rewards``, ``values``, ``mask``: (N, T).
-    Masked positions are 0 in both outputs, whatever ``rewards`` and ``values`` hold there.
+    Masked positions are 0 in both outputs, whatever ``rewards`` and ``values`` hold there. A hole in the
+    mask before a row's last token (an inserted tool result: context, not actions) is skipped, as in verl:
+    ``V_{t+1}`` is the value at the next unmasked token, with no discount for the tokens between.
 
     >>> adv, ret = gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.5]]), torch.ones(1, 2), 1.0, 1.0)
     >>> adv.tolist(), ret.tolist()
@@ -60,9 +62,10 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     running = torch.zeros_like(values[:, 0])
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = torch.where(valid[:, t], delta + gamma * lam * running, 0.0)
-        advantages[:, t] = running
-        next_value = values[:, t]  # 0 past the end, so the last token sees V = 0 after it
+        # Masked columns carry both sums through unchanged: past a row's end they are still 0 there.
+        running = torch.where(valid[:, t], delta + gamma * lam * running, running)
+        advantages[:, t] = torch.where(valid[:, t], running, 0.0)
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
     return advantages, torch.where(valid, advantages + values, 0.0)
 
 
@@ -168,7 +171,7 @@ class ValueModel(nn.Module):
 def token_rewards(batch: Batch, old_logp: Tensor | None, ref_logp: Tensor | None, beta: float) -> Tensor:
     """(N, T): ``−β (old_logp − ref_logp)`` per token, plus each step's weighted reward at the token that
     ends it (outcome supervision: one step, the completion's reward at its last token)."""
-    mask = batch.rollout.completion_mask
+    mask = batch.rollout.model_mask
     rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     if ref_logp is not None:
         rewards -= beta * torch.where(mask.bool(), old_logp - ref_logp, 0.0)

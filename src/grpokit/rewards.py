@@ -174,18 +174,23 @@ def load_reward_function(spec: str, **model_options: Any) -> RewardFunction:
     (importable from ``sys.path``) → that function; errors name the file, module or attribute. A reward
     model's spec (``model:PATH``, ``process_model:PATH``, a directory) → the model, loaded with ``model_options``."""
     model = reward_model_from_spec(spec, **model_options)
-    if model is not None:
-        return model
+    return model if model is not None else load_callable(spec, "reward_funcs")
+
+
+def load_callable(spec: str, what: str) -> Callable:
+    """``"path/to/file.py:name"`` or ``"package.module:name"`` → that callable, for the config key ``what``
+    (``reward_funcs``, ``tools``, ``environment_factory``); errors name the key, the file or module and the
+    attribute. A file is imported once, so that everything named from one file shares its module."""
     where, _, name = spec.rpartition(":")
     if not where or not name:
-        raise ValueError(f"reward_funcs: {spec!r} must be 'path/to/file.py:name' or 'package.module:name'")
+        raise ValueError(f"{what}: {spec!r} must be 'path/to/file.py:name' or 'package.module:name'")
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise ValueError(f"reward_funcs: {spec!r}: file {where!r} does not exist (relative to {Path.cwd()})")
-        module_name = f"grpokit_rewards_{path.resolve().as_posix().strip('/').replace('/', '_').replace('.', '_')}"
+            raise ValueError(f"{what}: {spec!r}: file {where!r} does not exist (relative to {Path.cwd()})")
+        module_name = f"grpokit_user_{path.resolve().as_posix().strip('/').replace('/', '_').replace('.', '_')}"
         module = sys.modules.get(module_name)
-        if module is None:  # loaded once, so that every reward named from one file shares its module
+        if module is None:
             module_spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[module_name] = module
@@ -193,22 +198,22 @@ def load_reward_function(spec: str, **model_options: Any) -> RewardFunction:
                 module_spec.loader.exec_module(module)
             except Exception as error:
                 del sys.modules[module_name]
-                raise ValueError(f"reward_funcs: {spec!r}: importing {where!r} raised "
+                raise ValueError(f"{what}: {spec!r}: importing {where!r} raised "
                                  f"{type(error).__name__}: {error}") from error
     else:
         try:
             module = importlib.import_module(where)
         except ImportError as error:
-            raise ValueError(f"reward_funcs: {spec!r}: cannot import module {where!r} ({error}); a file path must "
+            raise ValueError(f"{what}: {spec!r}: cannot import module {where!r} ({error}); a file path must "
                              "end in .py") from error
     fn = getattr(module, name, None)
     if fn is None:
         public = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
         close = difflib.get_close_matches(name, public, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; it defines {sorted(public)}"
-        raise ValueError(f"reward_funcs: {spec!r}: {where!r} has no attribute {name!r}{hint}")
+        raise ValueError(f"{what}: {spec!r}: {where!r} has no attribute {name!r}{hint}")
     if not callable(fn):
-        raise ValueError(f"reward_funcs: {spec!r}: {where}:{name} is a {type(fn).__name__}, not a function")
+        raise ValueError(f"{what}: {spec!r}: {where}:{name} is a {type(fn).__name__}, not a function")
     return fn
 
 
@@ -376,6 +381,7 @@ def score_completions(
     *,
     completion_ids: list[list[int]] | None = None,
     trainer_state: TrainerState | None = None,
+    messages: list[list[dict[str, Any]]] | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Outcome supervision: call each reward function once on the batch; return the weighted total
@@ -383,7 +389,8 @@ def score_completions(
 
     ``prompts`` (as the dataset holds them), ``completions`` (decoded text), ``columns`` (name → one
     value per completion), ``completion_ids`` and ``trainer_state`` reach each function as keywords
-    (this module's docstring); a completion of a conversational prompt as an assistant message.
+    (this module's docstring); a completion of a conversational prompt as an assistant message, or, with
+    tools, as ``messages[i]`` (the assistant's turns and the tool results between them).
 
     The total is the weighted sum over the functions that applied; a completion to which none applied
     gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
@@ -392,7 +399,7 @@ def score_completions(
     :func:`_call`.
     """
     total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, completion_ids,
-                                    trainer_state, steps_allowed=False, **options)
+                                    trainer_state, messages, steps_allowed=False, **options)
     return total, per_function
 
 
@@ -405,6 +412,7 @@ def score_steps(
     *,
     completion_ids: list[list[int]] | None = None,
     trainer_state: TrainerState | None = None,
+    messages: list[list[dict[str, Any]]] | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
     """Process supervision: every reward function's output as weighted steps per completion.
@@ -419,16 +427,17 @@ def score_steps(
     ``total`` their weighted sum, for logging. The arguments reach the functions as in
     :func:`score_completions`; offsets count characters of the completion's text.
     """
-    return _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state,
+    return _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, messages,
                   steps_allowed=True, **options)
 
 
-def _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, *,
+def _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, messages, *,
            steps_allowed: bool, **options: Any):
     n = len(completions)
-    # As TRL passes them: a conversational prompt's completion as the assistant's message.
-    as_passed = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c
-                 for p, c in zip(prompts, completions)]
+    # As TRL passes them: a conversational prompt's completion as the assistant's message (with tools, its
+    # messages: the assistant's turns and the tool results).
+    as_passed = [(messages[i] if messages is not None else [{"role": "assistant", "content": c}])
+                 if isinstance(p, list) else c for i, (p, c) in enumerate(zip(prompts, completions))]
     arguments = {**columns, "prompts": list(prompts), "completions": as_passed}
     if completion_ids is not None:
         arguments["completion_ids"] = completion_ids

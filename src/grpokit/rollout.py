@@ -26,6 +26,7 @@ from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB, chunk_rows, chunked_logpr
 from grpokit.distributed import is_sharded
 from grpokit.llama_family import LlamaFamily, unsupported, unwrap_peft
 from grpokit.objective import token_entropy, token_logprobs
+from grpokit.tools import ToolSession
 
 try:  # transformers >= 4.52: each decoder layer checkpoints itself
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -49,13 +50,22 @@ class Rollout:
     completion_mask: Tensor  # (N, T) 1 up to and including the first EOS
     logp: Tensor  # (N, T) float32 log-probs of the sampled tokens at the sampling temperature
     truncated: Tensor  # (N,) bool: reached max_new_tokens without EOS
+    # (N, T) 1 on tokens a tool's result inserted (context, not the policy's actions); None: no tools
+    tool_mask: Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
     @property
     def lengths(self) -> Tensor:
-        return self.completion_mask.sum(dim=1)  # (N,)
+        """(N,) tokens of each completion, inserted tool results included (what the model reads)."""
+        return self.completion_mask.sum(dim=1)
+
+    @property
+    def model_mask(self) -> Tensor:
+        """(N, T) 1 on the policy's own tokens: the completion mask less inserted tool results. The loss, the
+        KL, the entropy and the length metrics read this one."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * (1 - self.tool_mask)
 
     def decode(self, tokenizer) -> list[str]:
         """The N completions as text, each cut where it stopped; special tokens (EOS) dropped."""
@@ -68,7 +78,7 @@ class Rollout:
 
     def select(self, index: Tensor | slice) -> Rollout:
         """The completions at ``index`` (a bool mask, indices or a slice over N)."""
-        return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
+        return Rollout(*(None if (v := getattr(self, f.name)) is None else v[index] for f in fields(self)))
 
     def split(self, size: int) -> list[Rollout]:
         """Consecutive micro-batches of at most ``size`` completions (views, not copies)."""
@@ -94,6 +104,9 @@ class Rollout:
             completion_mask=pad([r.completion_mask for r in rollouts], width, 0, left=False),
             logp=pad([r.logp for r in rollouts], width, 0.0, left=False),
             truncated=torch.cat([r.truncated for r in rollouts]),
+            tool_mask=None if all(r.tool_mask is None for r in rollouts) else pad(
+                [torch.zeros_like(r.completion_mask) if r.tool_mask is None else r.tool_mask for r in rollouts],
+                width, 0, left=False),
         )
 
 
@@ -229,6 +242,7 @@ def generate(
     generator: torch.Generator | None = None,
     stop_early: bool = True,
     fast: bool = True,
+    tools: ToolSession | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
@@ -238,7 +252,9 @@ def generate(
     ``max_new_tokens`` decode steps even when every completion has stopped (sharded models need every
     process to run the same passes); the result is the same. With ``fast`` and a model
     :mod:`grpokit.llama_family` supports, decoding uses a preallocated cache and drops finished
-    completions from the batch (the same distribution; ``stop_early`` is then moot).
+    completions from the batch (the same distribution; ``stop_early`` is then moot). With ``tools`` (a
+    :class:`~grpokit.tools.ToolSession`), a completion that closes a tool call gets the result inserted as its
+    next tokens, through the same cache, while the others keep decoding; the Rollout's ``tool_mask`` marks them.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -268,6 +284,8 @@ def generate(
         # is one operator; token_logprobs' logsumexp (kept for training: a smaller autograd graph) is
         # several, which shows at decoding's few rows.
         logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
+        if tools is not None:  # queued tool-result tokens replace the picks of the rows that called
+            chosen, stopped, logp = tools.intervene(t, rows, chosen, stopped, logp)
         picks.append((t, rows, chosen, logp, stopped))
         return chosen, stopped
 
@@ -300,6 +318,7 @@ def generate(
         completion_mask=completion_mask.long(),
         logp=logps[:, :width],
         truncated=~finished,
+        tool_mask=None if tools is None else tools.tool_mask(width, device),
     )
 
 

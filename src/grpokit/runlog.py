@@ -23,7 +23,8 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
     kept); lengths and loss diagnostics over the training batch; ``clock``: the times at which the step
     started, finished sampling, finished its frozen passes, and finished updating."""
     group_size = len(sampled.completions) // len(sampled.rows)
-    rewards, lengths, rollout = sampled.rewards, batch.rollout.lengths.float(), batch.rollout
+    # lengths in the policy's own tokens (inserted tool results are not its output)
+    rewards, lengths, rollout = sampled.rewards, batch.rollout.model_mask.sum(dim=1).float(), batch.rollout
     metrics: dict[str, float] = {
         "step": step,
         "reward": rewards.mean().item(),
@@ -47,6 +48,10 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
         truncated_frac=rollout.truncated.float().mean().item(),
         entropy=first_update["entropy"],
     )
+    if sampled.tool_calls is not None:  # over every completion sampled, as the rewards
+        calls = [len(c) for c in sampled.tool_calls]
+        metrics.update(tool_call_rate=sum(n > 0 for n in calls) / len(calls), tool_calls_mean=sum(calls) / len(calls),
+                       tool_result_tokens_mean=float(rollout.tool_mask.sum(dim=1).float().mean()))
     # Diagnostics of the last optimizer step (the only one when μ = 1).
     for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr",
                 "skipped_updates"):
@@ -76,6 +81,9 @@ def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt
             # (token that ends the step, weighted reward); outcome supervision: one, at the last token
             "steps": [[end, reward] for end, reward in batch.steps[i]],
         }
+        if batch.tool_calls is not None:
+            record["tool_calls"] = [{"name": c.name, "arguments": c.arguments, "result": c.result, "failed": c.failed}
+                                    for c in batch.tool_calls[i]]
         records.append(record)
     return records
 

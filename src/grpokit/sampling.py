@@ -26,6 +26,7 @@ from grpokit.objective import process_advantages
 from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rollout import Rollout, generate, step_token_ends
+from grpokit.tools import ToolBox, ToolUse, tool_messages
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Batch:
     rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
     per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
     steps: list[list[tuple[int, float]]]  # per completion: (token that ends a step, its weighted reward)
+    tool_calls: list[list[ToolUse]] | None = None  # per completion, its tool calls in order (None: no tools)
 
     def groups(self, index: torch.Tensor, group_size: int) -> Batch:
         """The groups at ``index`` (a bool mask or indices over B)."""
@@ -50,6 +52,7 @@ class Batch:
             rewards=self.rewards[rows],
             per_function={name: scores[rows] for name, scores in self.per_function.items()},
             steps=[self.steps[i] for i in rows.tolist()],
+            tool_calls=None if self.tool_calls is None else [self.tool_calls[i] for i in rows.tolist()],
         )
 
     @staticmethod
@@ -61,6 +64,7 @@ class Batch:
             rewards=torch.cat([b.rewards for b in batches]),
             per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
             steps=[s for b in batches for s in b.steps],
+            tool_calls=None if batches[0].tool_calls is None else [c for b in batches for c in b.tool_calls],
         )
 
 
@@ -108,6 +112,20 @@ def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: 
     )
 
 
+def own_token_steps(steps: list[tuple[int, float]], model_mask: list[int]) -> list[tuple[int, float]]:
+    """Steps that end on an inserted tool token (a completion cut off inside a tool's result) moved to the
+    policy's last token before it: rewards sit on the policy's actions (PPO's GAE reads them there)."""
+    own = [i for i, m in enumerate(model_mask) if m]
+    if not own:
+        return steps
+    moved: dict[int, float] = {}
+    for end, reward in steps:
+        if not model_mask[end]:
+            end = max([i for i in own if i <= end], default=own[0])
+        moved[end] = moved.get(end, 0.0) + reward
+    return sorted(moved.items())
+
+
 class Sampler:
     """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
     as the model reads it (:func:`render_prompt`); ``stop_ids``: the tokens that end a completion;
@@ -118,10 +136,11 @@ class Sampler:
         self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str],
         reward_funcs: Sequence[Callable], reward_weights: Sequence[float], stop_ids: list[int],
         device: torch.device, world: World = SINGLE, sharded: bool = False, mixed_precision: str = "no",
+        toolbox: ToolBox | None = None,
     ):
         self.config, self.tokenizer, self.rows, self.prompts, self.device = config, tokenizer, rows, prompts, device
         self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
-        self.world, self.sharded, self.mixed_precision = world, sharded, mixed_precision
+        self.world, self.sharded, self.mixed_precision, self.toolbox = world, sharded, mixed_precision, toolbox
         # Each process samples with its own stream (docs/distributed.md); one process: seeded by `seed`.
         self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
         self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
@@ -190,6 +209,7 @@ class Sampler:
         start = time.perf_counter()
         rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
+        tools = None if self.toolbox is None else self.toolbox.session(rows, g, config.max_completion_length)
         model.eval()
         with autocast(self.mixed_precision, self.device):
             rollout = generate(
@@ -197,7 +217,7 @@ class Sampler:
                 num_generations=g, max_new_tokens=config.max_completion_length,
                 temperature=config.temperature, top_p=config.top_p,
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
-                stop_early=not self.sharded, fast=config.fast_path,
+                stop_early=not self.sharded, fast=config.fast_path, tools=tools,
             )
         generated = time.perf_counter()
 
@@ -205,10 +225,18 @@ class Sampler:
         # outcome supervision one per completion, at its last token; with process supervision the
         # functions' steps, their character offsets mapped to the tokens that end them.
         completions = rollout.decode(self.tokenizer)
-        # Reward functions see each prompt as the dataset holds it (TRL's convention), not as rendered.
+        # Reward functions see each prompt as the dataset holds it (TRL's convention), not as rendered; with
+        # tools, the whole trajectory (as text, tool results included; as messages for a conversational prompt).
+        columns = self.reward_columns(rows)
+        messages = None
+        if tools is not None:
+            messages = [tool_messages(self.tokenizer, rollout.completion_ids[i, : int(n)].tolist(), tools.calls[i])
+                        for i, n in enumerate(rollout.lengths.tolist())]
+            if tools.environments is not None:
+                columns["environments"] = tools.environments
         arguments = dict(
             prompts=[row[config.prompt_column] for row in rows for _ in range(g)], completions=completions,
-            columns=self.reward_columns(rows),
+            columns=columns, messages=messages,
             completion_ids=[ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())],
             trainer_state=TrainerState(global_step=step, max_steps=config.max_steps, epoch=self.epoch),
         )
@@ -225,12 +253,17 @@ class Sampler:
             rewards, per_function, char_steps = score_steps(self.reward_funcs, self.reward_weights, **arguments,
                                                             **options)
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
+        if tools is not None:
+            steps = [own_token_steps(s, mask) for s, mask in zip(steps, rollout.model_mask.tolist())]
+        calls = [] if tools is None else [call for row in tools.calls for call in row]
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
                            ("reward_errors", len(errors)),
+                           *((("tool_calls", len(calls)), ("tool_errors", sum(c.failed for c in calls)),
+                              ("time_tools", sum(c.seconds for c in calls))) if tools is not None else ()),
                            *((f"reward_truncated/{reward_name(fn)}", fn.truncated - before)
                              for fn, before in zip(models, cut_before))):
             stats[key] = stats.get(key, 0) + value
-        return Batch(rows, rollout, completions, rewards, per_function, steps)
+        return Batch(rows, rollout, completions, rewards, per_function, steps, None if tools is None else tools.calls)
 
     def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
         """(character offset, reward) steps → (token index, reward), summing steps that share a token."""

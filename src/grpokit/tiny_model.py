@@ -16,17 +16,20 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+TOOL_TAG_TOKENS = ["<tool>", "</tool>", "<result>", "</result>"]  # the tools task's (grpokit.tools)
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over printable ASCII and newline, with the think/answer tags as
-    single (ordinary, decoded) tokens. Offsets map every token back to its characters."""
+def build_tokenizer(tool_tags: bool = False) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over printable ASCII and newline, with the think/answer tags (and with
+    ``tool_tags`` the tool-call and result tags) as single (ordinary, decoded) tokens. Offsets map every
+    token back to its characters."""
     characters = [chr(i) for i in range(32, 127)] + ["\n"]
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + characters)}
     # BPE with no merges splits text into single characters and keeps character offsets.
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    tags = TAG_TOKENS + (TOOL_TAG_TOKENS if tool_tags else [])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in tags])
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",

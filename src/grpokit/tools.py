@@ -12,14 +12,20 @@ sizes, so that whatever a model writes gets a short text back and nothing else h
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, DivisionByZero, InvalidOperation, localcontext
 from typing import Any
 
-__all__ = ["ToolCall", "calculator", "call_with_timeout", "parse_tool_call", "run_tool"]
+import torch
+from torch import Tensor
+
+__all__ = ["PlainProtocol", "ToolBox", "ToolCall", "ToolUse", "calculator", "call_with_timeout", "parse_tool_call",
+           "run_tool"]
 
 TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
@@ -117,6 +123,256 @@ def run_tool(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: f
     failed = text.startswith("error:")  # a tool may answer its own errors as text, as calculator does
     return text[:MAX_RESULT], failed
 
+# ---- tools in the rollout ------------------------------------------------------------------------
+
+
+class PlainProtocol:
+    """The plain-text protocol: a call ends with ``</tool>`` (:func:`parse_tool_call` reads it) and its result
+    comes back as ``<result>…</result>``. A chat template's own format is another protocol with these members."""
+
+    close = TOOL_CLOSE
+    special_tokens = False  # whether a result's text may hold special tokens (a template's turn markers)
+
+    def parse(self, text: str) -> ToolCall | None:
+        return parse_tool_call(text)
+
+    def result(self, text: str, call: ToolCall) -> str:
+        return f"{RESULT_OPEN}{text}{RESULT_CLOSE}"
+
+
+@dataclass
+class ToolUse:
+    """One call a completion made: what it asked for, what it got back, and where the result sits."""
+
+    name: str | None
+    arguments: dict[str, Any]
+    result: str  # the tool's text (an "error: ..." text when failed)
+    failed: bool
+    start: int  # the completion's token index where the inserted result begins
+    tokens: int  # how many result tokens were inserted (fewer than the result's when the budget ran out)
+    seconds: float
+
+
+def tool_functions(tools: Sequence[Callable] | Mapping[str, Callable]) -> dict[str, Callable]:
+    """Name → function, names unique (a tool is called by its ``__name__``, as in TRL)."""
+    if isinstance(tools, Mapping):
+        return dict(tools)
+    named: dict[str, Callable] = {}
+    for fn in tools:
+        if not callable(fn):
+            raise ValueError(f"tools: {fn!r} is not callable")
+        name = getattr(fn, "__name__", type(fn).__name__)
+        if name in named:
+            raise ValueError(f"tools: two tools are named {name!r}; a tool is called by its name")
+        named[name] = fn
+    return named
+
+
+def environment_tools(environment: Any) -> dict[str, Callable]:
+    """The tools an environment offers: its public methods but ``reset`` and its reward (as TRL lists them,
+    on the class, so properties are not evaluated)."""
+    return {name: getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
+            if not name.startswith("_") and name not in ("reset", "reward", "get_reward")}
+
+
+def environment_reward(environments: Sequence[Any]) -> list[float | None]:
+    """An environment's own score of its completion: ``get_reward()`` (TRL's name) or ``reward()``."""
+    scores = []
+    for environment in environments:
+        fn = getattr(environment, "get_reward", None) or getattr(environment, "reward", None)
+        scores.append(None if fn is None else fn())
+    return scores
+
+
+def tool_messages(tokenizer: Any, ids: Sequence[int], calls: Sequence[ToolUse]) -> list[dict[str, Any]]:
+    """A completion with tool calls as chat messages, as TRL passes them to reward functions: the assistant's
+    turns (each that called a tool with its ``tool_calls``), each followed by the tool's message."""
+    messages: list[dict[str, Any]] = []
+    start = 0
+    for call in calls:
+        text = tokenizer.decode(list(ids[start: call.start]), skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": text,
+                         "tool_calls": [{"type": "function", "function": {"name": call.name,
+                                                                          "arguments": call.arguments}}]})
+        messages.append({"role": "tool", "name": call.name, "content": call.result})
+        start = call.start + call.tokens
+    messages.append({"role": "assistant", "content": tokenizer.decode(list(ids[start:]), skip_special_tokens=True)})
+    return messages
+
+
+def resolve_tools(config: Any, tools: Sequence[str | Callable] | None = None,
+                  environment_factory: Callable[[], Any] | None = None) -> tuple[list[Callable], Callable | None]:
+    """The run's tool functions and environment factory: those passed in Python, else the config's (``tools``:
+    'calculator', 'FILE.py:NAME' or 'package.module:NAME'; ``environment_factory``: the same paths)."""
+    from grpokit.rewards import load_callable  # rewards imports this module
+
+    builtin = {"calculator": calculator}
+    functions = []
+    for spec in config.tools if tools is None else tools:
+        if callable(spec):
+            functions.append(spec)
+        elif spec in builtin:
+            functions.append(builtin[spec])
+        elif ":" in spec:
+            functions.append(load_callable(spec, "tools"))
+        else:
+            raise ValueError(f"tools: unknown tool {spec!r}; the built-in tools are {sorted(builtin)}; a tool of "
+                             "your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python)")
+    tool_functions(functions)  # names unique
+    if environment_factory is None and config.environment_factory is not None:
+        environment_factory = load_callable(config.environment_factory, "environment_factory")
+    return functions, environment_factory
+
+
+def environment_reward_function(environment_factory: Callable[[], Any]) -> Callable[..., list] | None:
+    """The reward function of environments that score themselves (``get_reward()`` or ``reward()``), named after
+    their class as in TRL; None when they do not."""
+    probe = environment_factory()
+    if not any(callable(getattr(probe, name, None)) for name in ("get_reward", "reward")):
+        return None
+
+    def reward(environments: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        return environment_reward(environments)
+
+    reward.__name__ = type(probe).__name__
+    return reward
+
+
+class ToolBox:
+    """The run's tools: plain functions, and/or ``environment_factory`` (a callable returning, per completion, an
+    object with ``reset(**row)`` and tool methods). Built once; :meth:`session` serves one rollout."""
+
+    def __init__(self, tokenizer: Any, tools: Sequence[Callable] | Mapping[str, Callable] = (), *,
+                 environment_factory: Callable[[], Any] | None = None, max_calls: int = 4,
+                 timeout: float | None = 10.0, protocol: Any = None):
+        self.tokenizer, self.tools = tokenizer, tool_functions(tools)
+        self.environment_factory, self.max_calls, self.timeout = environment_factory, max_calls, timeout
+        self.protocol = protocol or PlainProtocol()
+        if environment_factory is not None:
+            probe = environment_factory()
+            if not callable(getattr(probe, "reset", None)):
+                raise ValueError(f"environment_factory: {type(probe).__name__} has no reset(**row) method")
+            clash = sorted(set(environment_tools(probe)) & set(self.tools))
+            if clash:
+                raise ValueError(f"environment_factory: {type(probe).__name__}'s methods {clash} have the names of "
+                                 "tools; a tool is called by its name")
+            self.environment_methods = environment_tools(probe)
+        else:
+            self.environment_methods = {}
+        if not self.tools and environment_factory is None:
+            raise ValueError("tools: give at least one tool or an environment_factory")
+        # Tokens that can end a call: their text holds the close tag's last character. Only after one of these
+        # is a completion's text decoded and searched for the close tag.
+        last = self.protocol.close[-1]
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        self.closing = torch.tensor([last in (piece or "") for piece in pieces])
+
+    def schema_tools(self) -> list[Callable]:
+        """Every tool a completion may call, for a chat template to describe (an environment's as methods of one
+        instance: their signatures and docstrings are the class's)."""
+        return [*self.tools.values(), *self.environment_methods.values()]
+
+    def session(self, rows: Sequence[dict[str, Any]], group_size: int, max_new_tokens: int) -> ToolSession:
+        """The state of one rollout of ``rows`` × ``group_size`` completions: each has its own environment (reset
+        with its row) when there is a factory."""
+        environments = None
+        if self.environment_factory is not None:
+            environments = []
+            for row in rows:
+                for _ in range(group_size):
+                    environment = self.environment_factory()
+                    environment.reset(**row)
+                    environments.append(environment)
+        return ToolSession(self, len(rows) * group_size, max_new_tokens, environments)
+
+
+class ToolSession:
+    """Runs the calls of one rollout between decode steps. :meth:`intervene` sees each step's picks: a completion
+    whose new token closes a call gets the tool's result queued, and the queued tokens replace its next picks one
+    per step — they go through the KV cache like any token, so nothing is re-encoded, and the other completions
+    keep decoding meanwhile. The positions of inserted tokens make :meth:`tool_mask`."""
+
+    def __init__(self, box: ToolBox, n: int, max_new_tokens: int, environments: list[Any] | None):
+        self.box, self.max_new_tokens, self.environments = box, max_new_tokens, environments
+        self.tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)  # what each completion holds so far
+        self.segment_start = [0] * n  # where the text after the last call begins
+        self.pending: dict[int, list[int]] = {}  # row → result tokens still to insert
+        self.inserted: list[tuple[int, int]] = []  # (row, column) of every inserted token
+        self.calls: list[list[ToolUse]] = [[] for _ in range(n)]
+
+    def tools_of(self, row: int) -> Mapping[str, Callable]:
+        if self.environments is None:
+            return self.box.tools
+        return {**self.box.tools, **environment_tools(self.environments[row])}
+
+    def intervene(self, t: int, rows: Tensor, chosen: Tensor, stopped: Tensor, logp: Tensor
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+        """Step ``t``'s picks of the running ``rows`` → the picks with queued result tokens in place of sampled
+        ones (never stopping; log-prob 0: they are not the policy's)."""
+        rows_list = rows.tolist()
+        forced = torch.zeros_like(stopped)
+        if self.pending:
+            at = [k for k, row in enumerate(rows_list) if row in self.pending]
+            if at:
+                ids = []
+                for k in at:
+                    queue = self.pending[rows_list[k]]
+                    ids.append(queue.pop(0))
+                    if not queue:
+                        del self.pending[rows_list[k]]
+                    self.inserted.append((rows_list[k], t))
+                index = torch.tensor(at, device=chosen.device)
+                chosen, stopped, logp = chosen.clone(), stopped.clone(), logp.clone()
+                chosen[index] = torch.tensor(ids, device=chosen.device)
+                stopped[index], logp[index], forced[index] = False, 0.0, True
+        cpu = chosen.cpu()
+        self.tokens[rows.cpu(), t] = cpu
+        hits = self.box.closing[cpu] & ~(stopped | forced).cpu()
+        for k in hits.nonzero().squeeze(1).tolist():
+            self._maybe_call(rows_list[k], t)
+        return chosen, stopped, logp
+
+    def _maybe_call(self, row: int, t: int) -> None:
+        box = self.box
+        close = box.protocol.close
+        text = box.tokenizer.decode(self.tokens[row, self.segment_start[row]: t + 1].tolist(), skip_special_tokens=True)
+        end = text.find(close)
+        if end < 0:
+            return
+        started = time.perf_counter()
+        if len(self.calls[row]) >= box.max_calls:
+            call = ToolCall(error=f"at most {box.max_calls} tool calls per completion")
+        else:
+            call = box.protocol.parse(text[: end + len(close)])
+        result, failed = run_tool(call, self.tools_of(row), box.timeout)
+        # The tool's text never becomes a special token (it cannot end the completion by returning the EOS text);
+        # a chat template's protocol wraps it in the template's own turn markers, which are.
+        protocol = box.protocol
+        if protocol.special_tokens:
+            ids = []
+            for piece, is_markup in protocol.result_pieces(result, call):
+                ids += box.tokenizer(piece, add_special_tokens=False, split_special_tokens=not is_markup)["input_ids"]
+        else:
+            ids = box.tokenizer(protocol.result(result, call), add_special_tokens=False,
+                                split_special_tokens=True)["input_ids"]
+        ids = ids[: self.max_new_tokens - t - 1]  # what fits before the completion's budget ends
+        if ids:
+            self.pending[row] = ids
+        # The next call is searched for after the result: a result's own text (an error quoting "</tool>", a tool
+        # returning a call) is never read as a call.
+        self.segment_start[row] = t + 1 + len(ids)
+        self.calls[row].append(ToolUse(call.name, call.arguments, result, failed, t + 1, len(ids),
+                                       time.perf_counter() - started))
+
+    def tool_mask(self, width: int, device: torch.device | str) -> Tensor:
+        """(N, width) long: 1 on every inserted token."""
+        mask = torch.zeros(len(self.calls), self.max_new_tokens, dtype=torch.long)
+        if self.inserted:
+            rows, columns = zip(*self.inserted)
+            mask[list(rows), list(columns)] = 1
+        return mask[:, :width].to(device)
+
+
 MAX_EXPRESSION = 200  # characters
 MAX_DEPTH = 32  # nested parentheses and signs
 MAX_DIGITS = 30  # per number written
@@ -178,12 +434,12 @@ def _tokens(expression: str) -> list[str]:
             i = j
         elif c in _OPERATORS or c in "()":
             if expression.startswith("**", i):
-                raise CalculatorError("powers are not supported (only + − × ÷)")
+                raise CalculatorError("powers are not supported (only + - * /)")
             tokens.append(_OPERATORS.get(c, c))
             i += 1
         else:
             shown = c if c.isprintable() else f"U+{ord(c):04X}"
-            raise CalculatorError(f"unsupported character {shown!r} (only digits, '.', + − × ÷ and parentheses)")
+            raise CalculatorError(f"unsupported character {shown!r} (only digits, '.', + - * / and parentheses)")
     if not tokens:
         raise CalculatorError("the expression is empty")
     return tokens

@@ -62,6 +62,8 @@ from grpokit.rewards import check_reward_functions, resolve_reward_functions, re
 from grpokit.rollout import PolicyLogprobs, Rollout, sequence_logprobs, stop_token_ids
 from grpokit.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
+from grpokit.tool_templates import TemplateProtocol, render_tool_prompt, template_protocol
+from grpokit.tools import ToolBox, environment_reward_function, resolve_tools
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
 __all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
@@ -83,6 +85,8 @@ class GRPOTrainer:
         tokenizer: Any = None,
         train_dataset: Sequence[dict[str, Any]] | None = None,
         reward_funcs: Sequence[str | Callable] | None = None,
+        tools: Sequence[str | Callable] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
     ):
         self.config = config
         seed_everything(config.seed)
@@ -104,11 +108,18 @@ class GRPOTrainer:
             reward_funcs or config.reward_funcs, config.reward_weights, device=self.device,
             mixed_precision=self.mixed_precision,
         )
+        # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
+        tool_functions, environment_factory = resolve_tools(config, tools, environment_factory)
+        own_reward = None if environment_factory is None else environment_reward_function(environment_factory)
+        if own_reward is not None:
+            self.reward_funcs.append(own_reward)
+            self.reward_weights.append(1.0)
         check_trackers(config.trackers)
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
         source = "train_dataset" if train_dataset is not None else config.dataset
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
-        needed = check_reward_functions(self.reward_funcs, keywords, source)
+        extras = ["environments"] if environment_factory is not None else []
+        needed = [k for k in check_reward_functions(self.reward_funcs, [*keywords, *extras], source) if k not in extras]
         check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
         self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
 
@@ -120,8 +131,20 @@ class GRPOTrainer:
             # The completion mask never looks at pad ids, so pad may safely equal EOS.
             tokenizer.pad_token = tokenizer.eos_token
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
-        prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
-                                 chat_template=config.chat_template) for row in rows]
+        # Tools: in the chat template's own format where it has one (the prompt lists them as it renders tools),
+        # else the plain-text protocol (docs/tools.md).
+        toolbox = None
+        if tool_functions or environment_factory is not None:
+            templated = config.chat_template is not False and getattr(tokenizer, "chat_template", None) is not None
+            toolbox = ToolBox(tokenizer, tool_functions, environment_factory=environment_factory,
+                              max_calls=config.max_tool_calls, timeout=config.tool_timeout,
+                              protocol=template_protocol(tokenizer) if templated else None)
+        if toolbox is not None and isinstance(toolbox.protocol, TemplateProtocol):
+            prompts = [render_tool_prompt(tokenizer, row[config.prompt_column], toolbox.schema_tools(),
+                                          system_prompt=config.system_prompt) for row in rows]
+        else:
+            prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
+                                     chat_template=config.chat_template) for row in rows]
         check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
                              getattr(self.model.config, "max_position_embeddings", None))
 
@@ -143,7 +166,7 @@ class GRPOTrainer:
         self.learners = [self.policy] + ([self.critic.learner] if self.critic else [])
         self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights,
                                stop_token_ids(self.model, tokenizer), self.device, self.world,
-                               sharded=is_sharded(self.model), mixed_precision=self.mixed_precision)
+                               sharded=is_sharded(self.model), mixed_precision=self.mixed_precision, toolbox=toolbox)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
         self.step = 0
@@ -161,7 +184,7 @@ class GRPOTrainer:
         batch, sampled, sampling = self.sampler.sample(self.model, self.step)
         rollout = batch.rollout
         sampled_at = time.perf_counter()
-        loss_mask = rollout.completion_mask
+        loss_mask = rollout.model_mask  # the policy's own tokens: inserted tool results are context
         if config.mask_truncated_completions:
             loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
 

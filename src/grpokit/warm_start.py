@@ -62,8 +62,25 @@ def supervised_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch
     }
 
 
-def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool = True) -> list[float]:
-    """Supervised training on the flawed corpus; returns the loss per step."""
+def arithmetic_batch(tokenizer, rng: random.Random, spec: WarmStartSpec) -> dict[str, torch.Tensor]:
+    """A batch of the addition task's flawed corpus."""
+    return supervised_batch(tokenizer, [corpus_example(rng, spec.forget_carry_rate) for _ in range(spec.batch_size)])
+
+
+def tools_batch(tokenizer, rng: random.Random, spec: WarmStartSpec) -> dict[str, torch.Tensor]:
+    """A batch of the tools task's corpus (:mod:`grpokit.tool_task`): a minority of calculator calls."""
+    from grpokit import tool_task
+
+    return tool_task.supervised_batch(tokenizer, [tool_task.corpus_example(rng) for _ in range(spec.batch_size)])
+
+
+# task → (its batches, its version, whether its tokenizer has the tool tags, its model's positions)
+TASKS = {"arithmetic": (arithmetic_batch, TASK_VERSION, False, 128), "tools": (tools_batch, 1, True, 160)}
+
+
+def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool = True,
+               task: str = "arithmetic") -> list[float]:
+    """Supervised training on the task's flawed corpus; returns the loss per step."""
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
@@ -75,9 +92,7 @@ def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool 
     losses = []
     bar = tqdm(range(spec.steps), desc="warm start", disable=not progress, dynamic_ncols=True)
     for _ in bar:
-        examples = [corpus_example(rng, spec.forget_carry_rate) for _ in range(spec.batch_size)]
-        batch = supervised_batch(tokenizer, examples)
-        loss = model(**batch).loss
+        loss = model(**TASKS[task][0](tokenizer, rng, spec)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -99,17 +114,19 @@ def warm_started_model_path(
     warm_spec: WarmStartSpec | None = None,
     *,
     progress: bool = True,
+    task: str = "arithmetic",
 ) -> Path:
-    """Directory of the warm-started model and tokenizer (``save_pretrained`` format), built and
-    cached on first use, keyed by everything that determines it."""
-    model_spec, warm_spec = model_spec or TinyModelSpec(), warm_spec or WarmStartSpec()
-    key = json.dumps([TASK_VERSION, asdict(model_spec), asdict(warm_spec), seed], sort_keys=True)
-    target = cache_dir() / f"arithmetic-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    """Directory of the warm-started model and tokenizer (``save_pretrained`` format) of ``task``
+    ('arithmetic' or 'tools'), built and cached on first use, keyed by everything that determines it."""
+    _, version, tool_tags, positions = TASKS[task]
+    model_spec, warm_spec = model_spec or TinyModelSpec(max_positions=positions), warm_spec or WarmStartSpec()
+    key = json.dumps([version, asdict(model_spec), asdict(warm_spec), seed], sort_keys=True)
+    target = cache_dir() / f"{task}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if (target / "grpokit_warm_start.json").is_file():
         return target
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(tool_tags=tool_tags)
     model = build_model(tokenizer, model_spec, seed=seed)
-    losses = warm_start(model, tokenizer, warm_spec, seed=seed, progress=progress)
+    losses = warm_start(model, tokenizer, warm_spec, seed=seed, progress=progress, task=task)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write beside the target and rename, so an interrupted build never looks complete.
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
