@@ -72,6 +72,16 @@ def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
     assert "pass@2" in capsys.readouterr().out
 
 
+def test_eval_with_tools_reports_their_use(tmp_path, tiny_model_dir, data_file, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--samples", "2", "--max-new-tokens", "6",
+                 "--tools", "calculator", "--output", str(out), "--quiet"]) == 0
+    summary = json.loads(out.read_text())
+    assert {"greedy_tool_rate", "sampled_tool_calls", "sampled_tool_errors"} <= set(summary)
+    assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--tools", "abacus", "--quiet"]) != 0
+    assert "tools: unknown tool 'abacus'" in capsys.readouterr().err
+
+
 def test_eval_writes_each_greedy_completion(tmp_path, tiny_model_dir, data_file):
     out = tmp_path / "completions.jsonl"
     assert main(["eval", str(tiny_model_dir), "--data", str(data_file), "--samples", "0", "--max-new-tokens", "6",

@@ -289,6 +289,12 @@ def test_tools_from_the_config_and_clear_errors(tok, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trainer = trainer_for(tok, tmp_path / "run", tools=["calculator", "my_tools.py:shout"])
     assert sorted(trainer.sampler.toolbox.tools) == ["calculator", "shout"]
+    (tmp_path / "my_env.py").write_text("class Counter:\n    def reset(self, **row):\n        self.n = 0\n"
+                                        "    def bump(self) -> str:\n        self.n += 1\n        return str(self.n)\n")
+    trainer = trainer_for(tok, tmp_path / "run", environment_factory="my_env.py:Counter")
+    assert sorted(trainer.sampler.toolbox.schema_tools()[i].__name__ for i in range(2)) == ["bump", "calculator"]
+    with pytest.raises(ValueError, match=r"environment_factory: 'my_env.py:Count': 'my_env.py' has no attribute"):
+        trainer_for(tok, tmp_path / "run", environment_factory="my_env.py:Count")
     with pytest.raises(ValueError, match=r"tools: unknown tool 'calculater'"):
         trainer_for(tok, tmp_path / "run", tools=["calculater"])
     with pytest.raises(ValueError, match=r"tools: 'my_tools.py:whisper': 'my_tools.py' has no attribute 'whisper'"):
@@ -309,3 +315,45 @@ def test_a_result_is_never_read_as_a_call(model, tok):
                                         tools=(calculator, echo))
     assert [[c.name for c in calls] for calls in session.calls] == [["echo"], [None]]
     assert rollout.decode(tok)[0] == f'<tool>{{"name": "echo"}}</tool><result>{CALL}</result>a>b</answer>'
+
+
+def test_a_resumed_run_with_tools_ends_where_a_straight_one_does(tok, tmp_path):
+    from safetensors.torch import load_file
+
+    def run(out, steps, resume=None):
+        trainer_for(tok, out, max_steps=steps, save_every=1, resume=resume, lr_schedule="constant").train()
+
+    run(tmp_path / "straight", 4)
+    run(tmp_path / "resumed", 2)
+    run(tmp_path / "resumed", 4, "latest")
+    a, b = (load_file(str(tmp_path / name / "model" / "model.safetensors")) for name in ("straight", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    metrics = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and sum(m["tool_calls"] for m in metrics) > 0
+
+
+def test_lora_trains_with_tools(tok, tmp_path):
+    pytest.importorskip("peft")
+    history = trainer_for(tok, tmp_path, lora_rank=4, lora_target_modules=["q_proj", "v_proj"]).train()
+    assert history[-1]["tool_calls"] > 0 and (tmp_path / "model" / "adapter_config.json").is_file()
+
+
+def test_conversational_rewards_get_the_messages_with_the_tool_turns(model, tok):
+    """For a prompt that is a list of messages, completions reach reward functions as TRL passes them: the
+    assistant's turns and the tool's messages between them; a text prompt's completion stays the text."""
+    from grpokit.rewards import score_completions
+
+    rollout, session = scripted_rollout(model, tok, [f"x{CALL}y", "plain"])
+    texts = rollout.decode(tok)
+    messages = [tool_messages(tok, rollout.completion_ids[i, : int(n)].tolist(), session.calls[i])
+                for i, n in enumerate(rollout.lengths.tolist())]
+    seen = []
+
+    def sees(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    chat = [{"role": "user", "content": "Q?"}]
+    score_completions([sees], [1.0], [chat, "Q?"], texts, {}, messages=messages)
+    assert [m["role"] for m in seen[0]] == ["assistant", "tool", "assistant"]
+    assert seen[0][1] == {"role": "tool", "name": "calculator", "content": "42"} and seen[1] == "plain"

@@ -113,11 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--output", help="the HTML file (default: RUN_DIR/report.html)")
 
     evaluate = commands.add_parser("eval", help="accuracy and format rate of a model on a dataset")
-    evaluate.add_argument("model", help="model directory, or builtin:arithmetic")
+    evaluate.add_argument("model", help="model directory, builtin:arithmetic or builtin:tools")
     evaluate.add_argument(
         "--data", default="builtin:arithmetic",
-        help="JSONL or CSV file, gsm8k:FILE (GSM8K-style JSONL), or builtin:arithmetic (held-out set)"
+        help="JSONL or CSV file, gsm8k:FILE (GSM8K-style JSONL), builtin:arithmetic or builtin:tools (held-out sets)"
     )
+    evaluate.add_argument("--tools", nargs="+", default=None, metavar="TOOL",
+                          help="tools the model may call, as in the config's tools (calculator, FILE.py:NAME, ...)")
+    evaluate.add_argument("--max-tool-calls", type=int, default=4)
     evaluate.add_argument("--prompt-column", default="prompt")
     evaluate.add_argument("--answer-column", default="answer")
     evaluate.add_argument("--samples", type=int, default=4, help="samples per prompt for sampled accuracy")
@@ -258,10 +261,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from grpokit.arithmetic import held_out_rows
 
         rows = held_out_rows()
+    elif args.data == "builtin:tools":
+        from grpokit.tool_task import held_out_rows
+
+        rows = held_out_rows()
     else:
         rows = load_rows(args.data)
     check_columns(rows, [args.prompt_column, args.answer_column], source=args.data)
+    tool_functions = None
+    if args.tools:
+        from grpokit.tools import ToolBox, resolve_tools
+
+        tool_functions, _ = resolve_tools(None, args.tools)
     model, tokenizer = load_model_and_tokenizer(args.model, progress=not args.quiet)
+    toolbox = None if tool_functions is None else ToolBox(tokenizer, tool_functions, max_calls=args.max_tool_calls)
     raw_prompts = [row[args.prompt_column] for row in rows]
     # the prompts as training renders them: through the chat template when the tokenizer has one
     rows = [{**row, args.prompt_column: render_prompt(tokenizer, row[args.prompt_column],
@@ -272,6 +285,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         samples_per_prompt=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         seed=args.seed, progress=not args.quiet,
         pass_ks=args.pass_k if args.pass_k is not None else sorted({1, args.samples}), greedy_completions=greedy,
+        toolbox=toolbox,
     )
     if args.completions:
         with open(args.completions, "w") as out:
@@ -282,7 +296,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     summary = {"model": args.model, "data": args.data, "num_prompts": len(rows), "samples": args.samples,
                **summarize(scores)}
     for key, value in summary.items():
-        if key.endswith(("_correct", "_format")) or key.startswith("pass@"):
+        shown = ("_correct", "_format", "_tool_rate", "_tool_calls", "_tool_errors")
+        if key.endswith(shown) or key.startswith("pass@"):
             print(f"{key:<16} {value:.3f}")
     if args.output:
         Path(args.output).write_text(json.dumps(summary, indent=2))

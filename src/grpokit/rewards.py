@@ -17,13 +17,10 @@ Rewards parse text; nothing here ever evaluates it.
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
 import re
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +33,7 @@ from grpokit.arithmetic import arithmetic_steps_reward
 from grpokit.config import check_reward_weights
 from grpokit.reward_models import reward_model_from_spec
 from grpokit.tools import Overran, call_with_timeout
+from grpokit.user_code import load_callable
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
@@ -175,46 +173,6 @@ def load_reward_function(spec: str, **model_options: Any) -> RewardFunction:
     model's spec (``model:PATH``, ``process_model:PATH``, a directory) → the model, loaded with ``model_options``."""
     model = reward_model_from_spec(spec, **model_options)
     return model if model is not None else load_callable(spec, "reward_funcs")
-
-
-def load_callable(spec: str, what: str) -> Callable:
-    """``"path/to/file.py:name"`` or ``"package.module:name"`` → that callable, for the config key ``what``
-    (``reward_funcs``, ``tools``, ``environment_factory``); errors name the key, the file or module and the
-    attribute. A file is imported once, so that everything named from one file shares its module."""
-    where, _, name = spec.rpartition(":")
-    if not where or not name:
-        raise ValueError(f"{what}: {spec!r} must be 'path/to/file.py:name' or 'package.module:name'")
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise ValueError(f"{what}: {spec!r}: file {where!r} does not exist (relative to {Path.cwd()})")
-        module_name = f"grpokit_user_{path.resolve().as_posix().strip('/').replace('/', '_').replace('.', '_')}"
-        module = sys.modules.get(module_name)
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_name] = module
-            try:
-                module_spec.loader.exec_module(module)
-            except Exception as error:
-                del sys.modules[module_name]
-                raise ValueError(f"{what}: {spec!r}: importing {where!r} raised "
-                                 f"{type(error).__name__}: {error}") from error
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as error:
-            raise ValueError(f"{what}: {spec!r}: cannot import module {where!r} ({error}); a file path must "
-                             "end in .py") from error
-    fn = getattr(module, name, None)
-    if fn is None:
-        public = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
-        close = difflib.get_close_matches(name, public, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; it defines {sorted(public)}"
-        raise ValueError(f"{what}: {spec!r}: {where!r} has no attribute {name!r}{hint}")
-    if not callable(fn):
-        raise ValueError(f"{what}: {spec!r}: {where}:{name} is a {type(fn).__name__}, not a function")
-    return fn
 
 
 def accepted_keywords(fn: RewardFunction) -> set[str] | None:

@@ -229,11 +229,11 @@ class Sampler:
         # tools, the whole trajectory (as text, tool results included; as messages for a conversational prompt).
         columns = self.reward_columns(rows)
         messages = None
-        if tools is not None:
+        if tools is not None and any(isinstance(row[config.prompt_column], list) for row in rows):
             messages = [tool_messages(self.tokenizer, rollout.completion_ids[i, : int(n)].tolist(), tools.calls[i])
                         for i, n in enumerate(rollout.lengths.tolist())]
-            if tools.environments is not None:
-                columns["environments"] = tools.environments
+        if tools is not None and tools.environments is not None:
+            columns["environments"] = tools.environments
         arguments = dict(
             prompts=[row[config.prompt_column] for row in rows for _ in range(g)], completions=completions,
             columns=columns, messages=messages,

@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpokit.tools import MAX_CALL, ToolCall
+from grpokit.tools import ToolCall, parse_tool_call
 
 __all__ = ["TemplateProtocol", "render_tool_prompt", "supports_tools", "template_protocol"]
 
@@ -123,41 +123,9 @@ class TemplateProtocol:
                 f"after={self.after!r})")
 
     def parse(self, text: str) -> ToolCall | None:
-        """The call that ``text`` ends with, or None when it does not end with ``close``. As
-        :func:`grpokit.tools.parse_tool_call`, every malformed call gives a :class:`ToolCall` with ``error``
-        set; ``arguments`` may also be named ``parameters``, or be JSON text of an object."""
-        op, close = self.open, self.close
-        if not text.endswith(close):
-            return None
-        start = text.rfind(op, 0, len(text) - len(close))
-        if start < 0:
-            return ToolCall(error=f"{close} without a {op} before it")
-        body = text[start + len(op):-len(close)]
-        if close in body:
-            return ToolCall(error=f"{close} without a {op} before it")
-        opener = text.rfind(op, 0, start)
-        if opener >= 0 and close not in text[opener:start]:
-            return ToolCall(error=f"nested {op} tags: a call is one JSON object between one {op} and {close}")
-        if len(body) > MAX_CALL:
-            return ToolCall(error=f"the call is longer than {MAX_CALL} characters")
-        try:
-            call = json.loads(body)
-        except (json.JSONDecodeError, RecursionError) as error:
-            return ToolCall(error=f"the call is not valid JSON ({getattr(error, 'msg', 'too deeply nested')})")
-        if not isinstance(call, dict):
-            return ToolCall(error='the call must be a JSON object: {"name": ..., "arguments": {...}}')
-        name = call.get("name")
-        arguments = call.get("arguments", call.get("parameters", {}))
-        if not isinstance(name, str) or not name:
-            return ToolCall(error='the call has no "name" (the tool\'s name, as text)')
-        if isinstance(arguments, str):  # some templates write the arguments as JSON text
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except (json.JSONDecodeError, RecursionError):
-                return ToolCall(name=name, error='"arguments" is text that is not JSON of the tool\'s parameters')
-        if not isinstance(arguments, dict):
-            return ToolCall(name=name, error='"arguments" must be a JSON object of the tool\'s parameters')
-        return ToolCall(name=name, arguments=arguments)
+        """The call that ``text`` ends with, between this template's markers (:func:`grpokit.tools.parse_tool_call`:
+        every malformed call gives a :class:`ToolCall` with ``error`` set)."""
+        return parse_tool_call(text, self.open, self.close)
 
     def result_pieces(self, text: str, call: ToolCall) -> list[tuple[str, bool]]:
         """``(piece, is_markup)``: the template's markup around the tool's text, as the template renders a tool

@@ -6,8 +6,8 @@ pauses there, :func:`parse_tool_call` reads the call, :func:`run_tool` runs it, 
 holding its text is appended. Every malformed call has a defined answer (an ``error: ...`` text, counted),
 never an exception.
 
-``calculator`` is the built-in tool: arithmetic on decimal numbers, parsed here (never ``eval``), with bounded
-sizes, so that whatever a model writes gets a short text back and nothing else happens.
+``calculator`` (:mod:`grpokit.calculator`) is the built-in tool: arithmetic on decimal numbers, parsed by hand
+(never ``eval``), with bounded sizes, so that whatever a model writes gets a short text back.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, DivisionByZero, InvalidOperation, localcontext
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from grpokit.calculator import calculator
+from grpokit.user_code import load_callable
 
 __all__ = ["PlainProtocol", "ToolBox", "ToolCall", "ToolUse", "calculator", "call_with_timeout", "parse_tool_call",
            "run_tool"]
@@ -70,23 +72,24 @@ class ToolCall:
     error: str | None = None  # set when the call is malformed; the model gets it back as the result
 
 
-def parse_tool_call(text: str) -> ToolCall | None:
-    """The call that ``text`` ends with — ``<tool>{"name": ..., "arguments": {...}}</tool>`` — or None when
-    it does not end with ``</tool>``. A ``</tool>`` without its ``<tool>``, a nested ``<tool>``, a call
-    longer than ``MAX_CALL`` characters, text that is not a JSON object, a missing or non-text name, or
-    arguments that are not an object give a :class:`ToolCall` with ``error`` set."""
-    if not text.endswith(TOOL_CLOSE):
+def parse_tool_call(text: str, open_tag: str = TOOL_OPEN, close_tag: str = TOOL_CLOSE) -> ToolCall | None:
+    """The call that ``text`` ends with — ``<tool>{"name": ..., "arguments": {...}}</tool>``, or between a chat
+    template's own tags — or None when it does not end with the close tag. A close tag without its open tag, a
+    nested open tag, a call longer than ``MAX_CALL`` characters, text that is not a JSON object, a missing or
+    non-text name, or arguments that are not an object give a :class:`ToolCall` with ``error`` set. The arguments
+    may also be named ``parameters``, or be JSON text of an object, as some chat templates write them."""
+    if not text.endswith(close_tag):
         return None
-    start = text.rfind(TOOL_OPEN, 0, len(text) - len(TOOL_CLOSE))
+    start = text.rfind(open_tag, 0, len(text) - len(close_tag))
     if start < 0:
-        return ToolCall(error=f"{TOOL_CLOSE} without a {TOOL_OPEN} before it")
-    body = text[start + len(TOOL_OPEN):-len(TOOL_CLOSE)]
-    if TOOL_CLOSE in body:
-        return ToolCall(error=f"{TOOL_CLOSE} without a {TOOL_OPEN} before it")
-    opener = text.rfind(TOOL_OPEN, 0, start)
-    if opener >= 0 and TOOL_CLOSE not in text[opener:start]:
-        return ToolCall(error=f"nested {TOOL_OPEN} tags: a call is one JSON object between one {TOOL_OPEN} and "
-                              f"{TOOL_CLOSE}")
+        return ToolCall(error=f"{close_tag} without a {open_tag} before it")
+    body = text[start + len(open_tag):-len(close_tag)]
+    if close_tag in body:
+        return ToolCall(error=f"{close_tag} without a {open_tag} before it")
+    opener = text.rfind(open_tag, 0, start)
+    if opener >= 0 and close_tag not in text[opener:start]:
+        return ToolCall(error=f"nested {open_tag} tags: a call is one JSON object between one {open_tag} and "
+                              f"{close_tag}")
     if len(body) > MAX_CALL:
         return ToolCall(error=f"the call is longer than {MAX_CALL} characters")
     try:
@@ -95,9 +98,14 @@ def parse_tool_call(text: str) -> ToolCall | None:
         return ToolCall(error=f"the call is not valid JSON ({getattr(error, 'msg', 'too deeply nested')})")
     if not isinstance(call, dict):
         return ToolCall(error='the call must be a JSON object: {"name": ..., "arguments": {...}}')
-    name, arguments = call.get("name"), call.get("arguments", {})
+    name, arguments = call.get("name"), call.get("arguments", call.get("parameters", {}))
     if not isinstance(name, str) or not name:
         return ToolCall(error='the call has no "name" (the tool\'s name, as text)')
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            return ToolCall(name=name, error='"arguments" is text that is not JSON of the tool\'s parameters')
     if not isinstance(arguments, dict):
         return ToolCall(name=name, error='"arguments" must be a JSON object of the tool\'s parameters')
     return ToolCall(name=name, arguments=arguments)
@@ -200,15 +208,13 @@ def tool_messages(tokenizer: Any, ids: Sequence[int], calls: Sequence[ToolUse]) 
     return messages
 
 
-def resolve_tools(config: Any, tools: Sequence[str | Callable] | None = None,
+def resolve_tools(config: Any | None, tools: Sequence[str | Callable] | None = None,
                   environment_factory: Callable[[], Any] | None = None) -> tuple[list[Callable], Callable | None]:
     """The run's tool functions and environment factory: those passed in Python, else the config's (``tools``:
     'calculator', 'FILE.py:NAME' or 'package.module:NAME'; ``environment_factory``: the same paths)."""
-    from grpokit.rewards import load_callable  # rewards imports this module
-
     builtin = {"calculator": calculator}
     functions = []
-    for spec in config.tools if tools is None else tools:
+    for spec in (config.tools if tools is None else tools):
         if callable(spec):
             functions.append(spec)
         elif spec in builtin:
@@ -219,7 +225,7 @@ def resolve_tools(config: Any, tools: Sequence[str | Callable] | None = None,
             raise ValueError(f"tools: unknown tool {spec!r}; the built-in tools are {sorted(builtin)}; a tool of "
                              "your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python)")
     tool_functions(functions)  # names unique
-    if environment_factory is None and config.environment_factory is not None:
+    if environment_factory is None and config is not None and config.environment_factory is not None:
         environment_factory = load_callable(config.environment_factory, "environment_factory")
     return functions, environment_factory
 
@@ -371,134 +377,3 @@ class ToolSession:
             rows, columns = zip(*self.inserted)
             mask[list(rows), list(columns)] = 1
         return mask[:, :width].to(device)
-
-
-MAX_EXPRESSION = 200  # characters
-MAX_DEPTH = 32  # nested parentheses and signs
-MAX_DIGITS = 30  # per number written
-MAX_MAGNITUDE = Decimal(10) ** 30  # of any intermediate result
-PRECISION = 28  # significant digits of a quotient
-
-_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "\u00d7": "*", "/": "/", "\u00f7": "/"}
-_DIGITS = set("0123456789")  # ASCII only: other scripts' digits are refused, not reinterpreted
-
-
-class CalculatorError(ValueError):
-    """What the calculator answers instead of a number."""
-
-
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression: numbers (decimals allowed), + − × ÷ (or + - * /), parentheses.
-
-    Args:
-        expression: the expression, e.g. "(123 + 4.5) × 6".
-
-    Returns:
-        The result as text ("765", "0.5"), or "error: ..." saying why there is none.
-    """
-    try:
-        if not isinstance(expression, str):
-            raise CalculatorError(f"the expression must be text, got {type(expression).__name__}")
-        if len(expression) > MAX_EXPRESSION:
-            raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION} characters")
-        with localcontext() as context:
-            context.prec = PRECISION
-            context.traps[DivisionByZero] = context.traps[InvalidOperation] = True
-            parser = _Parser(_tokens(expression))
-            value = parser.expression(0)
-            if parser.peek() is not None:
-                raise CalculatorError(f"unexpected {parser.peek()!r}")
-            return _text(value)
-    except CalculatorError as error:
-        return f"error: {error}"
-    except (DivisionByZero, InvalidOperation):
-        return "error: division by zero"
-
-
-def _tokens(expression: str) -> list[str]:
-    tokens, i = [], 0
-    while i < len(expression):
-        c = expression[i]
-        if c.isspace():
-            i += 1
-        elif c in _DIGITS or c == ".":
-            j = i
-            while j < len(expression) and (expression[j] in _DIGITS or expression[j] == "."):
-                j += 1
-            number = expression[i:j]
-            if number.count(".") > 1 or number == ".":
-                raise CalculatorError(f"{number!r} is not a number")
-            if sum(ch in _DIGITS for ch in number) > MAX_DIGITS:
-                raise CalculatorError(f"a number has more than {MAX_DIGITS} digits")
-            tokens.append(number)
-            i = j
-        elif c in _OPERATORS or c in "()":
-            if expression.startswith("**", i):
-                raise CalculatorError("powers are not supported (only + - * /)")
-            tokens.append(_OPERATORS.get(c, c))
-            i += 1
-        else:
-            shown = c if c.isprintable() else f"U+{ord(c):04X}"
-            raise CalculatorError(f"unsupported character {shown!r} (only digits, '.', + - * / and parentheses)")
-    if not tokens:
-        raise CalculatorError("the expression is empty")
-    return tokens
-
-
-class _Parser:
-    """Recursive descent: expression = term (('+'|'-') term)*; term = factor (('*'|'/') factor)*;
-    factor = ('+'|'-') factor | number | '(' expression ')'."""
-
-    def __init__(self, tokens: list[str]):
-        self.tokens, self.at = tokens, 0
-
-    def peek(self) -> str | None:
-        return self.tokens[self.at] if self.at < len(self.tokens) else None
-
-    def take(self) -> str:
-        token = self.peek()
-        if token is None:
-            raise CalculatorError("the expression ends too early")
-        self.at += 1
-        return token
-
-    def expression(self, depth: int) -> Decimal:
-        value = self.term(depth)
-        while self.peek() in ("+", "-"):
-            value = _checked(value + self.term(depth) if self.take() == "+" else value - self.term(depth))
-        return value
-
-    def term(self, depth: int) -> Decimal:
-        value = self.factor(depth)
-        while self.peek() in ("*", "/"):
-            value = _checked(value * self.factor(depth) if self.take() == "*" else value / self.factor(depth))
-        return value
-
-    def factor(self, depth: int) -> Decimal:
-        if depth > MAX_DEPTH:
-            raise CalculatorError(f"nested more than {MAX_DEPTH} deep")
-        token = self.take()
-        if token in ("+", "-"):
-            value = self.factor(depth + 1)
-            return -value if token == "-" else value
-        if token == "(":
-            value = self.expression(depth + 1)
-            if self.take() != ")":
-                raise CalculatorError("a '(' is not closed")
-            return value
-        if token in (")", "*", "/"):
-            raise CalculatorError(f"unexpected {token!r}")
-        return Decimal(token)
-
-
-def _checked(value: Decimal) -> Decimal:
-    if abs(value) >= MAX_MAGNITUDE:
-        raise CalculatorError("the result is too large")
-    return value
-
-
-def _text(value: Decimal) -> str:
-    """Plain notation, without trailing zeros: 765, 0.5, -2.25 (never 7.65E+2)."""
-    if value == value.to_integral_value():
-        return str(int(value))
-    return format(value.normalize(), "f")
