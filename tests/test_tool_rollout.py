@@ -357,3 +357,11 @@ def test_conversational_rewards_get_the_messages_with_the_tool_turns(model, tok)
     score_completions([sees], [1.0], [chat, "Q?"], texts, {}, messages=messages)
     assert [m["role"] for m in seen[0]] == ["assistant", "tool", "assistant"]
     assert seen[0][1] == {"role": "tool", "name": "calculator", "content": "42"} and seen[1] == "plain"
+
+
+def test_ids_past_the_tokenizer_are_no_call(tok):
+    """A model whose vocabulary is padded past the tokenizer's may sample an id the tokenizer does not have."""
+    box = ToolBox(tok, [calculator])
+    session = box.session([{}], 1, 4)
+    chosen, stopped, logp = torch.tensor([len(tok) + 5]), torch.tensor([False]), torch.zeros(1)
+    assert session.intervene(0, torch.tensor([0]), chosen, stopped, logp)[0].tolist() == [len(tok) + 5]

@@ -8,6 +8,7 @@ from grpokit import tool_task
 from grpokit.rewards import accuracy_reward, format_reward
 from grpokit.tiny_model import build_tokenizer
 from grpokit.tools import calculator, parse_tool_call
+from grpokit.warm_start import supervised_batch
 
 
 def pair(prompt):
@@ -63,7 +64,7 @@ def eval_product(prompt):
 def test_the_warm_start_loss_skips_the_results():
     tokenizer = build_tokenizer(tool_tags=True)
     prompt, pieces = "What is 347 * 58?", tool_task.worked_solution(347, 58, use_tool=True)
-    batch = tool_task.supervised_batch(tokenizer, [(prompt, pieces)])
+    batch = supervised_batch(tokenizer, [(prompt, pieces)])
     labelled = [i for i in batch["labels"][0].tolist() if i != -100]
     expected = tokenizer(pieces[0][0] + pieces[2][0], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert labelled == expected

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from grpokit.rollout import generate
+from grpokit.sampling import render_prompt
 from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
-from grpokit.tool_templates import TemplateProtocol, render_tool_prompt, supports_tools, template_protocol
-from grpokit.tools import ToolBox, ToolCall, ToolSession, calculator
+from grpokit.tool_templates import TemplateProtocol, supports_tools, template_protocol
+from grpokit.tools import ToolBox, ToolCall, calculator
+from test_tool_rollout import Scripted
 
 # A small Hermes / Qwen2.5-style template: tools in the system turn, calls as <tool_call>\n{json}\n</tool_call>,
 # tool messages as a user turn of <tool_response> blocks.
@@ -90,22 +92,22 @@ def test_supports_tools_only_where_the_template_renders_them(tok):
     assert supports_tools(tokenizer_with(BARE_JSON))  # renders tools: but in a format read as no protocol
 
 
-def test_render_tool_prompt_lists_the_tools_as_json_schemas(tok):
-    text = render_tool_prompt(tok, "What is 6*7?", [calculator, shout], system_prompt="Be brief.")
+def test_render_prompt_lists_the_tools_as_json_schemas(tok):
+    text = render_prompt(tok, "What is 6*7?", tools=[calculator, shout], system_prompt="Be brief.")
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert '"name": "calculator"' in text and '"description": "Evaluate an arithmetic expression' in text
     assert '"name": "shout"' in text and '"description": "Upper-case a text."' in text
     assert text.endswith("<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n")
     # the messages' own system prompt wins, as in sampling.render_prompt
-    own = render_tool_prompt(tok, [{"role": "system", "content": "Mine."}, {"role": "user", "content": "Hi"}],
-                             [shout], system_prompt="Be brief.")
+    own = render_prompt(tok, [{"role": "system", "content": "Mine."}, {"role": "user", "content": "Hi"}],
+                        tools=[shout], system_prompt="Be brief.")
     assert own.startswith("<|im_start|>system\nMine.\n\n# Tools") and "Be brief." not in own
-    with pytest.raises(ValueError, match="no chat template"):
-        render_tool_prompt(tokenizer_with(None), "Hi", [shout])
+    with pytest.raises(ValueError, match="chat_template is true but the tokenizer has no chat template"):
+        render_prompt(tokenizer_with(None), "Hi", tools=[shout], chat_template=True)
 
 
 def test_the_markers_are_read_from_the_template(protocol):
-    assert isinstance(protocol, TemplateProtocol) and protocol.special_tokens
+    assert isinstance(protocol, TemplateProtocol)
     assert (protocol.open, protocol.close) == ("<tool_call>", "</tool_call>")
     assert protocol.before == "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
     assert protocol.after == "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -203,27 +205,6 @@ def test_only_the_markup_holds_special_tokens(tok, protocol):
     assert tok.decode(text) == hostile  # the tool's text, character by character
 
 
-class Scripted(ToolSession):
-    """A session whose completions write the given texts (then EOS), whatever the model samples
-    (tests/test_tool_rollout.py's)."""
-
-    def __init__(self, box, texts, max_new_tokens):
-        super().__init__(box, len(texts), max_new_tokens, None)
-        self.script = [box.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        self.written = [0] * len(texts)
-
-    def intervene(self, t, rows, chosen, stopped, logp):
-        chosen, stopped = chosen.clone(), stopped.clone()
-        for k, row in enumerate(rows.tolist()):
-            if row in self.pending:
-                continue  # the result goes in first
-            script, at = self.script[row], self.written[row]
-            chosen[k] = script[at] if at < len(script) else self.box.tokenizer.eos_token_id
-            stopped[k] = at >= len(script)
-            self.written[row] += 1
-        return super().intervene(t, rows, chosen, stopped, logp)
-
-
 def hostile(text: str) -> str:
     """Answer with the template's turn markers.
 
@@ -239,7 +220,7 @@ def test_a_rollout_calls_tools_in_the_template_format(tok, protocol):
     texts = [f"Let me see.\n{CALL}It is 42.", '<tool_call>\n{"name": "hostile", "arguments": {"text": "a"}}\n'
              '</tool_call>done', "<tool>not a call here</tool>"]
     session = Scripted(box, texts, 200)
-    prompt = render_tool_prompt(tok, "What is 6*7?", [calculator, hostile])
+    prompt = render_prompt(tok, "What is 6*7?", tools=[calculator, hostile])
     encoded = tok([prompt], return_tensors="pt")
     rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=len(texts),
                        max_new_tokens=200, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,

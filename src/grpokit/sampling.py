@@ -69,11 +69,12 @@ class Batch:
 
 
 def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_prompt: str | None = None,
-                  chat_template: bool | None = None) -> str:
+                  chat_template: bool | None = None, tools: Sequence[Callable] | None = None) -> str:
     """The text a prompt is sampled from: a plain prompt as is (after ``system_prompt`` on its own line), or
     rendered with the tokenizer's chat template and its generation prompt — always for a list of
     ``{role, content}`` messages, for plain text when ``chat_template`` is True or None and the
-    tokenizer has one."""
+    tokenizer has one. ``tools``: listed by the chat template (JSON schemas from their type hints and
+    Google-style docstrings, in transformers), for a template that knows tools (:mod:`grpokit.tool_templates`)."""
     has_template = getattr(tokenizer, "chat_template", None) is not None
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if isinstance(prompt, list) or (chat_template is not False and has_template):
@@ -81,7 +82,8 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_
             raise ValueError("a prompt is a list of chat messages but the tokenizer has no chat template")
         if system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system_prompt}, *messages]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
+                                             add_generation_prompt=True)
     if chat_template:
         raise ValueError("chat_template is true but the tokenizer has no chat template")
     return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"

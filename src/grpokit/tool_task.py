@@ -23,8 +23,6 @@ import json
 import random
 from typing import Any
 
-import torch
-
 from grpokit.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, TOOL_OPEN, calculator
 
 TASK_VERSION = 1  # bump when prompts, solutions or the tokenizer change: the warm-start cache is keyed by it
@@ -57,7 +55,8 @@ def tool_call_text(a: int, b: int) -> str:
 
 def worked_solution(a: int, b: int, *, use_tool: bool) -> list[tuple[str, bool]]:
     """The solution as ``(text, written_by_the_model)`` pieces: the calculator's result is context, not
-    something the model writes (the warm start's loss skips it, as GRPO's does).
+    something the model writes (the warm start's loss skips it, as GRPO's does:
+    :func:`grpokit.warm_start.supervised_batch`).
 
     >>> "".join(text for text, _ in worked_solution(347, 58, use_tool=False))
     '<think>\\nby hand: 347*58=15476\\n</think>\\n<answer>15476</answer>'
@@ -112,24 +111,3 @@ def corpus_example(rng: random.Random, tool_share: float = TOOL_SHARE) -> tuple[
         a, b = rng.randrange(100, 1000), rng.randrange(10, 100)
         if not _is_held_out(a, b):
             return prompt_text(a, b), worked_solution(a, b, use_tool=rng.random() < tool_share)
-
-
-def supervised_batch(tokenizer: Any, examples: list[tuple[str, list[tuple[str, bool]]]]) -> dict[str, torch.Tensor]:
-    """Right-padded prompt + solution + EOS, with labels on what the model writes (and EOS) only: the prompt
-    and the tool's results are -100."""
-    sequences, labels = [], []
-    for prompt, pieces in examples:
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        label = [-100] * len(ids)
-        for text, written in pieces:
-            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
-            ids, label = ids + piece, label + (piece if written else [-100] * len(piece))
-        sequences.append(ids + [tokenizer.eos_token_id])
-        labels.append(label + [tokenizer.eos_token_id])
-    width = max(map(len, sequences))
-    pad = tokenizer.pad_token_id
-    return {
-        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in sequences]),
-        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences]),
-        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
-    }

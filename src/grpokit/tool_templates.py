@@ -2,10 +2,10 @@
 keeps the plain-text protocol (:class:`grpokit.tools.PlainProtocol`).
 
 A model tuned for tool use has learnt its template's format, so the prompt lists the tools the way the template
-renders them (:func:`render_tool_prompt`) and the rollout reads and answers calls in that format
-(:class:`TemplateProtocol`). Nothing about a model family is written here: the markers are read from the template
-itself, by rendering probe conversations — a user message, an assistant message with one tool call, the tool's
-message, the next generation prompt — and cutting the renders at the probe's known texts:
+renders them (:func:`grpokit.sampling.render_prompt` with ``tools``) and the rollout reads and answers calls in
+that format (:class:`TemplateProtocol`). Nothing about a model family is written here: the markers are read
+from the template itself, by rendering probe conversations — a user message, an assistant message with one tool
+call, the tool's message, the next generation prompt — and cutting the renders at the probe's known texts:
 
 * the call is the JSON object in the assistant's turn holding the probe's name and arguments; the text on its line
   before it is the call's open marker, the text after it up to the end of the assistant's turn (as a plain
@@ -27,12 +27,11 @@ the model's turn and opens its next one, as the template renders a call followed
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpokit.tools import ToolCall, parse_tool_call
 
-__all__ = ["TemplateProtocol", "render_tool_prompt", "supports_tools", "template_protocol"]
+__all__ = ["TemplateProtocol", "supports_tools", "template_protocol"]
 
 # Probe texts: unusual enough never to be part of a template, ASCII so any tokenizer holds them.
 PROBE_NAME = "grpokit_probe_tool"
@@ -94,26 +93,10 @@ def supports_tools(tokenizer: Any) -> bool:
     return False
 
 
-def render_tool_prompt(tokenizer: Any, messages: str | list[dict[str, Any]],
-                       tools: Sequence[Callable | dict[str, Any]], system_prompt: str | None = None) -> str:
-    """The text a prompt is sampled from, the tools listed by the chat template (functions become JSON schemas
-    from their type hints and Google-style docstrings, in transformers) — with ``system_prompt`` first unless
-    the messages have their own, as :func:`grpokit.sampling.render_prompt` does."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("tools in the chat template: the tokenizer has no chat template")
-    messages = messages if isinstance(messages, list) else [{"role": "user", "content": messages}]
-    if system_prompt is not None and messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return tokenizer.apply_chat_template(messages, tools=list(tools) or None, tokenize=False,
-                                         add_generation_prompt=True)
-
-
 class TemplateProtocol:
     """A chat template's tool-call format: a call is one JSON object between ``open`` and ``close``; its result
     comes back wrapped in the template's markup (``before`` + result + ``after``), the markup tokenized with
     special tokens, the tool's text never. Made by :func:`template_protocol`."""
-
-    special_tokens = True  # the markup holds the template's turn markers
 
     def __init__(self, open: str, close: str, before: str, after: str):
         self.open, self.close, self.before, self.after = open, close, before, after

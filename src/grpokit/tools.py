@@ -139,13 +139,14 @@ class PlainProtocol:
     comes back as ``<result>…</result>``. A chat template's own format is another protocol with these members."""
 
     close = TOOL_CLOSE
-    special_tokens = False  # whether a result's text may hold special tokens (a template's turn markers)
 
     def parse(self, text: str) -> ToolCall | None:
         return parse_tool_call(text)
 
-    def result(self, text: str, call: ToolCall) -> str:
-        return f"{RESULT_OPEN}{text}{RESULT_CLOSE}"
+    def result_pieces(self, text: str, call: ToolCall) -> list[tuple[str, bool]]:
+        """What is inserted after a call, as ``(piece, is_markup)``: markup is tokenized with its special tokens
+        (a chat template's turn markers), the rest never (a tool cannot end the completion by returning EOS)."""
+        return [(f"{RESULT_OPEN}{text}{RESULT_CLOSE}", False)]
 
 
 @dataclass
@@ -333,7 +334,10 @@ class ToolSession:
                 stopped[index], logp[index], forced[index] = False, 0.0, True
         cpu = chosen.cpu()
         self.tokens[rows.cpu(), t] = cpu
-        hits = self.box.closing[cpu] & ~(stopped | forced).cpu()
+        closing = self.box.closing
+        if int(cpu.max()) >= len(closing):  # a model's vocabulary padded past the tokenizer's: ids it never decodes
+            closing = torch.cat([closing, closing.new_zeros(int(cpu.max()) + 1 - len(closing))])
+        hits = closing[cpu] & ~(stopped | forced).cpu()
         for k in hits.nonzero().squeeze(1).tolist():
             self._maybe_call(rows_list[k], t)
         return chosen, stopped, logp
@@ -351,16 +355,9 @@ class ToolSession:
         else:
             call = box.protocol.parse(text[: end + len(close)])
         result, failed = run_tool(call, self.tools_of(row), box.timeout)
-        # The tool's text never becomes a special token (it cannot end the completion by returning the EOS text);
-        # a chat template's protocol wraps it in the template's own turn markers, which are.
-        protocol = box.protocol
-        if protocol.special_tokens:
-            ids = []
-            for piece, is_markup in protocol.result_pieces(result, call):
-                ids += box.tokenizer(piece, add_special_tokens=False, split_special_tokens=not is_markup)["input_ids"]
-        else:
-            ids = box.tokenizer(protocol.result(result, call), add_special_tokens=False,
-                                split_special_tokens=True)["input_ids"]
+        ids = []
+        for piece, is_markup in box.protocol.result_pieces(result, call):
+            ids += box.tokenizer(piece, add_special_tokens=False, split_special_tokens=not is_markup)["input_ids"]
         ids = ids[: self.max_new_tokens - t - 1]  # what fits before the completion's budget ends
         if ids:
             self.pending[row] = ids

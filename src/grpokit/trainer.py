@@ -62,7 +62,7 @@ from grpokit.rewards import check_reward_functions, resolve_reward_functions, re
 from grpokit.rollout import PolicyLogprobs, Rollout, sequence_logprobs, stop_token_ids
 from grpokit.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
-from grpokit.tool_templates import TemplateProtocol, render_tool_prompt, template_protocol
+from grpokit.tool_templates import TemplateProtocol, template_protocol
 from grpokit.tools import ToolBox, environment_reward_function, resolve_tools
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
@@ -139,12 +139,9 @@ class GRPOTrainer:
             toolbox = ToolBox(tokenizer, tool_functions, environment_factory=environment_factory,
                               max_calls=config.max_tool_calls, timeout=config.tool_timeout,
                               protocol=template_protocol(tokenizer) if templated else None)
-        if toolbox is not None and isinstance(toolbox.protocol, TemplateProtocol):
-            prompts = [render_tool_prompt(tokenizer, row[config.prompt_column], toolbox.schema_tools(),
-                                          system_prompt=config.system_prompt) for row in rows]
-        else:
-            prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
-                                     chat_template=config.chat_template) for row in rows]
+        listed = toolbox.schema_tools() if toolbox and isinstance(toolbox.protocol, TemplateProtocol) else None
+        prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
+                                 chat_template=config.chat_template, tools=listed) for row in rows]
         check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
                              getattr(self.model.config, "max_position_embeddings", None))
 

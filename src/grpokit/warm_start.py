@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from grpokit import tool_task
 from grpokit.arithmetic import TASK_VERSION, TRAIN_PAIRS, has_carry, prompt_text, worked_solution
 from grpokit.optim import lr_factor
 from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
@@ -45,14 +46,19 @@ def corpus_example(rng: random.Random, forget_carry_rate: float) -> tuple[str, s
     return prompt_text(a, b), worked_solution(a, b, forget_carry=forget)
 
 
-def supervised_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion+EOS ids with labels only on the completion and EOS."""
+def supervised_batch(tokenizer, examples: list[tuple[str, str | list[tuple[str, bool]]]]) -> dict[str, torch.Tensor]:
+    """Right-padded prompt + completion + EOS ids with labels only on the completion and EOS. A completion is its
+    text, or ``(text, written_by_the_model)`` pieces whose other pieces (a tool's results) are context: not
+    labelled, as GRPO's loss leaves them out."""
     sequences, labels = [], []
-    for prompt, completion in pairs:
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        sequences.append(prompt_ids + completion_ids)
-        labels.append([-100] * len(prompt_ids) + completion_ids)
+    for prompt, completion in examples:
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        label = [-100] * len(ids)
+        for text, written in [(completion, True)] if isinstance(completion, str) else completion:
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids, label = ids + piece, label + (piece if written else [-100] * len(piece))
+        sequences.append(ids + [tokenizer.eos_token_id])
+        labels.append(label + [tokenizer.eos_token_id])
     width = max(map(len, sequences))
     pad = tokenizer.pad_token_id
     return {
@@ -69,13 +75,12 @@ def arithmetic_batch(tokenizer, rng: random.Random, spec: WarmStartSpec) -> dict
 
 def tools_batch(tokenizer, rng: random.Random, spec: WarmStartSpec) -> dict[str, torch.Tensor]:
     """A batch of the tools task's corpus (:mod:`grpokit.tool_task`): a minority of calculator calls."""
-    from grpokit import tool_task
-
-    return tool_task.supervised_batch(tokenizer, [tool_task.corpus_example(rng) for _ in range(spec.batch_size)])
+    return supervised_batch(tokenizer, [tool_task.corpus_example(rng) for _ in range(spec.batch_size)])
 
 
 # task → (its batches, its version, whether its tokenizer has the tool tags, its model's positions)
-TASKS = {"arithmetic": (arithmetic_batch, TASK_VERSION, False, 128), "tools": (tools_batch, 1, True, 160)}
+TASKS = {"arithmetic": (arithmetic_batch, TASK_VERSION, False, 128),
+         "tools": (tools_batch, tool_task.TASK_VERSION, True, 160)}
 
 
 def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool = True,
