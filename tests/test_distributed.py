@@ -358,3 +358,32 @@ def test_the_ddp_training_pass_takes_the_chunked_head(tmp_path, fast):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     run_to_success([*torchrun(1), str(script), fast], env, timeout=300)
+
+
+TOOLS_SCRIPT = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(TESTS)!r})
+    import torch
+    torch.set_num_threads(1)
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from test_tool_rollout import ROWS, SPEC
+
+    tokenizer = build_tokenizer(tool_tags=True)
+    config = GRPOConfig(output_dir=sys.argv[1], prompts_per_step=4, num_generations=4, max_completion_length=40,
+                        max_steps=2, learning_rate=1e-3, progress_bar=False, tools=["calculator"])
+    GRPOTrainer(config, model=build_model(tokenizer, SPEC, seed=0), tokenizer=tokenizer, train_dataset=ROWS).train()
+""")
+
+
+def test_two_processes_train_with_real_tool_calls(tmp_path):
+    """Real sampling and real tool sessions on each process (the runs above fake the rollouts): the calls of
+    both processes reach the metrics."""
+    script = tmp_path / "tools.py"
+    script.write_text(TOOLS_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    run_to_success([*torchrun(2), str(script), str(tmp_path / "run")], env)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and sum(m["tool_calls"] for m in metrics) > 0
+    assert all(m["tool_errors"] <= m["tool_calls"] for m in metrics)
