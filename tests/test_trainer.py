@@ -201,3 +201,11 @@ def test_bad_reward_function_stops_with_its_name(tokenizer, tiny_model, tmp_path
 def test_duplicate_reward_names_refused(tokenizer, tiny_model, tmp_path):
     with pytest.raises(ValueError, match="names must be unique"):
         make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(ones, ones))
+
+
+def test_progress_bar_false_silences_transformers_bars_too(tokenizer, tiny_model, tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    make_trainer(tokenizer, tiny_model, tmp_path, max_steps=1, progress_bar=False).train()
+    assert "Writing model shards" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # as it was before the run

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import random
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,31 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but CUDA is not available here; use 'auto' or 'cpu'")
     return device
+
+
+@contextlib.contextmanager
+def transformers_progress_bars(enabled: bool) -> Iterator[None]:
+    """transformers' own progress bars (loading weights, "Writing model shards") on or off within the block."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def follows_progress_bar(train: Callable[..., Any]) -> Callable[..., Any]:
+    """A trainer's ``train`` with transformers' bars as its ``config.progress_bar`` says: ``progress_bar: false``
+    silences the checkpoints' "Writing model shards" too."""
+
+    @functools.wraps(train)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with transformers_progress_bars(self.config.progress_bar):
+            return train(self, *args, **kwargs)
+
+    return wrapped
 
 
 def keep_freed_memory() -> bool:

@@ -40,6 +40,7 @@ from grpokit.models import (
     DTYPES,
     autocast,
     describe_precision,
+    follows_progress_bar,
     model_directory,
     resolve_device,
     resolve_precision,
@@ -388,6 +389,7 @@ class RewardTrainer:
         self.model.train(was_training)
         return {"eval_loss": loss, "eval_accuracy": accuracy}
 
+    @follows_progress_bar
     def train(self) -> list[dict[str, float]]:
         """Run to the last step (from the checkpoint when ``config.resume`` is set), writing a checkpoint
         every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the reward model to

@@ -41,6 +41,7 @@ from grpokit.data import DataError, check_columns, load_rows
 from grpokit.models import (
     autocast,
     describe_precision,
+    follows_progress_bar,
     is_lora,
     load_model_and_tokenizer,
     resolve_device,
@@ -370,6 +371,7 @@ class SFTTrainer:
     def save_checkpoint(self) -> Path:
         return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints)
 
+    @follows_progress_bar
     def train(self) -> list[dict[str, float]]:
         """Run to the last step (from the checkpoint when ``config.resume`` is set), writing a checkpoint
         every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model to

@@ -47,6 +47,7 @@ from grpokit.models import (
     autocast,
     build_reference,
     describe_precision,
+    follows_progress_bar,
     keep_freed_memory,
     load_model_and_tokenizer,
     resolve_device,
@@ -350,6 +351,7 @@ class GRPOTrainer:
         """Write a checkpoint of this step under ``output_dir/checkpoints`` (every process calls it)."""
         return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints, self.world)
 
+    @follows_progress_bar
     def train(self) -> list[dict[str, float]]:
         """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint
         every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model and tokenizer
