@@ -206,6 +206,7 @@ def test_duplicate_reward_names_refused(tokenizer, tiny_model, tmp_path):
 def test_progress_bar_false_silences_transformers_bars_too(tokenizer, tiny_model, tmp_path, capfd):
     from transformers.utils import logging as hf_logging
 
+    hf_logging.enable_progress_bar()
     make_trainer(tokenizer, tiny_model, tmp_path, max_steps=1, progress_bar=False).train()
     assert "Writing model shards" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled()  # as it was before the run
