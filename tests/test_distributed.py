@@ -321,7 +321,8 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
     from grpokit import rollout
     from grpokit.tiny_model import build_model, build_tokenizer
 
-    fast = sys.argv[1] == "fast"
+    mode = sys.argv[1]
+    fast = mode == "fast"
     torch.manual_seed(0)
     model = build_model(build_tokenizer(), TINY, seed=0)
     prompt_ids = torch.randint(3, 60, (3, 5))
@@ -337,21 +338,28 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
 
     rollout._full_logprobs = refuse
     dist.init_process_group("gloo")
-    ddp = DistributedDataParallel(rollout.PolicyLogprobs(model, fast=fast))
-    logp, entropy = ddp(*sequences, with_entropy=True)
+    if mode == "fsdp":  # sharded in place: the pass runs the model's own forward (which gathers), head aside
+        from torch.distributed.fsdp import fully_shard
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        logp, entropy = rollout.PolicyLogprobs(model, fast=False)(*sequences, with_entropy=True)
+    else:
+        ddp = DistributedDataParallel(rollout.PolicyLogprobs(model, fast=fast))
+        logp, entropy = ddp(*sequences, with_entropy=True)
     logp.sum().backward()
     assert entropy is not None and entropy.shape == completion_mask.shape
-    grads = torch.nn.utils.parameters_to_vector([p.grad for p in model.parameters()])
-    torch.testing.assert_close(grads, plain, rtol=1e-5, atol=1e-6)
-    del ddp
+    grads = [p.grad.full_tensor() if mode == "fsdp" else p.grad for p in model.parameters()]
+    torch.testing.assert_close(torch.nn.utils.parameters_to_vector(grads), plain, rtol=1e-5, atol=1e-6)
     dist.destroy_process_group()
 """)
 
 
-@pytest.mark.parametrize("fast", ["fast", "base"])
+@pytest.mark.parametrize("fast", ["fast", "base", "fsdp"])
 def test_the_ddp_training_pass_takes_the_chunked_head(tmp_path, fast):
     """DDP wraps PolicyLogprobs: its forward runs the fast path (or the base model) and the LM head in chunks,
-    never the (tokens × vocabulary) logits, with the gradients of the plain pass. In a process of its own, as
+    never the (tokens × vocabulary) logits, with the gradients of the plain pass; so does an FSDP-sharded model
+    (its own forward, which gathers the parameters, returning the hidden states). In a process of its own, as
     every process group in this suite: one left in pytest's process can outlive its test and hang a later one."""
     script = tmp_path / "chunked_head.py"
     script.write_text(CHUNKED_HEAD_SCRIPT)

@@ -398,10 +398,14 @@ def sequence_logprobs(
                                     checkpoint_layers)  # (K, H)
     elif reason is None:
         width = completion_ids.shape[1]
+        inputs = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
         with checkpointed_layers(model, checkpoint_layers):
-            outputs = unwrap_peft(model).base_model(
-                **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False)
-        hidden = outputs.last_hidden_state[:, -(width + 1):-1][mask]  # (K, H): the states that predicted each token
+            if is_sharded(model):  # FSDP gathers the parameters in the model's own forward: run it, head aside
+                with head_returns_hidden_states(model):
+                    states = model(**inputs, use_cache=False, logits_to_keep=width + 1).logits
+            else:
+                states = unwrap_peft(model).base_model(**inputs, use_cache=False).last_hidden_state
+        hidden = states[:, -(width + 1):-1][mask]  # (K, H): the states that predicted each token
     else:
         with checkpointed_layers(model, checkpoint_layers):
             return _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
@@ -480,8 +484,8 @@ def full_logits_reason(model: torch.nn.Module, chunk_mb: float, fast: bool) -> s
     or on the final hidden states of its base model; otherwise why it computes the full logits instead."""
     if not chunk_mb:
         return "logprob_chunk_mb is 0"
-    if is_sharded(model) or isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return "a DDP or FSDP module, whose own forward must run (its gradient sync and parameter gathering)"
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "a DDP module, whose own forward must run (its gradient sync): wrap PolicyLogprobs instead"
     inner = unwrap_peft(model)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if type(head) is not torch.nn.Linear:  # exactly: a LoRA or quantised head computes something else
@@ -493,9 +497,23 @@ def full_logits_reason(model: torch.nn.Module, chunk_mb: float, fast: bool) -> s
     model_type = getattr(getattr(inner, "config", None), "model_type", None)
     if model_type not in PLAIN_HEAD_MODELS:
         return f"model_type {model_type!r} is not one of {PLAIN_HEAD_MODELS}"
-    if any(m._forward_hooks or m._forward_pre_hooks for m in (model, inner)):
-        return "forward hooks on the model"
+    if not is_sharded(model) and any(m._forward_hooks or m._forward_pre_hooks for m in (model, inner)):
+        return "forward hooks on the model"  # (an FSDP model's are FSDP's, and its own forward runs them)
     return None
+
+
+@contextlib.contextmanager
+def head_returns_hidden_states(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block the model's own forward returns, as its ``logits``, the final hidden states the LM head
+    would read: an FSDP-sharded model gathers its parameters in that forward, and as the root it keeps them
+    gathered until backward, so the head can then run in chunks on its (gathered) weight."""
+    inner = unwrap_peft(model)
+    head = inner.get_output_embeddings()
+    inner.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield
+    finally:
+        inner.set_output_embeddings(head)
 
 
 def _full_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,

@@ -151,8 +151,8 @@ class GRPOTrainer:
         self.critic = Critic(self.model, config, self.world, self.device) if config.algorithm == "ppo" else None
         # The policy's training passes are a module (PolicyLogprobs: the fast path, the LM head in chunks) that
         # DDP wraps with several processes, its gradient sync hooked in as in any forward. FSDP2 shards the model
-        # in place and must gather its parameters in the model's own forward: there the pass takes it, and the
-        # full logits (sampling and the frozen passes keep the fast path).
+        # in place and must gather its parameters in the model's own forward: there the pass takes it, its LM head
+        # set aside and run in chunks after it (sequence_logprobs; sampling and the frozen passes keep the fast path).
         fsdp = self.world.distributed and config.parallelism == "fsdp"
         policy_pass = PolicyLogprobs(self.model, temperature=config.temperature, fast=config.fast_path and not fsdp,
                                      chunk_mb=config.logprob_chunk_mb, checkpoint_layers=config.gradient_checkpointing)
