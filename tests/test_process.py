@@ -12,8 +12,8 @@ from transformers import PreTrainedTokenizerFast
 
 from grpokit import group_advantages, process_advantages
 from grpokit.arithmetic import arithmetic_steps_reward, worked_solution
+from grpokit.offsets import step_token_ends
 from grpokit.rewards import RewardError, accuracy_reward, score_completions, score_steps
-from grpokit.rollout import step_token_ends
 
 EPS = 1e-4
 

@@ -23,9 +23,10 @@ from grpokit.config import GRPOConfig
 from grpokit.distributed import SINGLE, World, gather
 from grpokit.models import autocast
 from grpokit.objective import process_advantages
+from grpokit.offsets import step_token_ends
 from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards import TrainerState, reward_name, score_completions, score_steps
-from grpokit.rollout import Rollout, generate, step_token_ends
+from grpokit.rollout import Rollout, generate
 from grpokit.tools import ToolBox, ToolUse, tool_messages
 
 
