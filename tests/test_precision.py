@@ -125,3 +125,34 @@ def test_an_explicit_setting_reaches_the_passes_whatever_the_cpu(monkeypatch, to
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="no", max_steps=1,
                            device="cpu")
     assert trainer.mixed_precision == "no" and trainer.sampler.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
+def test_a_bf16_run_stores_the_references_linear_layers_in_bf16_and_computes_the_same(name):
+    """Under bf16 autocast a linear layer computes with its weight cast to bfloat16: stored so, the reference
+    gives the very same log-probs, on the fast path and through the model's own forward."""
+    from grpokit.models import build_reference
+    from grpokit.rollout import sequence_logprobs
+    from grpokit.tiny_model import build_tokenizer
+    from test_llama_family import models
+
+    policy = models(build_tokenizer())[name].eval()
+    stored = build_reference(policy, 0.04, "bf16").model
+    linear = [m for m in stored.modules() if type(m) is torch.nn.Linear and m is not stored.get_output_embeddings()]
+    assert linear and all(m.weight.dtype == torch.bfloat16 for m in linear)
+    assert stored.get_output_embeddings().weight.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in build_reference(policy, 0.04, "no").model.parameters())
+    prompts, completions = torch.randint(3, 60, (3, 5)), torch.randint(3, 60, (3, 7))
+    batch = (prompts, torch.ones_like(prompts), completions, torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] + [0] * 6]))
+    for fast in (True, False):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(sequence_logprobs(policy, *batch, fast=fast)[0],
+                               sequence_logprobs(stored, *batch, fast=fast)[0]), fast
+
+
+def test_a_bf16_runs_kl_is_zero_at_its_first_step(tokenizer, tiny_model, tmp_path):
+    """The reference stored in bfloat16 computes what the (float32) policy computes under autocast: no KL
+    before the policy has moved."""
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=1, mixed_precision="bf16", beta=0.04)
+    assert any(p.dtype == torch.bfloat16 for p in trainer.reference.model.parameters())
+    assert trainer.train()[0]["kl"] == 0.0

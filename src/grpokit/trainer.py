@@ -147,7 +147,7 @@ class GRPOTrainer:
                              getattr(self.model.config, "max_position_embeddings", None))
 
         # Copies of the starting policy are taken before it is sharded: π_ref, and PPO's value model.
-        self.reference = build_reference(self.model, config.beta)
+        self.reference = build_reference(self.model, config.beta, self.mixed_precision)
         self.critic = Critic(self.model, config, self.world, self.device) if config.algorithm == "ppo" else None
         # The policy's training passes are a module (PolicyLogprobs: the fast path, the LM head in chunks) that
         # DDP wraps with several processes, its gradient sync hooked in as in any forward. FSDP2 shards the model
