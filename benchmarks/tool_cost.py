@@ -2,11 +2,12 @@
 
     python benchmarks/tool_cost.py --out benchmarks/results/tool_cost.json
 
-The model is the tools demo's (seed 0): warm-started, and with ``--model DIR`` any other (e.g. the demo's trained
-``runs/demo-tools/model``, which calls far more often). Both settings decode the same prompts with the same
-sampling stream; "off" means the same model with no tools, so a completion that writes a call just goes on
-writing. Timings alternate on/off, ``--repeats`` times each, and report medians: per decode step, per token
-(inserted result tokens included, as the model reads them), and per GRPO step. Run it alone.
+The model is the tools demo's (seed 0): warm-started, and with ``--model DIR`` any other (e.g. the trained
+``runs/demo-tools/model`` that ``grpokit demo --task tools --seed 0`` leaves, which calls far more often).
+Both settings decode the same prompts with the same sampling stream; "off" means the same model with no tools,
+so a completion that writes a call just goes on writing. Timings alternate on/off, ``--repeats`` times each,
+and report medians: per decode step, per token (inserted result tokens included, as the model reads them), and
+per GRPO step. Run it alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from grpokit.demo import TOOLS_CONFIG
 from grpokit.models import load_model_and_tokenizer
 from grpokit.rollout import generate, stop_token_ids
 from grpokit.tool_task import train_rows
-from grpokit.tools import ToolBox, calculator
+from grpokit.tools import ToolBox, resolve_tools
 from grpokit.warm_start import warm_started_model_path
 
 
@@ -75,7 +76,8 @@ def main() -> None:
     model_dir = args.model or str(warm_started_model_path(seed=0, progress=False, task="tools"))
     model, tokenizer = load_model_and_tokenizer(model_dir, progress=False)
     model.eval()
-    toolbox = ToolBox(tokenizer, [calculator], max_calls=TOOLS_CONFIG["max_tool_calls"])
+    tools, _ = resolve_tools(None, TOOLS_CONFIG["tools"])
+    toolbox = ToolBox(tokenizer, tools, max_calls=TOOLS_CONFIG["max_tool_calls"])
     rows = train_rows(TOOLS_CONFIG["prompts_per_step"], seed=7)
     g, width = TOOLS_CONFIG["num_generations"], TOOLS_CONFIG["max_completion_length"]
 

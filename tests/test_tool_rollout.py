@@ -239,6 +239,7 @@ def test_the_loss_mask_drops_exactly_the_inserted_tokens(tok, tmp_path, monkeypa
     monkeypatch.setattr(trainer_module, "grpo_loss", spy)
     trainer = trainer_for(tok, tmp_path)
     batch, _, _ = trainer.sampler.sample(trainer.model)
+    assert batch.rollout.tool_mask.sum() > 0  # else the model mask is the completion mask and this shows nothing
     trainer.sampler.sample = lambda model, step=0: (batch, batch, {})
     trainer.training_step()
     assert torch.equal(torch.cat(seen), batch.rollout.model_mask)

@@ -26,7 +26,7 @@ from grpokit.data import BUILTIN, BUILTIN_TOOLS
 from grpokit.evaluate import evaluate, summarize
 from grpokit.models import load_model_and_tokenizer
 from grpokit.rollout import generate, stop_token_ids
-from grpokit.tools import ToolBox, calculator
+from grpokit.tools import ToolBox, resolve_tools
 from grpokit.trainer import GRPOTrainer
 from grpokit.warm_start import warm_started_model_path
 
@@ -46,26 +46,25 @@ def recipe(name: str) -> dict[str, Any]:
 DEMO_CONFIG: dict[str, Any] = {k: v for k, v in recipe("arithmetic").items() if k not in _RUN_KEYS}
 TOOLS_CONFIG: dict[str, Any] = {k: v for k, v in recipe("tools").items() if k not in _RUN_KEYS}
 
-# task → its settings, its dataset, and the table's rows: (subset, key, label, in % or as a number)
+# task → the rows of its before/after table: (subset, key, label, in % or as a number)
+_ACCURACY = [("all", "greedy_correct", "accuracy, greedy", True),
+             ("all", "sampled_correct", "accuracy, sampled (T=1)", True)]
+_FORMAT = [("all", "greedy_format", "format rate, greedy", True),
+           ("all", "sampled_format", "format rate, sampled (T=1)", True)]
 TABLES = {
     "arithmetic": [
-        ("all", "greedy_correct", "accuracy, greedy", True),
-        ("all", "sampled_correct", "accuracy, sampled (T=1)", True),
-        ("all", "greedy_format", "format rate, greedy", True),
-        ("all", "sampled_format", "format rate, sampled (T=1)", True),
+        *_ACCURACY, *_FORMAT,
         ("carry", "greedy_correct", "carry class: accuracy, greedy", True),
         ("carry", "sampled_correct", "carry class: accuracy, sampled", True),
         ("no_carry", "greedy_correct", "no-carry class: accuracy, greedy", True),
     ],
     "tools": [
-        ("all", "greedy_correct", "accuracy, greedy", True),
-        ("all", "sampled_correct", "accuracy, sampled (T=1)", True),
+        *_ACCURACY,
         ("all", "greedy_tool_rate", "tool-call rate, greedy", True),
         ("all", "sampled_tool_rate", "tool-call rate, sampled", True),
         ("all", "sampled_tool_calls", "calls per completion, sampled", False),
         ("all", "sampled_tool_errors", "tool errors per completion, sampled", False),
-        ("all", "greedy_format", "format rate, greedy", True),
-        ("all", "sampled_format", "format rate, sampled (T=1)", True),
+        *_FORMAT,
     ],
 }
 
@@ -125,7 +124,7 @@ def run_demo(
     toolbox = None
     if task == "tools":
         rows, classes = tool_task.held_out_rows(eval_prompts), {}
-        toolbox = ToolBox(tokenizer, [calculator], max_calls=settings["max_tool_calls"])
+        toolbox = ToolBox(tokenizer, resolve_tools(None, settings["tools"])[0], max_calls=settings["max_tool_calls"])
     else:
         rows = held_out_rows(eval_prompts)
         carry = [row["carry"] for row in rows]
