@@ -102,9 +102,9 @@ def test_the_trainer_runs_every_pass_at_the_resolved_precision(monkeypatch, toke
     used = []
     real = grpokit.models.autocast
 
-    def spy(mixed_precision, device):
+    def spy(mixed_precision, device, **kwargs):
         used.append(mixed_precision)
-        return real(mixed_precision, device)
+        return real(mixed_precision, device, **kwargs)
 
     monkeypatch.setattr(grpokit.trainer, "autocast", spy)
     monkeypatch.setattr(grpokit.sampling, "autocast", spy)
@@ -118,6 +118,20 @@ def test_the_trainer_runs_every_pass_at_the_resolved_precision(monkeypatch, toke
     assert written.startswith(f"# mixed_precision: auto -> {expected}")
     assert yaml.safe_load(written)["mixed_precision"] == "auto"
     assert trainer.state_dict()["config"]["mixed_precision"] == "auto"
+
+
+def test_only_sampling_keeps_autocasts_weight_copies(tokenizer, tiny_model, tmp_path):
+    """Decoding reads every weight once per token, so sampling keeps autocast's bfloat16 copies for its
+    whole context; the training and frozen passes read each once, and keeping them would hold a second
+    (bfloat16) model until the pass ends, with activation checkpointing too."""
+    seen = set()
+    tiny_model.model.embed_tokens.register_forward_pre_hook(
+        lambda *_: seen.add((torch.is_grad_enabled(), torch.is_autocast_cache_enabled())))
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="bf16", max_steps=1,
+                           num_iterations=2, gradient_checkpointing=True)  # μ = 2: the π_old pass runs too
+    trainer.train()
+    # the update (with gradient, cache off), π_ref and π_old (cache off), sampling (cache on)
+    assert seen == {(True, False), (False, False), (False, True)}
 
 
 def test_an_explicit_setting_reaches_the_passes_whatever_the_cpu(monkeypatch, tokenizer, tiny_model, tmp_path):

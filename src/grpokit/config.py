@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import yaml
 
 from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB
 from grpokit.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
+from grpokit.optim import OPTIMIZER_HELP, OPTIMIZERS
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
 
@@ -46,6 +48,8 @@ class _Config:
             value = _coerce(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)
             _check_bounds(f.name, value, f.metadata)
+        if getattr(self, "optimizer", None) == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("optimizer: adamw_8bit needs bitsandbytes: pip install 'grpokit[8bit]'")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> typing.Self:
@@ -71,6 +75,8 @@ class _Config:
 
 @dataclass
 class GRPOConfig(_Config):
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = {"optim": "optimizer ('adamw', or 'adamw_8bit' for TRL's 'adamw_8bit')"}
+
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
         "builtin:arithmetic",
@@ -249,6 +255,7 @@ class GRPOConfig(_Config):
     weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
     adam_beta1: float = _field(0.9, "AdamW β1, the decay of the gradient's running mean.", min=0, lt=1)
     adam_beta2: float = _field(0.99, "AdamW β2, the decay of the squared gradient's running mean.", min=0, lt=1)
+    optimizer: str = _field("adamw", OPTIMIZER_HELP, choices=OPTIMIZERS)
     max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
     micro_batch_size: int = _field(
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
@@ -360,6 +367,9 @@ class GRPOConfig(_Config):
         if self.lora_rank and self.algorithm == "ppo":
             raise ConfigError("lora_rank with algorithm: ppo is not supported yet: the value model copies the full "
                               "policy; use GRPO, or lora_rank: 0")
+        if self.parallelism == "fsdp" and self.optimizer == "adamw_8bit":
+            raise ConfigError("optimizer: adamw_8bit with parallelism: fsdp is not supported (bitsandbytes does not "
+                              "step sharded parameters); use ddp, or optimizer: adamw")
         if self.parallelism == "fsdp" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
                               "sharded passes; use ddp")
@@ -522,6 +532,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 TRL_SFT_NAMES = {
     "num_train_epochs": "epochs", "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "batch_size (sequences per optimizer step = micro_batch_size × accumulation)",
+    "optim": "optimizer ('adamw', or 'adamw_8bit' for TRL's 'adamw_8bit')",
     "max_seq_length": "max_length", "save_steps": "save_every", "save_total_limit": "keep_checkpoints",
     "eval_steps": "eval_every", "lr_scheduler_type": "lr_schedule", "model_name_or_path": "model",
     "dataset_text_field": "prompt_column and completion_column", "resume_from_checkpoint": "resume",
@@ -599,6 +610,7 @@ class SFTConfig(_Config):
     weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
     adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
     adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
+    optimizer: str = _field("adamw", OPTIMIZER_HELP, choices=OPTIMIZERS)
     max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
     mixed_precision: str = _field(
         "auto", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
@@ -741,6 +753,7 @@ class RewardConfig(_Config):
     weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
     adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
     adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
+    optimizer: str = _field("adamw", OPTIMIZER_HELP, choices=OPTIMIZERS)
     max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
     mixed_precision: str = _field(
         "auto", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "

@@ -140,13 +140,16 @@ def describe_precision(setting: str, device: torch.device, cpuinfo: str | Path =
     return f"mixed_precision: {setting} (as set; {hardware})"
 
 
-def autocast(mixed_precision: str, device: torch.device):
+def autocast(mixed_precision: str, device: torch.device, *, cache: bool = True):
     """The autocast context for a resolved ``mixed_precision`` ('no' or 'bf16', :func:`resolve_precision`)
-    on ``device``."""
+    on ``device``. ``cache``: keep each weight's bfloat16 copy until the context exits, which saves casts
+    when a pass reads a weight many times (decoding through the model's own forward, token after token);
+    a training pass reads each once, and with activation checkpointing the copies would otherwise pile up
+    (the whole model's again, in bfloat16) until the forward ends."""
     if mixed_precision not in ("no", "bf16"):
         raise ValueError(f"autocast takes a resolved mixed_precision ('no' or 'bf16'), got {mixed_precision!r}; "
                          "see models.resolve_precision")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16", cache_enabled=cache)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -317,7 +317,7 @@ class RewardTrainer:
         process model, at each example's step tokens, concatenated."""
         sequences = [ids for e in examples for ids in e.sequences]
         input_ids, mask = right_pad(sequences, self.pad_id)
-        with autocast(self.mixed_precision, self.device):
+        with autocast(self.mixed_precision, self.device, cache=False):
             logits = model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
         logits = logits.float()[..., 0]
         if self.form != "steps":

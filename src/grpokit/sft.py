@@ -273,7 +273,7 @@ class SFTTrainer:
     def completion_nll(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
         """Σ −log π(token) over the rollout's completion tokens (a scalar, float32)."""
         rollout = trim(rollout)
-        with autocast(self.mixed_precision, self.device):
+        with autocast(self.mixed_precision, self.device, cache=False):
             logp, _ = sequence_logprobs(model, *rollout.sequences(), fast=self.config.fast_path,
                                         checkpoint_layers=self.config.gradient_checkpointing)  # (N, T)
         return -(logp * rollout.completion_mask).sum()

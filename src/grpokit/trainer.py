@@ -230,7 +230,7 @@ class GRPOTrainer:
         """The clipped surrogate on a micro-batch (``grpo_loss``), with the policy's entropy on the first
         pass. PPO's KL is in its per-token reward (``ppo.token_rewards``), so its loss has no KL term."""
         config = self.config
-        with autocast(self.mixed_precision, self.device):
+        with autocast(self.mixed_precision, self.device, cache=False):  # a weight's copy lives while a pass needs it
             logp, entropy = model(*batch.rollout.sequences(), with_entropy=first_pass)  # PolicyLogprobs (in DDP)
         loss, stats = grpo_loss(
             logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.loss_mask,
@@ -251,7 +251,7 @@ class GRPOTrainer:
         model.eval()
         chunks = []
         for micro in rollout.split(self.config.micro_batch_size):
-            with autocast(self.mixed_precision, self.device):
+            with autocast(self.mixed_precision, self.device, cache=False):
                 chunks.append(sequence_logprobs(model, *micro.sequences(), temperature=self.config.temperature,
                                                 fast=self.config.fast_path, chunk_mb=self.config.logprob_chunk_mb)[0])
         model.train(was_training)
