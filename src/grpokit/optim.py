@@ -62,7 +62,7 @@ def adamw_8bit(model: nn.Module, params: list[nn.Parameter], **settings: Any) ->
     Quantization"): each moment stored in 8 bits per value, with one float32 scale per block of 256 (its
     tensors under 4,096 values keep float32 moments). The weights of ``model``'s embeddings keep float32
     moments, as bitsandbytes' own StableEmbedding has them: quantising them is the unstable case the
-    paper names, and it keeps the CPU step's float32 scratch to one small layer's size."""
+    paper names."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     return _adamw_8bit_class()(params, float32_moments=embeddings, **settings)
 
