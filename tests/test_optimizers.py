@@ -85,7 +85,8 @@ def test_sft_takes_it(tiny_model_dir, tmp_path):
 
 def test_without_bitsandbytes_the_error_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     with pytest.raises(ConfigError, match=r"adamw_8bit needs bitsandbytes: pip install 'grpokit\[8bit\]'"):
         GRPOConfig(optimizer="adamw_8bit")
 

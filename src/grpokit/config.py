@@ -24,6 +24,7 @@ from grpokit.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 from grpokit.optim import OPTIMIZER_HELP, OPTIMIZERS
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
+TRL_OPTIM = "optimizer ('adamw', or 'adamw_8bit' for TRL's 'adamw_8bit')"  # what TRL's `optim` is here
 
 
 class ConfigError(ValueError):
@@ -75,7 +76,7 @@ class _Config:
 
 @dataclass
 class GRPOConfig(_Config):
-    TRL_NAMES: typing.ClassVar[dict[str, str]] = {"optim": "optimizer ('adamw', or 'adamw_8bit' for TRL's 'adamw_8bit')"}
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = {"optim": TRL_OPTIM}
 
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
@@ -532,7 +533,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 TRL_SFT_NAMES = {
     "num_train_epochs": "epochs", "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "batch_size (sequences per optimizer step = micro_batch_size × accumulation)",
-    "optim": "optimizer ('adamw', or 'adamw_8bit' for TRL's 'adamw_8bit')",
+    "optim": TRL_OPTIM,
     "max_seq_length": "max_length", "save_steps": "save_every", "save_total_limit": "keep_checkpoints",
     "eval_steps": "eval_every", "lr_scheduler_type": "lr_schedule", "model_name_or_path": "model",
     "dataset_text_field": "prompt_column and completion_column", "resume_from_checkpoint": "resume",
