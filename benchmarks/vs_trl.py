@@ -228,6 +228,23 @@ def trl_worker(job: dict) -> dict:
     }
 
 
+def grpokit_settings(config_name: str, mode: str, model: str, output_dir: str, max_steps: int,
+                     overrides: dict | None = None) -> dict:
+    """grpokit's side of the comparison as ``GRPOConfig`` values (the tools in benchmarks/dev/ build theirs
+    here too), ``overrides`` applied last."""
+    _, prompts, new_tokens = CONFIGS[config_name]
+    return {
+        "model": model, "output_dir": output_dir, "prompts_per_step": prompts, "num_generations": G,
+        "max_completion_length": new_tokens, "temperature": 1.0, "top_p": 1.0, "beta": BETA,
+        "learning_rate": LR, "aggregation": "token", "micro_batch_size": prompts * G, "seed": 0,
+        "max_steps": max_steps, "progress_bar": False, "log_completions": 0,
+        "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
+        "chat_template": False,  # TRL renders text prompts as they are (SmolLM2's tokenizer has a template)
+        "mixed_precision": "bf16" if mode == "bf16" else "no",  # as the mode says, on any CPU
+        **(overrides or {}),
+    }
+
+
 def grpokit_worker(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -238,17 +255,10 @@ def grpokit_worker(job: dict) -> dict:
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
-    _, prompts, new_tokens = CONFIGS[job["config"]]
-    config = GRPOConfig.from_dict({
-        "model": job["model"], "output_dir": job["out"], "prompts_per_step": prompts, "num_generations": G,
-        "max_completion_length": new_tokens, "temperature": 1.0, "top_p": 1.0, "beta": BETA,
-        "learning_rate": LR, "aggregation": "token", "micro_batch_size": prompts * G, "seed": 0,
-        "max_steps": job["warmup"] + job["steps"], "progress_bar": False, "log_completions": 0,
-        "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
-        "chat_template": False,  # TRL renders text prompts as they are (SmolLM2's tokenizer has a template)
-        "mixed_precision": "bf16" if job["mode"] == "bf16" else "no",  # as the mode says, on any CPU
-        **job.get("overrides", {}),  # benchmarks/dev/ab_steps.py's --base-set / --tree-set
-    })
+    config = GRPOConfig.from_dict(grpokit_settings(
+        job["config"], job["mode"], job["model"], job["out"], job["warmup"] + job["steps"],
+        job.get("overrides"),  # --variant, and benchmarks/dev/ab_steps.py's --base-set / --tree-set
+    ))
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())
     lengths, prompt_lengths = [], []
     real_sample = trainer.sampler.sample

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: vs_trl.py, common.py
-from vs_trl import BETA, CONFIGS, LR, G, build, rows  # noqa: E402
+from vs_trl import CONFIGS, build, grpokit_settings, rows  # noqa: E402
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -86,16 +86,9 @@ def main() -> None:
         directory = str(build(args.config, Path(scratch) / "model"))
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        _, prompts, new_tokens = CONFIGS[args.config]
         overrides = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.overrides)}
-        config = GRPOConfig.from_dict({
-            "model": directory, "output_dir": str(Path(scratch) / "run"), "prompts_per_step": prompts,
-            "num_generations": G, "max_completion_length": new_tokens, "temperature": 1.0, "top_p": 1.0,
-            "beta": BETA, "learning_rate": LR, "aggregation": "token", "micro_batch_size": prompts * G, "seed": 0,
-            "max_steps": args.steps, "progress_bar": False, "log_completions": 0,
-            "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
-            "chat_template": False, "mixed_precision": "bf16" if args.mode == "bf16" else "no", **overrides,
-        })
+        config = GRPOConfig.from_dict(grpokit_settings(args.config, args.mode, directory, str(Path(scratch) / "run"),
+                                                       args.steps, overrides))
         trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())
         as_phase(trainer.sampler, "sample", "sample")
         as_phase(trainer, "reference_logprobs", "reference")
