@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
 from common import export_source  # noqa: E402
-from vs_trl import CONFIGS, PROMPTS, G, build, rows  # noqa: E402
+from vs_trl import CONFIGS, G, build, rows  # noqa: E402
 
 
 def export_base(revision: str, into: Path) -> None:
@@ -72,14 +72,14 @@ def compare(args: argparse.Namespace, model_dir: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    prompts = tokenizer([r["prompt"] for r in rows()[:PROMPTS]], return_tensors="pt", padding=True,
+    prompts = tokenizer([r["prompt"] for r in rows()[:CONFIGS[args.config][1]]], return_tensors="pt", padding=True,
                         padding_side="left")
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.mode == "bf16")
 
     def rollout(version, seed: int = 0):
         with autocast:
             return version.generate(model, prompts["input_ids"], prompts["attention_mask"], num_generations=G,
-                                    max_new_tokens=CONFIGS[args.config][1], eos_token_id=tokenizer.eos_token_id,
+                                    max_new_tokens=CONFIGS[args.config][2], eos_token_id=tokenizer.eos_token_id,
                                     pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
 
     fixed = rollout(new)

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
-from vs_trl import BETA, CONFIGS, PROMPTS, G, build, rows  # noqa: E402
+from vs_trl import CONFIGS, build, grpokit_settings, rows  # noqa: E402
 
 
 def decode_products(config_name: str) -> None:
@@ -30,7 +30,7 @@ def decode_products(config_name: str) -> None:
 
     import torch
 
-    shape, _ = CONFIGS[config_name]
+    shape, _, _ = CONFIGS[config_name]
     h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     weights = [[torch.randn(3 * h, h), torch.randn(h, h), torch.randn(2 * i, h), torch.randn(h, i)]
                for _ in range(layers)]
@@ -80,17 +80,13 @@ def main() -> None:
     torch.set_num_threads(2)
     decode_products(args.config)
     with tempfile.TemporaryDirectory() as tmp:
-        build(args.config, Path(tmp))
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        directory = str(build(args.config, Path(tmp)))
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        mode = "bf16" if args.mixed_precision == "bf16" else "fp32"
         for fast in (False, True):
-            config = GRPOConfig.from_dict({
-                "model": tmp, "output_dir": str(Path(tmp) / "run"), "prompts_per_step": PROMPTS,
-                "num_generations": G, "max_completion_length": CONFIGS[args.config][1], "beta": BETA,
-                "learning_rate": 1e-6, "aggregation": "token", "micro_batch_size": PROMPTS * G, "seed": 0,
-                "progress_bar": False, "log_completions": 0, "fast_path": fast,
-                "mixed_precision": args.mixed_precision,
-            })
+            config = GRPOConfig.from_dict(grpokit_settings(args.config, mode, directory, str(Path(tmp) / "run"),
+                                                           max_steps=3, overrides={"fast_path": fast}))
             trainer = GRPOTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer, train_dataset=rows())
             for _ in range(2):
                 trainer.training_step()
