@@ -21,7 +21,7 @@ import yaml
 
 from grpokit.chunked_logprobs import DEFAULT_CHUNK_MB
 from grpokit.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
-from grpokit.optim import OPTIMIZER_HELP, OPTIMIZERS
+from grpokit.optim import NO_BITSANDBYTES, OPTIMIZER_HELP, OPTIMIZERS
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
 TRL_OPTIM = "optimizer ('adamw', or 'adamw_8bit' for TRL's 'adamw_8bit')"  # what TRL's `optim` is here
@@ -50,7 +50,7 @@ class _Config:
             object.__setattr__(self, f.name, value)
             _check_bounds(f.name, value, f.metadata)
         if getattr(self, "optimizer", None) == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
-            raise ConfigError("optimizer: adamw_8bit needs bitsandbytes: pip install 'grpokit[8bit]'")
+            raise ConfigError(NO_BITSANDBYTES)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> typing.Self:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 OPTIMIZERS = ("adamw", "adamw_8bit")
+NO_BITSANDBYTES = "optimizer: adamw_8bit needs bitsandbytes: pip install 'grpokit[8bit]'"
 OPTIMIZER_HELP = (
     "'adamw': torch's AdamW, its two moments in float32 (8 bytes per trained parameter). 'adamw_8bit': "
     "bitsandbytes' AdamW8bit (pip install 'grpokit[8bit]'; TRL's optim='adamw_8bit'): both moments "
@@ -74,7 +75,7 @@ def _adamw_8bit_class() -> type:
     try:
         import bitsandbytes as bnb
     except ImportError as error:
-        raise ImportError("optimizer: adamw_8bit needs bitsandbytes: pip install 'grpokit[8bit]'") from error
+        raise ImportError(NO_BITSANDBYTES) from error
     from torch.optim.adamw import adamw as fused_adamw  # torch's functional AdamW (fused=True below)
 
     class AdamW8bit(bnb.optim.AdamW8bit):
