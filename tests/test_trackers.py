@@ -83,7 +83,7 @@ def wandb_records(path):
 
 
 def test_wandb_offline(tokenizer, tiny_model, tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="pip install 'grpokit[wandb]'")
+    wandb = pytest.importorskip("wandb", reason="pip install 'grpokit[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     logged = spy_on(monkeypatch, grpokit.runlog.WandbTracker)
@@ -91,6 +91,9 @@ def test_wandb_offline(tokenizer, tiny_model, tmp_path, monkeypatch):
                            project="grpokit-tests")
     history = trainer.train()
     check_logged(logged, history)
+    # run.finish() can return before wandb's service process has written the run file out (1 run in ~6 here);
+    # teardown stops that process, so the file is whole.
+    wandb.teardown()
     (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
     records = list(wandb_records(path))
     steps = [record.history for record in records if record.WhichOneof("record_type") == "history"]
