@@ -60,6 +60,18 @@ def test_dtype_is_applied_while_loading(tiny_model_dir, dtype, expected):
     assert next(model.parameters()).dtype == expected
 
 
+def test_loading_quietly_leaves_transformers_bars_as_they_were(tiny_model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    real_load, bars_while_loading = AutoModelForCausalLM.from_pretrained, []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: bars_while_loading.append(
+        hf_logging.is_progress_bar_enabled()) or real_load(*a, **k))
+    hf_logging.enable_progress_bar()
+    load_model_and_tokenizer(str(tiny_model_dir), progress=False)
+    assert bars_while_loading == [False] and hf_logging.is_progress_bar_enabled()
+
+
 def test_a_bfloat16_run_trains(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model.to(torch.bfloat16), tmp_path, max_steps=2, reward_funcs=(ones,))
     history = trainer.train()

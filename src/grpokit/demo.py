@@ -17,14 +17,13 @@ from typing import Any
 
 import torch
 import yaml
-from transformers.utils import logging as hf_logging
 
 from grpokit import tool_task
 from grpokit.arithmetic import held_out_rows
 from grpokit.config import GRPOConfig
 from grpokit.data import BUILTIN, BUILTIN_TOOLS
 from grpokit.evaluate import evaluate, summarize
-from grpokit.models import load_model_and_tokenizer
+from grpokit.models import load_model_and_tokenizer, quiet_unless
 from grpokit.rollout import generate, stop_token_ids
 from grpokit.tools import ToolBox, resolve_tools
 from grpokit.trainer import GRPOTrainer
@@ -114,8 +113,12 @@ def run_demo(
     the before/after numbers."""
     if task not in TABLES:
         raise ValueError(f"unknown demo task {task!r}; choose one of {sorted(TABLES)}")
-    if not progress:
-        hf_logging.disable_progress_bar()
+    with quiet_unless(progress):
+        return _run_demo(seed, output_dir, task, eval_prompts, samples_per_prompt, progress, overrides)
+
+
+def _run_demo(seed: int, output_dir: str | Path, task: str, eval_prompts: int, samples_per_prompt: int,
+              progress: bool, overrides: dict[str, Any]) -> dict[str, Any]:
     settings, dataset = (TOOLS_CONFIG, BUILTIN_TOOLS) if task == "tools" else (DEMO_CONFIG, BUILTIN)
     started = time.perf_counter()
     warm_path = warm_started_model_path(seed=seed, progress=progress, task=task)

@@ -47,6 +47,12 @@ def transformers_progress_bars(enabled: bool) -> Iterator[None]:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
+def quiet_unless(progress: bool) -> contextlib.AbstractContextManager[None]:
+    """transformers' bars off within the block where ``progress`` is false, and back as they were after it
+    (never switched off for the rest of the process); left alone where it is true."""
+    return contextlib.nullcontext() if progress else transformers_progress_bars(False)
+
+
 def follows_progress_bar(train: Callable[..., Any]) -> Callable[..., Any]:
     """A trainer's ``train`` with transformers' bars as its ``config.progress_bar`` says: ``progress_bar: false``
     silences the checkpoints' "Writing model shards" too."""
@@ -177,19 +183,17 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
     import transformers
     from packaging.version import Version
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    if not progress:
-        hf_logging.disable_progress_bar()
-    name = model_directory(name, seed, progress)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        # transformers renamed `torch_dtype` to `dtype` in 4.56
-        keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-        options = {} if dtype == "auto" else {keyword: DTYPES[dtype]}
-        model = AutoModelForCausalLM.from_pretrained(name, **options)
-    except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
-        raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
+    with quiet_unless(progress):
+        name = model_directory(name, seed, progress)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            # transformers renamed `torch_dtype` to `dtype` in 4.56
+            keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+            options = {} if dtype == "auto" else {keyword: DTYPES[dtype]}
+            model = AutoModelForCausalLM.from_pretrained(name, **options)
+        except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
+            raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
     return model, tokenizer
 
 
