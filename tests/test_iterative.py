@@ -168,3 +168,21 @@ def test_bad_iteration_setups_fail_before_training(reward_dirs, tmp_path, overri
         trainer_for(config_for(reward_dirs, tmp_path / "run", **overrides))
     assert message in str(error.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_with_tools_the_reward_models_rows_are_sampled_with_them(reward_dirs, tmp_path, monkeypatch):
+    """The reward model retrains on trajectories like those it scores in training: tool results included."""
+    import grpokit.sample
+    from test_tool_rollout import SPEC
+
+    boxes, real = [], grpokit.sample.sample_rows
+    monkeypatch.setattr(grpokit.sample, "sample_rows", lambda *a, toolbox=None, **k: boxes.append(toolbox)
+                        or real(*a, toolbox=toolbox, **k))
+    tokenizer = build_tokenizer(tool_tags=True)
+    config = config_for(reward_dirs, tmp_path / "run", rl_iterations=2, max_steps=2, tools=["calculator"],
+                        max_completion_length=40)
+    trainer = GRPOTrainer(config, model=build_model(tokenizer, SPEC, seed=0), tokenizer=tokenizer, train_dataset=ROWS)
+    trainer.train()
+    assert boxes == [trainer.sampler.toolbox]
+    samples = lines(tmp_path / "run" / "reward_model" / "iteration-1" / "samples.jsonl")
+    assert samples and all("tool_calls" in r for r in samples) and any(r["tool_calls"] for r in samples)

@@ -155,3 +155,46 @@ def test_bad_sample_arguments_are_one_clear_line(tmp_path, tiny_model_dir, capsy
     assert main(["sample", str(tiny_model_dir), "--data", str(data), "--prompt-column", "question",
                  "--num-generations", "1", "--pairs", "--out", out, "--quiet"]) == 2
     assert "--num-generations must be at least 2" in capsys.readouterr().err
+
+ENVIRONMENT = '''
+class Notes:
+    def reset(self, answer, **row):
+        self.answer = answer
+
+    def note(self, text: str) -> str:
+        """Keep a note.
+
+        Args:
+            text: the note
+        """
+        return "noted"
+
+
+def knows_answer(completions, environments, **kwargs):
+    return [float(len(e.answer)) for e in environments]
+'''
+
+
+def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
+    """--tools and --environment-factory: the model calls them as in a run with those tools; a label may read
+    each completion's environment, as a run's reward functions do."""
+    from grpokit.tiny_model import build_model, build_tokenizer
+    from test_tool_rollout import SPEC
+
+    model_dir, tokenizer = tmp_path / "model", build_tokenizer(tool_tags=True)
+    build_model(tokenizer, SPEC, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    (tmp_path / "env.py").write_text(ENVIRONMENT)
+    out = tmp_path / "samples.jsonl"
+    common = ["sample", str(model_dir), "--data", str(data), "--num-generations", "4", "--out", str(out),
+              "--max-new-tokens", "40", "--quiet", "--tools", "calculator"]
+    assert main([*common, "--environment-factory", f"{tmp_path}/env.py:Notes",
+                 "--reward-funcs", f"{tmp_path}/env.py:knows_answer"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 16 and any(r["tool_calls"] for r in rows)
+    assert [r["label"] for r in rows] == [float(len(row["answer"])) for row in ROWS for _ in range(4)]
+    capsys.readouterr()
+    assert main([*common[:-1], "calculater"]) == 2
+    assert "tools: unknown tool 'calculater'" in capsys.readouterr().err

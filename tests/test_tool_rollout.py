@@ -366,3 +366,26 @@ def test_ids_past_the_tokenizer_are_no_call(tok):
     session = box.session([{}], 1, 4)
     chosen, stopped, logp = torch.tensor([len(tok) + 5]), torch.tensor([False]), torch.zeros(1)
     assert session.intervene(0, torch.tensor([0]), chosen, stopped, logp)[0].tolist() == [len(tok) + 5]
+
+
+def test_sampled_rows_call_the_tools_as_training_does(model, tok):
+    """``grpokit sample`` with tools (and iterative RL's sampling, which runs it with the run's toolbox): each
+    completion is its whole trajectory, tool results included, as the labelling rewards read it."""
+    from grpokit.sample import sample_rows
+
+    seen = []
+
+    def sees(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    rows, _ = sample_rows(model, tok, ROWS[:8], [sees], [1.0], num_generations=4, max_new_tokens=40, seed=0,
+                          batch_size=4, progress=False, toolbox=ToolBox(tok, [calculator]))
+    assert len(rows) == 32 and [r["completion"] for r in rows] == seen
+    # Each call (the random model's are malformed) got an error text back, inside the completion's text.
+    assert any(r["tool_calls"] for r in rows)
+    assert all(r["completion"].count("<result>") >= r["tool_calls"] for r in rows)
+    plain, _ = sample_rows(model, tok, ROWS[:8], [sees], [1.0], num_generations=4, max_new_tokens=40, seed=0,
+                           batch_size=4, progress=False)
+    assert all("tool_calls" not in r for r in plain) and plain != rows
+

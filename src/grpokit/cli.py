@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--temperature", type=float, default=1.0)
     sample.add_argument("--top-p", type=float, default=1.0)
     sample.add_argument("--batch-size", type=int, default=16, help="prompts per generation pass")
+    sample.add_argument("--tools", nargs="+", default=[], metavar="TOOL",
+                        help="tools the model may call, as a config's tools (calculator, FILE.py:NAME, "
+                        "package.module:NAME): sample as a run with these tools trains")
+    sample.add_argument("--environment-factory", default=None, metavar="FILE.py:NAME",
+                        help="as a config's environment_factory: an environment per completion, its methods tools")
+    sample.add_argument("--max-tool-calls", type=int, default=GRPOConfig.max_tool_calls, metavar="N")
+    sample.add_argument("--tool-timeout", type=float, default=GRPOConfig.tool_timeout, metavar="SECONDS")
     sample.add_argument("--device", default="auto")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--quiet", action="store_true")
@@ -223,6 +230,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from grpokit.models import load_model_and_tokenizer, resolve_device
     from grpokit.rewards import resolve_reward_functions
     from grpokit.sample import sample_rows
+    from grpokit.tool_templates import build_toolbox
+    from grpokit.tools import resolve_tools
+    from grpokit.user_code import load_callable
 
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
@@ -230,12 +240,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
     check_columns(rows, [args.prompt_column], source=args.data)
     device = resolve_device(args.device)
     functions, weights = resolve_reward_functions(args.reward_funcs, args.reward_weights, device=device)
+    tool_functions, environment_factory = resolve_tools(None, args.tools, None if args.environment_factory is None
+                                                        else load_callable(args.environment_factory,
+                                                                           "--environment-factory"))
     model, tokenizer = load_model_and_tokenizer(args.model, args.seed, progress=not args.quiet)
+    toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=None,
+                            max_calls=args.max_tool_calls, timeout=args.tool_timeout)
     out, counts = sample_rows(
         model.to(device), tokenizer, rows, functions, weights, num_generations=args.num_generations,
         prompt_column=args.prompt_column, answer_column=args.answer_column, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_p=args.top_p, system_prompt=args.system_prompt, seed=args.seed,
-        batch_size=args.batch_size, pairs=args.pairs, progress=not args.quiet,
+        batch_size=args.batch_size, pairs=args.pairs, progress=not args.quiet, toolbox=toolbox,
     )
     if not out:
         raise ValueError(f"--data {args.data}: no row to write ({counts['completions']} completions: "

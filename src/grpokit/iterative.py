@@ -6,7 +6,8 @@ each but the last (the step that ends iteration k, k = 1 .. K-1):
 
 1. ``reward_model_prompts`` training prompts (a seeded draw) get G = ``num_generations`` completions each from
    the current policy, labelled by the rule rewards ``reward_model_labels`` (:func:`grpokit.sample.sample_rows`,
-   what ``grpokit sample`` writes: a label, a process reward's steps, or pairs, in the reward model's form);
+   what ``grpokit sample`` writes: a label, a process reward's steps, or pairs, in the reward model's form),
+   calling the run's tools as its training rollouts do;
 2. the one learned reward model in ``reward_funcs`` is retrained, from its current weights, on those rows plus
    a random ``reward_model_replay`` share of its older rows (``reward_model_config``'s dataset, and every
    earlier iteration's samples) with ``reward_model_config``'s settings
@@ -160,6 +161,7 @@ class IterativeRL:
                 temperature=config.temperature, top_p=config.top_p, system_prompt=config.system_prompt,
                 chat_template=config.chat_template, seed=seed,
                 batch_size=config.prompts_per_step, pairs=self.form == "pairs", progress=False,
+                toolbox=trainer.sampler.toolbox, fast=config.fast_path,
             )
         if self.form == "steps" and not sampled:
             raise DataError("reward_model_labels: no sampled completion got step labels; a process reward model "

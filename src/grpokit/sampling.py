@@ -27,7 +27,7 @@ from grpokit.offsets import step_token_ends
 from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rollout import Rollout, generate
-from grpokit.tools import ToolBox, ToolUse, tool_messages
+from grpokit.tools import ToolBox, ToolSession, ToolUse, tool_messages
 
 
 @dataclass
@@ -127,6 +127,19 @@ def own_token_steps(steps: list[tuple[int, float]], model_mask: list[int]) -> li
             end = max([i for i in own if i <= end], default=own[0])
         moved[end] = moved.get(end, 0.0) + reward
     return sorted(moved.items())
+
+
+def tool_reward_inputs(tokenizer: Any, rollout: Rollout, tools: ToolSession, prompts: Sequence[Any],
+                       columns: dict[str, list]) -> list[list[dict[str, Any]]] | None:
+    """What reward functions get from a rollout with tools beyond its text: each completion's environment, added to
+    ``columns`` as ``environments``, and, where a prompt is conversational, each trajectory as messages (the
+    assistant's turns and the tool results; returned, else None), as TRL passes them."""
+    if tools.environments is not None:
+        columns["environments"] = tools.environments
+    if not any(isinstance(prompt, list) for prompt in prompts):
+        return None
+    return [tool_messages(tokenizer, rollout.completion_ids[i, : int(n)].tolist(), tools.calls[i])
+            for i, n in enumerate(rollout.lengths.tolist())]
 
 
 class Sampler:
@@ -231,14 +244,10 @@ class Sampler:
         # Reward functions see each prompt as the dataset holds it (TRL's convention), not as rendered; with
         # tools, the whole trajectory (as text, tool results included; as messages for a conversational prompt).
         columns = self.reward_columns(rows)
-        messages = None
-        if tools is not None and any(isinstance(row[config.prompt_column], list) for row in rows):
-            messages = [tool_messages(self.tokenizer, rollout.completion_ids[i, : int(n)].tolist(), tools.calls[i])
-                        for i, n in enumerate(rollout.lengths.tolist())]
-        if tools is not None and tools.environments is not None:
-            columns["environments"] = tools.environments
+        held = [row[config.prompt_column] for row in rows for _ in range(g)]
+        messages = None if tools is None else tool_reward_inputs(self.tokenizer, rollout, tools, held, columns)
         arguments = dict(
-            prompts=[row[config.prompt_column] for row in rows for _ in range(g)], completions=completions,
+            prompts=held, completions=completions,
             columns=columns, messages=messages,
             completion_ids=[ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())],
             trainer_state=TrainerState(global_step=step, max_steps=config.max_steps, epoch=self.epoch),

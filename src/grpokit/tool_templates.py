@@ -27,9 +27,10 @@ the model's turn and opens its next one, as the template renders a call followed
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpokit.tools import ToolCall, parse_tool_call
+from grpokit.tools import ToolBox, ToolCall, parse_tool_call
 
 __all__ = ["TemplateProtocol", "supports_tools", "template_protocol"]
 
@@ -211,3 +212,16 @@ def template_protocol(tokenizer: Any) -> TemplateProtocol | None:
             return None
         return TemplateProtocol(op, close, before, after)
     return None
+
+
+def build_toolbox(tokenizer: Any, tools: Sequence[Callable], environment_factory: Callable[[], Any] | None, *,
+                  chat_template: bool | None, max_calls: int, timeout: float | None) -> ToolBox | None:
+    """The ToolBox of a run or of ``grpokit sample`` (None without tools): calls in the chat template's own format
+    where the tokenizer has a template that renders tools and ``chat_template`` is not false (the prompt then
+    lists the tools as the template describes them: :meth:`ToolBox.prompt_tools`), else the plain-text protocol
+    (docs/tools.md)."""
+    if not tools and environment_factory is None:
+        return None
+    templated = chat_template is not False and getattr(tokenizer, "chat_template", None) is not None
+    return ToolBox(tokenizer, tools, environment_factory=environment_factory, max_calls=max_calls, timeout=timeout,
+                   protocol=template_protocol(tokenizer) if templated else None)

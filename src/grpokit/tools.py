@@ -255,6 +255,7 @@ class ToolBox:
         self.tokenizer, self.tools = tokenizer, tool_functions(tools)
         self.environment_factory, self.max_calls, self.timeout = environment_factory, max_calls, timeout
         self.protocol = protocol or PlainProtocol()
+        self.listed_in_prompt = protocol is not None  # a chat template's protocol: its prompts list the tools
         if environment_factory is not None:
             probe = environment_factory()
             if not callable(getattr(probe, "reset", None)):
@@ -278,6 +279,11 @@ class ToolBox:
         """Every tool a completion may call, for a chat template to describe (an environment's as methods of one
         instance: their signatures and docstrings are the class's)."""
         return [*self.tools.values(), *self.environment_methods.values()]
+
+    def prompt_tools(self) -> list[Callable] | None:
+        """The tools for the chat template to list in each prompt (``render_prompt(tools=...)``); None with the
+        plain-text protocol, whose prompts say nothing of them."""
+        return self.schema_tools() if self.listed_in_prompt else None
 
     def session(self, rows: Sequence[dict[str, Any]], group_size: int, max_new_tokens: int) -> ToolSession:
         """The state of one rollout of ``rows`` × ``group_size`` completions: each has its own environment (reset

@@ -63,8 +63,8 @@ from grpokit.rewards import check_reward_functions, resolve_reward_functions, re
 from grpokit.rollout import PolicyLogprobs, Rollout, sequence_logprobs, stop_token_ids
 from grpokit.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
-from grpokit.tool_templates import TemplateProtocol, template_protocol
-from grpokit.tools import ToolBox, environment_reward_function, resolve_tools
+from grpokit.tool_templates import build_toolbox
+from grpokit.tools import environment_reward_function, resolve_tools
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
 __all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
@@ -132,15 +132,9 @@ class GRPOTrainer:
             # The completion mask never looks at pad ids, so pad may safely equal EOS.
             tokenizer.pad_token = tokenizer.eos_token
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
-        # Tools: in the chat template's own format where it has one (the prompt lists them as it renders tools),
-        # else the plain-text protocol (docs/tools.md).
-        toolbox = None
-        if tool_functions or environment_factory is not None:
-            templated = config.chat_template is not False and getattr(tokenizer, "chat_template", None) is not None
-            toolbox = ToolBox(tokenizer, tool_functions, environment_factory=environment_factory,
-                              max_calls=config.max_tool_calls, timeout=config.tool_timeout,
-                              protocol=template_protocol(tokenizer) if templated else None)
-        listed = toolbox.schema_tools() if toolbox and isinstance(toolbox.protocol, TemplateProtocol) else None
+        toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
+                                max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+        listed = None if toolbox is None else toolbox.prompt_tools()
         prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
                                  chat_template=config.chat_template, tools=listed) for row in rows]
         check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
