@@ -37,6 +37,38 @@ def _field(default: Any, help: str, **kwargs: Any) -> Any:
     return field(default=default, metadata={"help": help, **kwargs})
 
 
+# Options that `grpokit train`, `grpokit sft` and `grpokit reward train` share, each decided here once (help,
+# bounds, default); a config class takes one with ``_common(name)``, changing the default where it differs.
+_COMMON: dict[str, tuple[Any, str, dict[str, Any]]] = {
+    "device": ("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.", {}),
+    "dtype": ("auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
+              "Log-probabilities and the loss are computed in float32 whatever it is.",
+              {"choices": ("auto", "float32", "bfloat16", "float16")}),
+    "lr_schedule": ("linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
+                    {"choices": ("linear", "cosine", "constant")}),
+    "warmup_steps": (0, "Optimizer steps of linear warmup from 0.", {"min": 0}),
+    "weight_decay": (0.0, "AdamW weight decay.", {"min": 0}),
+    "adam_beta1": (0.9, "AdamW β1, the decay of the gradient's running mean.", {"min": 0, "lt": 1}),
+    "adam_beta2": (0.999, "AdamW β2, the decay of the squared gradient's running mean.", {"min": 0, "lt": 1}),
+    "optimizer": ("adamw", OPTIMIZER_HELP, {"choices": OPTIMIZERS}),
+    "max_grad_norm": (1.0, "Clip the gradient's global norm to this (0 disables).", {"min": 0}),
+    "lora_alpha": (16.0, "LoRA scaling α (the update is scaled by α / r).", {"gt": 0}),
+    "lora_dropout": (0.0, "Dropout on the LoRA branch.", {"min": 0, "lt": 1}),
+    "lora_target_modules": (None, "Module names to adapt (e.g. [q_proj, v_proj]); None: peft's default for the "
+                            "architecture.", {}),
+    "keep_checkpoints": (2, "Keep this many most recent checkpoints in output_dir/checkpoints.", {"min": 1}),
+    "resume": (None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path.", {}),
+    "max_nonfinite_updates": (3, "A non-finite loss or gradient norm skips the update; this many in a row stop "
+                              "training.", {"min": 1}),
+    "progress_bar": (True, "Show a progress bar on the console.", {}),
+}
+
+
+def _common(name: str, default: Any = dataclasses.MISSING) -> Any:
+    value, help, bounds = _COMMON[name]
+    return _field(value if default is dataclasses.MISSING else default, help, **bounds)
+
+
 class _Config:
     """What every grpokit config does with its fields: coerce and bound-check them, build from a dict refusing
     unknown keys (with a suggestion, and ``TRL_NAMES``' translations of TRL's names), dump, document."""
@@ -99,12 +131,8 @@ class GRPOConfig(_Config):
     )
     output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.")
     seed: int = _field(0, "Seed for data order, sampling and initialisation.")
-    device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
-    dtype: str = _field(
-        "auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
-        "Log-probabilities and the loss are computed in float32 whatever it is.",
-        choices=("auto", "float32", "bfloat16", "float16"),
-    )
+    device: str = _common("device")
+    dtype: str = _common("dtype")
     system_prompt: str | None = _field(
         None, "A system message put before every prompt (e.g. asking for <think>…</think><answer>…</answer>, "
         "R1-Zero style): in the chat template when the tokenizer has one, else as a first line."
@@ -248,16 +276,13 @@ class GRPOConfig(_Config):
     # ---- optimisation ----------------------------------------------------------------------------
     max_steps: int = _field(50, "Training steps (each: generate, score, μ optimizer updates).", min=1)
     learning_rate: float = _field(2e-4, "Peak AdamW learning rate.", gt=0)
-    lr_schedule: str = _field(
-        "linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
-        choices=("linear", "cosine", "constant"),
-    )
-    warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
-    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
-    adam_beta1: float = _field(0.9, "AdamW β1, the decay of the gradient's running mean.", min=0, lt=1)
-    adam_beta2: float = _field(0.99, "AdamW β2, the decay of the squared gradient's running mean.", min=0, lt=1)
-    optimizer: str = _field("adamw", OPTIMIZER_HELP, choices=OPTIMIZERS)
-    max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
+    lr_schedule: str = _common("lr_schedule")
+    warmup_steps: int = _common("warmup_steps")
+    weight_decay: float = _common("weight_decay")
+    adam_beta1: float = _common("adam_beta1")
+    adam_beta2: float = _common("adam_beta2", 0.99)
+    optimizer: str = _common("optimizer")
+    max_grad_norm: float = _common("max_grad_norm")
     micro_batch_size: int = _field(
         64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1
     )
@@ -298,11 +323,9 @@ class GRPOConfig(_Config):
     # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
     lora_rank: int = _field(0, "LoRA rank r (peft); 0 trains every weight. With LoRA the reference policy is the "
                             "base model with the adapter disabled: no second copy of the weights.", min=0)
-    lora_alpha: float = _field(16.0, "LoRA scaling α (the update is scaled by α / r).", gt=0)
-    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch.", min=0, lt=1)
-    lora_target_modules: list[str] | None = _field(
-        None, "Module names to adapt (e.g. [q_proj, v_proj]); None: peft's default for the architecture."
-    )
+    lora_alpha: float = _common("lora_alpha")
+    lora_dropout: float = _common("lora_dropout")
+    lora_target_modules: list[str] | None = _common("lora_target_modules")
     merge_lora: bool = _field(False, "Also save the adapter merged into the base weights, in output_dir/model_merged.")
 
     # ---- scale-out (torchrun; docs/distributed.md) ----------------------------------------------
@@ -317,10 +340,8 @@ class GRPOConfig(_Config):
         25, "Write a checkpoint (model, optimizer, RNG states, data position, metrics) every this many steps, "
         "and always at the end and on SIGINT/SIGTERM; 0: only then.", min=0
     )
-    keep_checkpoints: int = _field(2, "Keep this many most recent checkpoints in output_dir/checkpoints.", min=1)
-    resume: str | None = _field(
-        None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path."
-    )
+    keep_checkpoints: int = _common("keep_checkpoints")
+    resume: str | None = _common("resume")
     on_reward_error: str = _field(
         "raise", "A reward function that raises: 'raise' stops, naming the function, prompt and completion; "
         "'skip' scores that completion None and counts it (metric reward_errors).", choices=("raise", "skip")
@@ -329,9 +350,7 @@ class GRPOConfig(_Config):
         None, "Seconds a reward function may take on a step's completions before training stops with an error.",
         gt=0,
     )
-    max_nonfinite_updates: int = _field(
-        3, "A non-finite loss or gradient norm skips the update; this many in a row stop training.", min=1
-    )
+    max_nonfinite_updates: int = _common("max_nonfinite_updates")
 
     # ---- logging ---------------------------------------------------------------------------------
     report_to: list[str] = _field(
@@ -346,7 +365,7 @@ class GRPOConfig(_Config):
     log_completions: int = _field(
         4, "Completions per step written to completions.jsonl (0 disables).", min=0
     )
-    progress_bar: bool = _field(True, "Show a progress bar on the console.")
+    progress_bar: bool = _common("progress_bar")
 
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):  # `report_to: wandb`, as TRL takes it
@@ -587,12 +606,8 @@ class SFTConfig(_Config):
         "runs/sft", "Run directory: config.yaml, metrics.jsonl, checkpoints/, and the trained model in model/."
     )
     seed: int = _field(0, "Seed for the held-out draw, the data order and LoRA's initialisation.")
-    device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
-    dtype: str = _field(
-        "auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
-        "Log-probabilities and the loss are computed in float32 whatever it is.",
-        choices=("auto", "float32", "bfloat16", "float16"),
-    )
+    device: str = _common("device")
+    dtype: str = _common("dtype")
 
     # ---- optimisation ----------------------------------------------------------------------------
     epochs: float = _field(3.0, "Passes over the training rows (fractions allowed); max_steps overrides it.", gt=0)
@@ -603,16 +618,13 @@ class SFTConfig(_Config):
         "depend on it).", min=1
     )
     learning_rate: float = _field(2e-5, "Peak AdamW learning rate.", gt=0)
-    lr_schedule: str = _field(
-        "linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
-        choices=("linear", "cosine", "constant"),
-    )
-    warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
-    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
-    adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
-    adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
-    optimizer: str = _field("adamw", OPTIMIZER_HELP, choices=OPTIMIZERS)
-    max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
+    lr_schedule: str = _common("lr_schedule")
+    warmup_steps: int = _common("warmup_steps")
+    weight_decay: float = _common("weight_decay")
+    adam_beta1: float = _common("adam_beta1")
+    adam_beta2: float = _common("adam_beta2")
+    optimizer: str = _common("optimizer")
+    max_grad_norm: float = _common("max_grad_norm")
     mixed_precision: str = _field(
         "auto", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
         "loss stay float32. 'no': float32 throughout. 'auto': as in `grpokit train` (bf16 only where the hardware "
@@ -631,11 +643,9 @@ class SFTConfig(_Config):
         0, "LoRA rank r (peft); 0 trains every weight. The final model/ holds the adapter merged into the "
         "weights (what grpokit train loads); adapter/ the adapter alone.", min=0
     )
-    lora_alpha: float = _field(16.0, "LoRA scaling α (the update is scaled by α / r).", gt=0)
-    lora_dropout: float = _field(0.0, "Dropout on the LoRA branch.", min=0, lt=1)
-    lora_target_modules: list[str] | None = _field(
-        None, "Module names to adapt (e.g. [q_proj, v_proj]); None: peft's default for the architecture."
-    )
+    lora_alpha: float = _common("lora_alpha")
+    lora_dropout: float = _common("lora_dropout")
+    lora_target_modules: list[str] | None = _common("lora_target_modules")
 
     # ---- reliability and logging -----------------------------------------------------------------
     eval_every: int = _field(
@@ -646,17 +656,13 @@ class SFTConfig(_Config):
         100, "Write a checkpoint every this many steps, and always at the end and on SIGINT/SIGTERM; 0: only then.",
         min=0,
     )
-    keep_checkpoints: int = _field(2, "Keep this many most recent checkpoints in output_dir/checkpoints.", min=1)
-    resume: str | None = _field(
-        None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path."
-    )
-    max_nonfinite_updates: int = _field(
-        3, "A non-finite loss or gradient norm skips the update; this many in a row stop training.", min=1
-    )
+    keep_checkpoints: int = _common("keep_checkpoints")
+    resume: str | None = _common("resume")
+    max_nonfinite_updates: int = _common("max_nonfinite_updates")
     tensorboard: bool = _field(
         False, "Also write every metric to output_dir/tensorboard (pip install 'grpokit[tensorboard]')."
     )
-    progress_bar: bool = _field(True, "Show a progress bar on the console.")
+    progress_bar: bool = _common("progress_bar")
 
     def __post_init__(self) -> None:
         self._check_fields()
@@ -731,11 +737,8 @@ class RewardConfig(_Config):
         "in model/ (with its tokenizer)."
     )
     seed: int = _field(0, "Seed for the new head's initialisation, the held-out draw and the data order.")
-    device: str = _field("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
-    dtype: str = _field(
-        "auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
-        "The loss is computed in float32 whatever it is.", choices=("auto", "float32", "bfloat16", "float16"),
-    )
+    device: str = _common("device")
+    dtype: str = _common("dtype")
 
     # ---- optimisation ----------------------------------------------------------------------------
     epochs: float = _field(1.0, "Passes over the training rows (fractions allowed); max_steps overrides it.", gt=0)
@@ -746,16 +749,13 @@ class RewardConfig(_Config):
         "depend on it).", min=1
     )
     learning_rate: float = _field(1e-5, "Peak AdamW learning rate.", gt=0)
-    lr_schedule: str = _field(
-        "linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
-        choices=("linear", "cosine", "constant"),
-    )
-    warmup_steps: int = _field(0, "Optimizer steps of linear warmup from 0.", min=0)
-    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0)
-    adam_beta1: float = _field(0.9, "AdamW β1.", min=0, lt=1)
-    adam_beta2: float = _field(0.999, "AdamW β2.", min=0, lt=1)
-    optimizer: str = _field("adamw", OPTIMIZER_HELP, choices=OPTIMIZERS)
-    max_grad_norm: float = _field(1.0, "Clip the gradient's global norm to this (0 disables).", min=0)
+    lr_schedule: str = _common("lr_schedule")
+    warmup_steps: int = _common("warmup_steps")
+    weight_decay: float = _common("weight_decay")
+    adam_beta1: float = _common("adam_beta1")
+    adam_beta2: float = _common("adam_beta2")
+    optimizer: str = _common("optimizer")
+    max_grad_norm: float = _common("max_grad_norm")
     mixed_precision: str = _field(
         "auto", "'bf16': forward passes under bfloat16 autocast; weights, gradients, optimizer states and the "
         "loss stay float32. 'no': float32 throughout. 'auto': as in `grpokit train`, decided at start-up and "
@@ -771,17 +771,13 @@ class RewardConfig(_Config):
         100, "Write a checkpoint every this many steps, and always at the end and on SIGINT/SIGTERM; 0: only then.",
         min=0,
     )
-    keep_checkpoints: int = _field(2, "Keep this many most recent checkpoints in output_dir/checkpoints.", min=1)
-    resume: str | None = _field(
-        None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path."
-    )
-    max_nonfinite_updates: int = _field(
-        3, "A non-finite loss or gradient norm skips the update; this many in a row stop training.", min=1
-    )
+    keep_checkpoints: int = _common("keep_checkpoints")
+    resume: str | None = _common("resume")
+    max_nonfinite_updates: int = _common("max_nonfinite_updates")
     tensorboard: bool = _field(
         False, "Also write every metric to output_dir/tensorboard (pip install 'grpokit[tensorboard]')."
     )
-    progress_bar: bool = _field(True, "Show a progress bar on the console.")
+    progress_bar: bool = _common("progress_bar")
 
     def __post_init__(self) -> None:
         self._check_fields()
