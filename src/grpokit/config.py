@@ -42,7 +42,7 @@ def _field(default: Any, help: str, **kwargs: Any) -> Any:
 _COMMON: dict[str, tuple[Any, str, dict[str, Any]]] = {
     "device": ("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.", {}),
     "dtype": ("auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
-              "Log-probabilities and the loss are computed in float32 whatever it is.",
+              "Losses, and the log-probabilities GRPO and SFT read, are computed in float32 whatever it is.",
               {"choices": ("auto", "float32", "bfloat16", "float16")}),
     "lr_schedule": ("linear", "After warmup: 'linear' decay to 0, 'cosine' decay to 0, or 'constant'.",
                     {"choices": ("linear", "cosine", "constant")}),
