@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from conftest import TINY
 from grpokit import OutcomeRewardModel, ProcessRewardModel
 from grpokit.arithmetic import arithmetic_steps_reward
 from grpokit.cli import main
@@ -198,3 +199,23 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
     capsys.readouterr()
     assert main([*common[:-1], "calculater"]) == 2
     assert "tools: unknown tool 'calculater'" in capsys.readouterr().err
+
+
+def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path, monkeypatch):
+    import grpokit.sample
+    from grpokit.tiny_model import build_model, build_tokenizer
+    from test_chat import TEMPLATE
+
+    model_dir, tokenizer = tmp_path / "model", build_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    build_model(tokenizer, TINY, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:2]))
+    rendered, real = [], grpokit.sample.render_prompt
+    monkeypatch.setattr(grpokit.sample, "render_prompt", lambda *a, **k: rendered.append(real(*a, **k)) or rendered[-1])
+    command = ["sample", str(model_dir), "--data", str(data), "--num-generations", "2", "--out",
+               str(tmp_path / "out.jsonl"), "--max-new-tokens", "4", "--quiet"]
+    assert main(command) == 0 and main([*command, "--no-chat-template"]) == 0
+    templated = [f"[user] {row['prompt']}\n[assistant] " for row in ROWS[:2]]
+    assert rendered == templated + [row["prompt"] for row in ROWS[:2]]

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--num-prompts", type=int, default=None, help="only the first N rows of --data")
     sample.add_argument("--system-prompt", default=None,
                         help="system message before each prompt (as the training config's system_prompt)")
+    sample.add_argument("--no-chat-template", action="store_true",
+                        help="render prompts as plain text even where the tokenizer has a chat template (as a "
+                        "training config's chat_template: false)")
     sample.add_argument("--max-new-tokens", type=int, default=64)
     sample.add_argument("--temperature", type=float, default=1.0)
     sample.add_argument("--top-p", type=float, default=1.0)
@@ -244,13 +247,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
                                                         else load_callable(args.environment_factory,
                                                                            "--environment-factory"))
     model, tokenizer = load_model_and_tokenizer(args.model, args.seed, progress=not args.quiet)
-    toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=None,
+    chat_template = False if args.no_chat_template else None
+    toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=chat_template,
                             max_calls=args.max_tool_calls, timeout=args.tool_timeout)
     out, counts = sample_rows(
         model.to(device), tokenizer, rows, functions, weights, num_generations=args.num_generations,
         prompt_column=args.prompt_column, answer_column=args.answer_column, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, system_prompt=args.system_prompt, seed=args.seed,
-        batch_size=args.batch_size, pairs=args.pairs, progress=not args.quiet, toolbox=toolbox,
+        temperature=args.temperature, top_p=args.top_p, system_prompt=args.system_prompt,
+        chat_template=chat_template, seed=args.seed, batch_size=args.batch_size, pairs=args.pairs,
+        progress=not args.quiet, toolbox=toolbox,
     )
     if not out:
         raise ValueError(f"--data {args.data}: no row to write ({counts['completions']} completions: "
