@@ -57,7 +57,7 @@ def llama_cpp_permute(weights, n_head: int):
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def write_gguf(model: LlamaForCausalLM, path: Path, architecture: str = "llama") -> Path:
+def write_gguf(model: LlamaForCausalLM, path: Path, architecture: str = "llama", add_bos: bool = False) -> Path:
     """``model`` as a float32 GGUF file with a byte-level BPE tokenizer and a ChatML chat template."""
     config, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -78,6 +78,7 @@ def write_gguf(model: LlamaForCausalLM, path: Path, architecture: str = "llama")
     writer.add_token_merges(["h e", "Ġ t"])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
+    writer.add_add_bos_token(add_bos)  # SmolLM2's file says False
     writer.add_chat_template(CHATML)
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -127,11 +128,23 @@ def test_the_conversion_holds_the_original_weights_and_loads_with_plain_transfor
         assert torch.equal(model(ids).logits, original(ids).logits)
 
 
+def test_the_tokenizer_adds_bos_as_the_file_says(original, tmp_path):
+    """transformers 4.x reads GGUF tokenizers as adding BOS whatever the file says; the conversion follows the file."""
+    ids = {}
+    for add_bos in (True, False):
+        path = write_gguf(original, tmp_path / f"bos-{add_bos}.gguf", add_bos=add_bos)
+        tokenizer = AutoTokenizer.from_pretrained(convert_gguf(path, tmp_path / f"out-{add_bos}"))
+        ids[add_bos] = tokenizer("the")["input_ids"]
+    assert ids[True] == [original.config.bos_token_id, *ids[False]]
+    assert ids[False][0] != original.config.bos_token_id
+
+
 def test_the_tokenizer_and_its_chat_template_survive(gguf_file, converted):
     from_gguf = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=str(gguf_file))
     tokenizer = AutoTokenizer.from_pretrained(converted)
     text = "the hen<|im_end|>"
-    assert tokenizer(text)["input_ids"] == from_gguf(text)["input_ids"]
+    # The file adds no BOS (transformers 4.x reads it as adding one: test_the_tokenizer_adds_bos_as_the_file_says).
+    assert tokenizer(text)["input_ids"] == from_gguf(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])[:2] == ["t", "he"]  # the merges apply
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.chat_template == CHATML

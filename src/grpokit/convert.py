@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 GGUF_PREFIX = "gguf:"  # `model: gguf:PATH`
-CONVERSION_VERSION = 1  # part of the cache key: bump when the conversion's output changes
+CONVERSION_VERSION = 2  # part of the cache key: bump when the conversion's output changes
 _MARKER = "grpokit_gguf.json"  # written last: a directory without it is not a finished conversion
 _INSTALL = "pip install 'grpokit[gguf]'"
 
@@ -101,8 +101,34 @@ def _load_dequantized(path: Path) -> tuple[Any, Any]:
     except ImportError:  # older transformers always dequantizes
         pass
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=str(path))
+    # transformers < 5 reads some of these wrongly (SmolLM2: EOS <|im_start|>, no pad, a BOS it never adds):
+    # the file's own values win.
+    for name, value in _stated_tokenizer_settings(path, tokenizer).items():
+        if getattr(tokenizer, name, None) != value:
+            setattr(tokenizer, name, value)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=str(path), **options)
     return model, tokenizer
+
+
+def _stated_tokenizer_settings(path: Path, tokenizer: Any) -> dict[str, Any]:
+    """What the file says of its tokenizer's special tokens, as the tokenizer's attributes: ``bos_token``,
+    ``eos_token``, ``pad_token``, ``unk_token`` (from ``tokenizer.ggml.*_token_id``) and ``add_bos_token``,
+    ``add_eos_token``; only those it states."""
+    from gguf import GGUFReader
+
+    fields, settings = GGUFReader(str(path)).fields, {}
+    for key, name in (("bos_token_id", "bos_token"), ("eos_token_id", "eos_token"), ("padding_token_id", "pad_token"),
+                      ("unknown_token_id", "unk_token"), ("add_bos_token", "add_bos_token"),
+                      ("add_eos_token", "add_eos_token")):
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is None or not field.data:
+            continue
+        value = field.parts[field.data[0]][0]
+        if name.startswith("add_"):
+            settings[name] = bool(value)
+        elif 0 <= int(value) < len(tokenizer):
+            settings[name] = tokenizer.convert_ids_to_tokens(int(value))
+    return settings
 
 
 def _plain_copy(model: Any) -> Any:
