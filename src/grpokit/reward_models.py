@@ -72,6 +72,8 @@ class _RewardModel:
 
         if not self.path.is_dir():
             raise self._fail("no such directory" if not self.path.exists() else "is a file, not a model directory")
+        if not (self.path / "config.json").is_file():  # checked here: transformers 4.x can make up a config
+            raise self._fail("not a Hugging Face model directory (it has no config.json)")
         try:
             config = AutoConfig.from_pretrained(self.path)
         except (OSError, ValueError) as error:
