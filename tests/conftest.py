@@ -30,3 +30,12 @@ def tiny_model_dir(tmp_path_factory):
     build_model(tokenizer, TINY, seed=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def float64_default():
+    """Tensors made without a dtype are float64 within the test: transformers 4.x builds GPT-2's causal mask in the
+    default dtype, which a float64 model's smallest value overflows while that is float32."""
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)

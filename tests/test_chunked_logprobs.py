@@ -141,9 +141,11 @@ def gpt2_with_head_bias(tokenizer):
 
 @pytest.mark.parametrize("name", ["llama (tied)", "qwen2-gqa-bias (tied)", "llama (untied)", "gpt2 (head bias)"])
 @pytest.mark.parametrize("fast", [True, False])
-def test_sequence_logprobs_chunked_equal_full_logits(tokenizer, name, fast, monkeypatch):
+def test_sequence_logprobs_chunked_equal_full_logits(tokenizer, name, fast, monkeypatch, request):
     """float64: log-probs, entropies and every parameter's gradient, chunked (5 tokens a chunk, which does
     not divide the batch's 38) vs the full logits of the same path."""
+    if "gpt2" in name:
+        request.getfixturevalue("float64_default")
     model = {"llama (tied)": lambda: models(tokenizer)["llama"], "qwen2-gqa-bias (tied)": lambda: models(tokenizer)[
         "qwen2-gqa-bias"], "llama (untied)": lambda: untied_llama(tokenizer),
         "gpt2 (head bias)": lambda: gpt2_with_head_bias(tokenizer)}[name]().double().train()

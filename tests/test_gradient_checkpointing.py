@@ -25,7 +25,9 @@ def decoder_layers(model):
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias", "gpt2"])
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("chunk_mb", [0.0, 64.0])
-def test_checkpointed_passes_equal_the_plain_ones(tokenizer, name, fast, chunk_mb):
+def test_checkpointed_passes_equal_the_plain_ones(tokenizer, name, fast, chunk_mb, request):
+    if name == "gpt2":
+        request.getfixturevalue("float64_default")
     model = (gpt2(tokenizer) if name == "gpt2" else models(tokenizer)[name]).double().eval()
     batch = fixed_batch(tokenizer)
     mlp_calls = []  # the first layer's MLP input product: run again in backward when its layer is recomputed
