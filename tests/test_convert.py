@@ -10,6 +10,8 @@ import torch
 pytest.importorskip("gguf", reason="pip install 'grpokit[gguf]'")
 
 import gguf  # noqa: E402
+import transformers  # noqa: E402
+from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import grpokit.convert  # noqa: E402
@@ -224,12 +226,16 @@ def test_smollm2_converts_loads_generates_and_matches_the_gguf_model(tmp_path):
     assert model.config.num_attention_heads == 9 and model.config.num_key_value_heads == 3
     assert tokenizer.chat_template is not None
 
+    keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
     from_gguf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=str(path),
-                                                     dtype=torch.float32).eval()
+                                                     **{keyword: torch.float32}).eval()
     gguf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=str(path))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}], tokenize=False,
                                            add_generation_prompt=True)
-    assert tokenizer(prompt)["input_ids"] == gguf_tokenizer(prompt)["input_ids"]
+    # The file adds no BOS; transformers 4.x reads it as adding one (test_the_tokenizer_adds_bos_as_the_file_says).
+    assert tokenizer(prompt)["input_ids"] == gguf_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_end|>",
+                                                                             "<|im_start|>")  # as the file says
     ids = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
         logits, expected = model(**ids).logits, from_gguf(**ids).logits
