@@ -34,7 +34,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture
 def float64_default():
-    """Tensors made without a dtype are float64 within the test: transformers 4.x builds GPT-2's causal mask in the
+    """Tensors made without a dtype are float64 within the test: transformers 4.50 builds GPT-2's causal mask in the
     default dtype, which a float64 model's smallest value overflows while that is float32."""
     torch.set_default_dtype(torch.float64)
     yield

@@ -131,7 +131,7 @@ def test_the_conversion_holds_the_original_weights_and_loads_with_plain_transfor
 
 
 def test_the_tokenizer_adds_bos_as_the_file_says(original, tmp_path):
-    """transformers 4.x reads GGUF tokenizers as adding BOS whatever the file says; the conversion follows the file."""
+    """transformers 4.50 reads GGUF tokenizers as adding BOS whatever the file says; the conversion follows the file."""
     ids = {}
     for add_bos in (True, False):
         path = write_gguf(original, tmp_path / f"bos-{add_bos}.gguf", add_bos=add_bos)
@@ -145,7 +145,7 @@ def test_the_tokenizer_and_its_chat_template_survive(gguf_file, converted):
     from_gguf = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=str(gguf_file))
     tokenizer = AutoTokenizer.from_pretrained(converted)
     text = "the hen<|im_end|>"
-    # The file adds no BOS (transformers 4.x reads it as adding one: test_the_tokenizer_adds_bos_as_the_file_says).
+    # The file adds no BOS (transformers 4.50 reads it as adding one: test_the_tokenizer_adds_bos_as_the_file_says).
     assert tokenizer(text)["input_ids"] == from_gguf(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])[:2] == ["t", "he"]  # the merges apply
     assert tokenizer.eos_token == "<|im_end|>"
@@ -232,7 +232,7 @@ def test_smollm2_converts_loads_generates_and_matches_the_gguf_model(tmp_path):
     gguf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=str(path))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}], tokenize=False,
                                            add_generation_prompt=True)
-    # The file adds no BOS; transformers 4.x reads it as adding one (test_the_tokenizer_adds_bos_as_the_file_says).
+    # The file adds no BOS; transformers 4.50 reads it as adding one (test_the_tokenizer_adds_bos_as_the_file_says).
     assert tokenizer(prompt)["input_ids"] == gguf_tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_end|>",
                                                                              "<|im_start|>")  # as the file says

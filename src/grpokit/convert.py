@@ -101,8 +101,8 @@ def _load_dequantized(path: Path) -> tuple[Any, Any]:
     except ImportError:  # older transformers always dequantizes
         pass
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=str(path))
-    # transformers < 5 reads some of these wrongly (SmolLM2: EOS <|im_start|>, no pad, a BOS it never adds):
-    # the file's own values win.
+    # transformers 4.50 reads some of these wrongly (SmolLM2: EOS <|im_start|>, no pad, a BOS the file says it
+    # does not add): the file's own values win.
     for name, value in _stated_tokenizer_settings(path, tokenizer).items():
         if getattr(tokenizer, name, None) != value:
             setattr(tokenizer, name, value)

@@ -72,7 +72,7 @@ class _RewardModel:
 
         if not self.path.is_dir():
             raise self._fail("no such directory" if not self.path.exists() else "is a file, not a model directory")
-        if not (self.path / "config.json").is_file():  # checked here: transformers 4.x can make up a config
+        if not (self.path / "config.json").is_file():  # transformers 4.50 made one up for an empty folder
             raise self._fail("not a Hugging Face model directory (it has no config.json)")
         try:
             config = AutoConfig.from_pretrained(self.path)

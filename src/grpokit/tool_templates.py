@@ -32,7 +32,7 @@ from typing import Any
 
 from grpokit.tools import ToolBox, ToolCall, parse_tool_call
 
-__all__ = ["TemplateProtocol", "supports_tools", "template_protocol"]
+__all__ = ["TemplateProtocol", "build_toolbox", "supports_tools", "template_protocol"]
 
 # Probe texts: unusual enough never to be part of a template, ASCII so any tokenizer holds them.
 PROBE_NAME = "grpokit_probe_tool"
