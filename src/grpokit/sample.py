@@ -39,7 +39,7 @@ def sample_rows(
 
     With ``toolbox`` the model calls its tools as in training (the prompts list them where a chat template
     does): a completion is the whole trajectory as text, tool results included, as the run's reward functions
-    and reward models read it, and a row also counts its ``tool_calls``."""
+    and reward models read it, and a labelled or step row also counts its ``tool_calls``."""
     if num_generations < 1 or (pairs and num_generations < 2):
         raise ValueError(f"--num-generations must be at least {2 if pairs else 1}, got {num_generations}")
     extras = ["environments"] if toolbox is not None and toolbox.environment_factory is not None else []
