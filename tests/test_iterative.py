@@ -170,6 +170,16 @@ def test_bad_iteration_setups_fail_before_training(reward_dirs, tmp_path, overri
     assert not (tmp_path / "run").exists()
 
 
+def test_a_label_the_rows_cannot_feed_fails_at_start_up(reward_dirs, tmp_path):
+    """The labelling rewards first run after an iteration's steps: their signatures are checked before any."""
+    (tmp_path / "labels.py").write_text("def by_level(completions, level, **kwargs):\n"
+                                        "    return [0.0] * len(completions)\n")
+    config = config_for(reward_dirs, tmp_path / "run", reward_model_labels=[f"{tmp_path}/labels.py:by_level"])
+    with pytest.raises(ValueError, match=r"by_level.*'level'"):
+        trainer_for(config)
+    assert not (tmp_path / "run").exists()
+
+
 def test_with_tools_the_reward_models_rows_are_sampled_with_them(reward_dirs, tmp_path, monkeypatch):
     """The reward model retrains on trajectories like those it scores in training: tool results included."""
     import grpokit.sample

@@ -120,9 +120,11 @@ class GRPOTrainer:
         source = "train_dataset" if train_dataset is not None else config.dataset
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
         extras = ["environments"] if environment_factory is not None else []
-        needed = [k for k in check_reward_functions(self.reward_funcs, [*keywords, *extras], source) if k not in extras]
-        check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
         self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
+        # Iterative RL's labelling rewards are called on the same rows, first after an iteration's steps: checked now.
+        checked = self.reward_funcs + (self.iterations.labels if self.iterations else [])
+        needed = [k for k in check_reward_functions(checked, [*keywords, *extras], source) if k not in extras]
+        check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
 
         if model is None:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
