@@ -170,6 +170,9 @@ class Notes:
         """
         return "noted"
 
+    def get_reward(self):
+        return 0.5
+
 
 def knows_answer(completions, environments, **kwargs):
     return [float(len(e.answer)) for e in environments]
@@ -195,7 +198,9 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
                  "--reward-funcs", f"{tmp_path}/env.py:knows_answer"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 16 and any(r["tool_calls"] for r in rows)
-    assert [r["label"] for r in rows] == [float(len(row["answer"])) for row in ROWS for _ in range(4)]
+    # The environment's own reward labels too, as it rewards a run: named after its class, weight 1.
+    assert all(r["rewards"]["Notes"] == 0.5 for r in rows)
+    assert [r["label"] for r in rows] == [float(len(row["answer"])) + 0.5 for row in ROWS for _ in range(4)]
     capsys.readouterr()
     assert main([*common[:-1], "calculater"]) == 2
     assert "tools: unknown tool 'calculater'" in capsys.readouterr().err
