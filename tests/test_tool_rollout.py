@@ -248,6 +248,11 @@ def test_the_loss_mask_drops_exactly_the_inserted_tokens(tok, tmp_path, monkeypa
 class Guess:
     """An environment per completion: it knows the row's answer and grades each guess."""
 
+    made = 0
+
+    def __init__(self):
+        type(self).made += 1
+
     def reset(self, answer, **row):
         self.answer, self.guesses = answer, []
 
@@ -264,8 +269,9 @@ class Guess:
         return float(bool(self.guesses) and self.guesses[-1] == self.answer)
 
 
-def test_an_environment_per_completion_offers_tools_and_its_reward(tok, tmp_path):
+def test_an_environment_per_completion_offers_tools_and_its_reward(tok, tmp_path, monkeypatch):
     seen = {}
+    monkeypatch.setattr(Guess, "made", 0)
 
     def sees_environments(completions, environments, **kwargs):
         seen["environments"] = environments
@@ -275,6 +281,7 @@ def test_an_environment_per_completion_offers_tools_and_its_reward(tok, tmp_path
                         max_steps=1, progress_bar=False)
     trainer = GRPOTrainer(config, model=build_model(tok, SPEC, seed=0), tokenizer=tok, train_dataset=ROWS,
                           reward_funcs=[sees_environments], environment_factory=Guess)
+    assert Guess.made == 1  # start-up made one probe (the ToolBox's); its reward was read off the class
     box = trainer.sampler.toolbox
     session = box.session(ROWS[:2], 2, 60)
     assert [e.answer for e in session.environments] == ["70", "70", "77", "77"]

@@ -233,15 +233,16 @@ def resolve_tools(config: Any | None, tools: Sequence[str | Callable] | None = N
 
 def environment_reward_function(environment_factory: Callable[[], Any]) -> Callable[..., list] | None:
     """The reward function of environments that score themselves (``get_reward()`` or ``reward()``), named after
-    their class as in TRL; None when they do not."""
-    probe = environment_factory()
-    if not any(callable(getattr(probe, name, None)) for name in ("get_reward", "reward")):
+    their class as in TRL; None when they do not. A factory that is the class itself is read without making an
+    environment (the ToolBox makes its own probe)."""
+    kind = environment_factory if isinstance(environment_factory, type) else type(environment_factory())
+    if not any(callable(getattr(kind, name, None)) for name in ("get_reward", "reward")):
         return None
 
     def reward(environments: Sequence[Any], **kwargs: Any) -> list[float | None]:
         return environment_reward(environments)
 
-    reward.__name__ = type(probe).__name__
+    reward.__name__ = kind.__name__
     return reward
 
 
