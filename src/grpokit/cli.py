@@ -234,7 +234,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from grpokit.rewards import resolve_reward_functions
     from grpokit.sample import sample_rows
     from grpokit.tool_templates import build_toolbox
-    from grpokit.tools import environment_reward_function, resolve_tools
+    from grpokit.tools import add_environment_reward, resolve_tools
     from grpokit.user_code import load_callable
 
     if args.num_prompts is not None and args.num_prompts < 1:
@@ -246,10 +246,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     tool_functions, environment_factory = resolve_tools(None, args.tools, None if args.environment_factory is None
                                                         else load_callable(args.environment_factory,
                                                                            "--environment-factory"))
-    own_reward = None if environment_factory is None else environment_reward_function(environment_factory)
-    if own_reward is not None:  # environments that score themselves label too, as they reward a run
-        functions.append(own_reward)
-        weights.append(1.0)
+    add_environment_reward(functions, weights, environment_factory)  # labels, as it rewards a run
     model, tokenizer = load_model_and_tokenizer(args.model, args.seed, progress=not args.quiet)
     chat_template = False if args.no_chat_template else None
     toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=chat_template,

@@ -231,19 +231,24 @@ def resolve_tools(config: Any | None, tools: Sequence[str | Callable] | None = N
     return functions, environment_factory
 
 
-def environment_reward_function(environment_factory: Callable[[], Any]) -> Callable[..., list] | None:
-    """The reward function of environments that score themselves (``get_reward()`` or ``reward()``), named after
-    their class as in TRL; None when they do not. A factory that is the class itself is read without making an
-    environment (the ToolBox makes its own probe)."""
+def add_environment_reward(reward_funcs: list[Callable], weights: list[float],
+                           environment_factory: Callable[[], Any] | None) -> None:
+    """Append the reward function of environments that score themselves (``get_reward()`` or ``reward()``), named
+    after their class as in TRL, with weight 1, to ``reward_funcs`` and ``weights``: a run's rewards and
+    ``grpokit sample``'s labels alike. Nothing for no factory, or environments that do not score themselves. A
+    factory that is the class itself is read without making an environment (the ToolBox makes its own probe)."""
+    if environment_factory is None:
+        return
     kind = environment_factory if isinstance(environment_factory, type) else type(environment_factory())
     if not any(callable(getattr(kind, name, None)) for name in ("get_reward", "reward")):
-        return None
+        return
 
     def reward(environments: Sequence[Any], **kwargs: Any) -> list[float | None]:
         return environment_reward(environments)
 
     reward.__name__ = kind.__name__
-    return reward
+    reward_funcs.append(reward)
+    weights.append(1.0)
 
 
 class ToolBox:

@@ -64,7 +64,7 @@ from grpokit.rollout import PolicyLogprobs, Rollout, sequence_logprobs, stop_tok
 from grpokit.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
 from grpokit.tool_templates import build_toolbox
-from grpokit.tools import environment_reward_function, resolve_tools
+from grpokit.tools import add_environment_reward, resolve_tools
 from grpokit.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
 __all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
@@ -111,10 +111,7 @@ class GRPOTrainer:
         )
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
         tool_functions, environment_factory = resolve_tools(config, tools, environment_factory)
-        own_reward = None if environment_factory is None else environment_reward_function(environment_factory)
-        if own_reward is not None:
-            self.reward_funcs.append(own_reward)
-            self.reward_weights.append(1.0)
+        add_environment_reward(self.reward_funcs, self.reward_weights, environment_factory)
         check_trackers(config.trackers)
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
         source = "train_dataset" if train_dataset is not None else config.dataset
