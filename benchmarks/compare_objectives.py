@@ -34,13 +34,13 @@ import torch
 from common import mean_band
 from transformers.utils import logging as hf_logging
 
-from grpokit.arithmetic import held_out_rows
+from grpokit.cli.demo import DEMO_CONFIG
+from grpokit.cli.evaluate import evaluate, summarize
 from grpokit.config import GRPOConfig
-from grpokit.demo import DEMO_CONFIG
-from grpokit.evaluate import evaluate, summarize
-from grpokit.models import BUILTIN, load_model_and_tokenizer
-from grpokit.trainer import GRPOTrainer
-from grpokit.warm_start import warm_started_model_path
+from grpokit.models.loading import BUILTIN, load_model_and_tokenizer
+from grpokit.tasks.arithmetic import held_out_rows
+from grpokit.tasks.warm_start import warm_started_model_path
+from grpokit.trainers.grpo import GRPOTrainer
 
 OUTCOME = dict(supervision="outcome", reward_funcs=["accuracy", "format"])
 VARIANTS: dict[str, dict] = {

@@ -76,8 +76,8 @@ def saved_for_backward(fn) -> float:
 def counted_memory(trainer, prompt_length: int) -> dict[str, float]:
     import torch
 
-    from grpokit.rollout import Rollout
-    from grpokit.update import NonfiniteGuard, UpdateBatch, update
+    from grpokit.rollout.generate import Rollout
+    from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
 
     trained = [learner.module for learner in trainer.learners]
     models = trained + ([trainer.reference.model] if trainer.reference is not None else [])
@@ -125,14 +125,14 @@ def worker(job: dict) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from grpokit.arithmetic import held_out_rows
+    from grpokit.cli.demo import DEMO_CONFIG
+    from grpokit.cli.evaluate import evaluate, summarize
     from grpokit.config import GRPOConfig
-    from grpokit.demo import DEMO_CONFIG
-    from grpokit.evaluate import evaluate, summarize
-    from grpokit.models import BUILTIN, load_model_and_tokenizer
-    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
-    from grpokit.trainer import GRPOTrainer
-    from grpokit.warm_start import warm_started_model_path
+    from grpokit.models.loading import BUILTIN, load_model_and_tokenizer
+    from grpokit.tasks.arithmetic import held_out_rows
+    from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from grpokit.tasks.warm_start import warm_started_model_path
+    from grpokit.trainers.grpo import GRPOTrainer
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(job["threads"])
@@ -297,8 +297,8 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
 
-    from grpokit.tiny_model import TinyModelSpec
-    from grpokit.warm_start import warm_started_model_path
+    from grpokit.tasks.tiny_model import TinyModelSpec
+    from grpokit.tasks.warm_start import warm_started_model_path
 
     records = []
     for size in args.sizes:

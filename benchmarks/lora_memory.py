@@ -29,9 +29,9 @@ def worker(job: dict) -> dict:
     import torch
 
     from grpokit.config import GRPOConfig
-    from grpokit.models import BUILTIN
-    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.models.loading import BUILTIN
+    from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(2)
     baseline = rss_mb()

@@ -26,12 +26,12 @@ import torch
 from common import cpu_model
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.demo import TOOLS_CONFIG
-from grpokit.models import load_model_and_tokenizer
-from grpokit.rollout import generate, stop_token_ids
-from grpokit.tool_task import train_rows
-from grpokit.tools import ToolBox, resolve_tools
-from grpokit.warm_start import warm_started_model_path
+from grpokit.cli.demo import TOOLS_CONFIG
+from grpokit.models.loading import load_model_and_tokenizer
+from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.rollout.tools import ToolBox, resolve_tools
+from grpokit.tasks.tool_task import train_rows
+from grpokit.tasks.warm_start import warm_started_model_path
 
 
 def generation(model, tokenizer, rows, toolbox, group_size: int, max_new_tokens: int, seed: int) -> dict:

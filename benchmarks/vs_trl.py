@@ -65,7 +65,7 @@ def build(config_name: str, directory: Path) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpokit.tiny_model import build_tokenizer
+    from grpokit.tasks.tiny_model import build_tokenizer
 
     shape, _, _ = CONFIGS[config_name]
     if shape is None:
@@ -81,7 +81,7 @@ def build(config_name: str, directory: Path) -> Path:
 
 
 def smollm2_directory() -> Path:
-    from grpokit.convert import ConversionError, converted_gguf, smollm2_gguf
+    from grpokit.models.gguf import ConversionError, converted_gguf, smollm2_gguf
 
     try:
         return converted_gguf(smollm2_gguf())
@@ -166,7 +166,7 @@ def trl_worker(job: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpokit.rewards import accuracy_reward, format_reward
+    from grpokit.rewards.calling import accuracy_reward, format_reward
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
@@ -250,7 +250,7 @@ def grpokit_worker(job: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpokit.config import GRPOConfig
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])

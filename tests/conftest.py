@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
 TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64)
 

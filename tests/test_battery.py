@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from grpokit import GRPOConfig
-from grpokit.arithmetic import arithmetic_steps_reward
 from grpokit.config import ConfigError, load_config
 from grpokit.data import DataError, check_columns, load_jsonl
-from grpokit.rewards import RewardError, accuracy_reward, format_reward, score_completions, score_steps
+from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward, score_completions, score_steps
+from grpokit.tasks.arithmetic import arithmetic_steps_reward
 from test_trainer import make_trainer
 
 # ---- data files ------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from grpokit.data import DataError, check_columns
-from grpokit.models import load_model_and_tokenizer
-from grpokit.sampling import render_prompt
+from grpokit.models.loading import load_model_and_tokenizer
+from grpokit.training.sampling import render_prompt
 from test_trainer import make_trainer, ones
 
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -82,9 +82,9 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     import json
     import shutil
 
-    import grpokit.evaluate
-    from grpokit.cli import main
-    from grpokit.tiny_model import build_tokenizer
+    import grpokit.cli.evaluate
+    from grpokit.cli.main import main
+    from grpokit.tasks.tiny_model import build_tokenizer
 
     model_dir = tmp_path / "chat_model"
     shutil.copytree(tiny_model_dir, model_dir)
@@ -94,13 +94,13 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "Q", "answer": "1"}) + "\n")
     seen = []
-    real = grpokit.evaluate.evaluate
+    real = grpokit.cli.evaluate.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
         seen.extend(rows)
         return real(model, tokenizer, rows, **kwargs)
 
-    monkeypatch.setattr(grpokit.evaluate, "evaluate", spy)
+    monkeypatch.setattr(grpokit.cli.evaluate, "evaluate", spy)
     assert main(["eval", str(model_dir), "--data", str(data), "--samples", "1", "--max-new-tokens", "2",
                  "--system-prompt", "S", "--quiet"]) == 0
     assert seen[0]["prompt"] == "[system] S\n[user] Q\n[assistant] "

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit.checkpoint import CheckpointError, find_checkpoint, verify
+from grpokit.training.checkpoint import CheckpointError, find_checkpoint, verify
 from test_trainer import make_trainer
 
 TESTS = Path(__file__).parent
@@ -28,10 +28,10 @@ SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {str(TESTS)!r})
     import torch
     torch.set_num_threads(1)
-    import grpokit.checkpoint
+    import grpokit.training.checkpoint
     from conftest import TINY
     from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.tiny_model import build_model, build_tokenizer
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from test_trainer import ROWS, ones
 
     out, resume, kill = sys.argv[1], sys.argv[2] or None, os.environ.get("KILL", "")
@@ -47,8 +47,9 @@ SCRIPT = textwrap.dedent(f"""
         step = trainer.training_step
         trainer.training_step = lambda: (die() if trainer.step == int(at) else None) or step()
     if kind == "write":
-        manifest = grpokit.checkpoint._write_manifest
-        grpokit.checkpoint._write_manifest = lambda d: (die() if trainer.step == int(at) else None) or manifest(d)
+        manifest = grpokit.training.checkpoint._write_manifest
+        grpokit.training.checkpoint._write_manifest = (
+            lambda d: (die() if trainer.step == int(at) else None) or manifest(d))
     print("started", flush=True)
     trainer.train()
 """)
@@ -147,7 +148,7 @@ def checkpoint(tokenizer, tiny_model, tmp_path):
 
 def fresh_trainer(tokenizer, tmp_path, **overrides):
     from conftest import TINY
-    from grpokit.tiny_model import build_model
+    from grpokit.tasks.tiny_model import build_model
 
     return make_trainer(tokenizer, build_model(tokenizer, TINY, seed=0), tmp_path, **{"max_steps": 2, **overrides})
 
@@ -187,7 +188,7 @@ def test_checkpoint_of_another_config_is_refused(tokenizer, checkpoint, tmp_path
 
 
 def test_checkpoint_of_another_model_is_refused(tokenizer, checkpoint, tmp_path):
-    from grpokit.tiny_model import TinyModelSpec, build_model
+    from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 
     other = build_model(tokenizer, TinyModelSpec(hidden_size=48, num_layers=2, num_heads=2, intermediate_size=64,
                                                  max_positions=64))
@@ -205,7 +206,7 @@ def test_a_pickled_object_is_never_executed(tokenizer, checkpoint, tmp_path):
             return (os.system, (f"touch {marker}",))
 
     torch.save({"optimizer": Exploit()}, checkpoint / "trainer_state.pt")
-    from grpokit.checkpoint import _write_manifest
+    from grpokit.training.checkpoint import _write_manifest
 
     _write_manifest(checkpoint)  # a consistent manifest: only the unpickler stands in the way
     with pytest.raises(CheckpointError, match="trainer_state.pt cannot be read safely"):
@@ -241,7 +242,7 @@ def test_ppo_checkpoint_holds_the_value_model(tokenizer, tiny_model, tmp_path):
 def test_pruning_renames_before_deleting(tmp_path, monkeypatch):
     """A crash in the middle of deleting an old checkpoint leaves no step-* directory with files missing: it is
     renamed to .tmp-* first, and the next save's pruning removes that."""
-    from grpokit import checkpoint
+    from grpokit.training import checkpoint
 
     for step in (1, 2, 3):
         (tmp_path / f"step-{step}").mkdir()

@@ -1,4 +1,4 @@
-"""Log-probs through the LM head in chunks (grpokit.chunked_logprobs) equal the plain path's full logits —
+"""Log-probs through the LM head in chunks (grpokit.models.chunked_logprobs) equal the plain path's full logits —
 values and gradients, in float64 — on their own and end to end through ``sequence_logprobs``; the
 fallbacks to the full logits are taken by name; the trainer passes ``logprob_chunk_mb`` to every pass."""
 
@@ -8,16 +8,17 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grpokit import chunked_logprobs, rollout
-from grpokit.chunked_logprobs import (
+from grpokit.config import GRPOConfig
+from grpokit.core.objective import token_entropy, token_logprobs
+from grpokit.models.loading import chunked_logprobs
+from grpokit.models.chunked_logprobs import (
     ChunkedTokenLogprobs,
     chunk_rows,
     chunked_logprobs_and_entropy,
     chunked_token_logprobs,
 )
-from grpokit.config import GRPOConfig
-from grpokit.objective import token_entropy, token_logprobs
-from grpokit.rollout import full_logits_reason, sequence_logprobs
+from grpokit.rollout.generate import generate as rollout
+from grpokit.rollout.generate import full_logits_reason, sequence_logprobs
 from test_llama_family import fixed_batch, models
 from test_trainer import make_trainer
 
@@ -253,7 +254,7 @@ def test_a_lora_model_with_a_plain_head_is_chunked(tokenizer):
 
 @pytest.mark.parametrize("chunk_mb", [0.0, 0.5])
 def test_the_trainer_passes_logprob_chunk_mb_to_every_pass(tokenizer, tiny_model, tmp_path, monkeypatch, chunk_mb):
-    from grpokit import trainer as trainer_module
+    from grpokit.trainers import grpo as trainer_module
 
     calls = []
 

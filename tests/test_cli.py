@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.cli import main
+from grpokit.cli.demo import DEMO_CONFIG
+from grpokit.cli.main import main
 from grpokit.config import load_config
-from grpokit.demo import DEMO_CONFIG
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
-RECIPES = Path(__file__).parent.parent / "src" / "grpokit" / "recipes"
+RECIPES = Path(__file__).parent.parent / "src" / "grpokit" / "tasks" / "recipes"
 
 
 @pytest.fixture
@@ -101,9 +101,9 @@ def test_eval_pass_k_larger_than_the_samples_is_refused(tmp_path, tiny_model_dir
 
 def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The demo end to end with the warm start replaced by the tiny model (the real one is a benchmark)."""
-    import grpokit.demo
+    import grpokit.cli.demo
 
-    monkeypatch.setattr(grpokit.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
+    monkeypatch.setattr(grpokit.cli.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
     assert main(["demo", "--steps", "2", "--eval-prompts", "8", "--output-dir", str(tmp_path / "demo"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "accuracy, greedy" in out and "carry class: accuracy, greedy" in out
@@ -114,14 +114,14 @@ def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
 
 def test_tools_demo_plumbing(tmp_path, monkeypatch, capsys):
     """``demo --task tools`` end to end on an untrained tiny model with the tool tags."""
-    import grpokit.demo
-    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    import grpokit.cli.demo
+    from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
     tokenizer = build_tokenizer(tool_tags=True)
     build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                          max_positions=160)).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    monkeypatch.setattr(grpokit.demo, "warm_started_model_path", lambda seed, progress, task: tmp_path / "tiny")
+    monkeypatch.setattr(grpokit.cli.demo, "warm_started_model_path", lambda seed, progress, task: tmp_path / "tiny")
     assert main(["demo", "--task", "tools", "--steps", "1", "--eval-prompts", "4", "--output-dir",
                  str(tmp_path / "demo"), "--quiet"]) == 0
     out = capsys.readouterr().out

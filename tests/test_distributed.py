@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.config import ConfigError
-from grpokit.distributed import init_world
+from grpokit.training.distributed import init_world
 
 TESTS = Path(__file__).parent
 STEPS = 3
@@ -44,12 +44,12 @@ SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {str(TESTS)!r})
     import torch
     torch.set_num_threads(1)
-    import grpokit.sample, grpokit.sampling, grpokit.runlog
+    import grpokit.trainers.sample, grpokit.training.sampling, grpokit.training.runlog
     from conftest import TINY
     from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
-    from grpokit.tiny_model import build_model, build_tokenizer
-    from grpokit.rollout import Rollout
-    from grpokit.tools import ToolUse
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
+    from grpokit.rollout.generate import Rollout
+    from grpokit.rollout.tools import ToolUse
     from test_trainer import ROWS, ones
 
     def fake_generate(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, eos_token_id,
@@ -79,7 +79,8 @@ SCRIPT = textwrap.dedent(f"""
         return Rollout(repeat(prompt_ids), repeat(prompt_mask), ids, mask, torch.zeros(ids.shape),
                        lengths == max_new_tokens, tool_mask)
 
-    grpokit.sampling.generate = grpokit.sample.generate = fake_generate  # GRPO's and iterative RL's samples
+    # GRPO's and iterative RL's samples
+    grpokit.training.sampling.generate = grpokit.trainers.sample.generate = fake_generate
     rank = int(os.environ.get("RANK", 0))
 
     # The prompts of every call of a reward model on this process, written to OUT/VARIANT-scored-RANK.json with
@@ -95,7 +96,7 @@ SCRIPT = textwrap.dedent(f"""
     if rank != 0:  # only rank 0 may touch the run directory
         def refuse(*args, **kwargs):
             raise AssertionError(f"rank {{rank}} wrote to the run directory")
-        grpokit.runlog.RunLog.__init__ = refuse
+        grpokit.training.runlog.RunLog.__init__ = refuse
 
     variants = {VARIANTS!r}
     for name, overrides in variants.items():
@@ -150,7 +151,7 @@ def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600) 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from grpokit.tiny_model import build_tokenizer
+    from grpokit.tasks.tiny_model import build_tokenizer
     from test_reward_models import save_classifier
 
     tmp = tmp_path_factory.mktemp("dp")
@@ -166,7 +167,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_and_two_processes_end_with_the_same_parameters(runs, variant):
     from conftest import TINY
-    from grpokit.tiny_model import build_model, build_tokenizer
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
 
     one, two = (load_file(str(run / variant / "model" / "model.safetensors")) for run in runs)
     start = build_model(build_tokenizer(), TINY, seed=0).state_dict()
@@ -277,7 +278,7 @@ RESUME_SCRIPT = textwrap.dedent(f"""
     torch.set_num_threads(1)
     from conftest import TINY
     from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.tiny_model import build_model, build_tokenizer
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from test_trainer import ROWS, ones
 
     out, steps, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None
@@ -318,8 +319,8 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
     from torch.nn.parallel import DistributedDataParallel
     torch.set_num_threads(1)
     from conftest import TINY
-    from grpokit import rollout
-    from grpokit.tiny_model import build_model, build_tokenizer
+    from grpokit.rollout.generate import generate as rollout
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
 
     mode = sys.argv[1]
     fast = mode == "fast"
@@ -374,7 +375,7 @@ TOOLS_SCRIPT = textwrap.dedent(f"""
     import torch
     torch.set_num_threads(1)
     from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
     from test_tool_rollout import ROWS, SPEC
 
     tokenizer = build_tokenizer(tool_tags=True)

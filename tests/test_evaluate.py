@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from grpokit.evaluate import pass_at_k
+from grpokit.cli.evaluate import pass_at_k
 
 
 def test_pass_at_k_matches_enumeration():

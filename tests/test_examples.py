@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.arithmetic import HELD_OUT_PAIRS, has_carry
 from grpokit.config import GRPOConfig, SFTConfig
+from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, has_carry
 
 ROOT = Path(__file__).resolve().parents[1]
 SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml"]
-TRAIN_CONFIGS = ["examples/jsonl_dataset.yaml", "examples/smollm2/grpo.yaml", "src/grpokit/recipes/arithmetic.yaml",
-                 "src/grpokit/recipes/tools.yaml",
-                 "src/grpokit/recipes/arithmetic_process.yaml"]
+TRAIN_CONFIGS = ["examples/jsonl_dataset.yaml", "examples/smollm2/grpo.yaml",
+                 "src/grpokit/tasks/recipes/arithmetic.yaml",
+                 "src/grpokit/tasks/recipes/tools.yaml",
+                 "src/grpokit/tasks/recipes/arithmetic_process.yaml"]
 
 
 @pytest.mark.parametrize("path", SFT_CONFIGS + TRAIN_CONFIGS)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from grpokit.rewards import RewardError
-from grpokit.trainer import TrainingError
+from grpokit.rewards.calling import RewardError
+from grpokit.trainers.grpo import TrainingError
 from test_trainer import make_trainer, ones
 
 

@@ -1,4 +1,4 @@
-"""Iterative RL (grpokit.iterative): the reward model retrained between iterations on the policy's samples with
+"""Iterative RL (grpokit.trainers.iterative): the reward model retrained between iterations on the policy's samples with
 replay, the reference reset to the policy (KL exactly 0 at each iteration's first step), bit-exact resume."""
 
 import json
@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from conftest import TINY
 from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel
 from grpokit.config import ConfigError
-from grpokit.tiny_model import build_model, build_tokenizer
+from grpokit.tasks.tiny_model import build_model, build_tokenizer
 from test_reward_models import save_classifier
 
 ROWS = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(16)]
@@ -182,11 +182,11 @@ def test_a_label_the_rows_cannot_feed_fails_at_start_up(reward_dirs, tmp_path):
 
 def test_with_tools_the_reward_models_rows_are_sampled_with_them(reward_dirs, tmp_path, monkeypatch):
     """The reward model retrains on trajectories like those it scores in training: tool results included."""
-    import grpokit.sample
+    import grpokit.trainers.sample
     from test_tool_rollout import SPEC
 
-    boxes, real = [], grpokit.sample.sample_rows
-    monkeypatch.setattr(grpokit.sample, "sample_rows", lambda *a, toolbox=None, **k: boxes.append(toolbox)
+    boxes, real = [], grpokit.trainers.sample.sample_rows
+    monkeypatch.setattr(grpokit.trainers.sample, "sample_rows", lambda *a, toolbox=None, **k: boxes.append(toolbox)
                         or real(*a, toolbox=toolbox, **k))
     tokenizer = build_tokenizer(tool_tags=True)
     config = config_for(reward_dirs, tmp_path / "run", rl_iterations=2, max_steps=2, tools=["calculator"],

@@ -1,4 +1,4 @@
-"""The fast path (grpokit.llama_family) computes what the models' own forward computes: log-probs,
+"""The fast path (grpokit.models.fast.llama_family) computes what the models' own forward computes: log-probs,
 entropies and gradients on fixed batches, sampled log-probs, greedy completions, and the trainer's loss
 and gradient; it refuses what it cannot run exactly."""
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit import fused_linear, llama_family
-from grpokit.llama_family import LlamaFamily, unsupported
-from grpokit.rollout import generate, sequence_logprobs
-from grpokit.tiny_model import TinyModelSpec, build_model
-from grpokit.update import UpdateBatch
+from grpokit.models.loading.fast import fused_linear, llama_family
+from grpokit.models.fast.llama_family import LlamaFamily, unsupported
+from grpokit.rollout.generate import generate, sequence_logprobs
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model
+from grpokit.training.update import UpdateBatch
 from test_trainer import ROWS, loss_and_gradient, make_trainer
 
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpokit.config import ConfigError, GRPOConfig, SFTConfig
-from grpokit.tiny_model import TinyModelSpec, build_model
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 from test_trainer import make_trainer
 
 pytest.importorskip("bitsandbytes")
@@ -73,7 +73,7 @@ def test_ppo_steps_its_value_model_with_it_too(tokenizer, tmp_path):
 
 
 def test_sft_takes_it(tiny_model_dir, tmp_path):
-    from grpokit.sft import SFTTrainer
+    from grpokit.trainers.sft import SFTTrainer
 
     rows = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(16)]
     config = SFTConfig(model=str(tiny_model_dir), output_dir=str(tmp_path / "sft"), max_steps=2, batch_size=8,
@@ -103,7 +103,7 @@ def test_bad_settings_are_refused():
 def test_float32_moments_step_as_torchs_adamw_on_the_cpu():
     """The embedding (float32 moments) takes torch's fused AdamW update bit for bit; a quantised weight is
     only close to it."""
-    from grpokit.optim import adamw_8bit
+    from grpokit.core.optim import adamw_8bit
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(100, 64), torch.nn.Linear(64, 128))

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from grpokit import group_advantages, grpo_loss, process_advantages
-from grpokit import trainer as grpokit_trainer
-from grpokit.rollout import Rollout, generate, sequence_logprobs
-from grpokit.sampling import group_relative_advantages
-from grpokit.update import UpdateBatch
+from grpokit.rollout.generate import Rollout, generate, sequence_logprobs
+from grpokit.trainers import grpo as grpokit_trainer
+from grpokit.training.sampling import group_relative_advantages
+from grpokit.training.update import UpdateBatch
 from test_process import brute_force_ends
 from test_trainer import ROWS, loss_and_gradient, make_trainer, ones
 

@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModel
 
 from grpokit import GRPOConfig, GRPOTrainer, gae
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.config import ConfigError
-from grpokit.ppo import ValueModel, explained_variance, token_rewards, value_loss, whiten
-from grpokit.update import UpdateBatch
+from grpokit.trainers.ppo import ValueModel, explained_variance, token_rewards, value_loss, whiten
+from grpokit.training.update import UpdateBatch
 from test_cli import data_file, write_config  # noqa: F401 - data_file is a fixture
 from test_options import fixed_rollout
 from test_trainer import ROWS, documented_metrics, logged_keys, loss_and_gradient, make_trainer, ones

@@ -11,9 +11,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from grpokit import group_advantages, process_advantages
-from grpokit.arithmetic import arithmetic_steps_reward, worked_solution
-from grpokit.offsets import step_token_ends
-from grpokit.rewards import RewardError, accuracy_reward, score_completions, score_steps
+from grpokit.core.offsets import step_token_ends
+from grpokit.rewards.calling import RewardError, accuracy_reward, score_completions, score_steps
+from grpokit.tasks.arithmetic import arithmetic_steps_reward, worked_solution
 
 EPS = 1e-4
 

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.cli import main
-from grpokit.rewards import (
+from grpokit.cli.main import main
+from grpokit.rewards.calling import (
     TrainerState,
     accuracy_reward,
     arithmetic_steps_reward,

@@ -12,9 +12,9 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 
 import grpokit
 from grpokit import OutcomeRewardModel, ProcessRewardModel, RewardConfig, RewardTrainer
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.config import ConfigError
-from grpokit.tiny_model import TinyModelSpec, build_model
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 
 # A chat template whose assistant turn holds the content verbatim (so step ends can be located in it).
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

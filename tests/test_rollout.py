@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from grpokit import rollout as rollout_module
-from grpokit.rollout import generate, sample_tokens, sequence_logprobs, top_p_filter
+from grpokit.rollout.generate import generate as rollout_module
+from grpokit.rollout.generate import generate, sample_tokens, sequence_logprobs, top_p_filter
 
 
 class ScriptedLM(torch.nn.Module):
@@ -127,7 +127,7 @@ def test_several_stop_ids():
 
 
 def test_stop_token_ids_join_tokenizer_and_generation_config(tiny_model, tokenizer):
-    from grpokit.rollout import stop_token_ids
+    from grpokit.rollout.generate import stop_token_ids
 
     tiny_model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]
     assert stop_token_ids(tiny_model, tokenizer) == [tokenizer.eos_token_id, 7]

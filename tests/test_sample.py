@@ -9,10 +9,10 @@ import yaml
 
 from conftest import TINY
 from grpokit import OutcomeRewardModel, ProcessRewardModel
-from grpokit.arithmetic import arithmetic_steps_reward
-from grpokit.cli import main
-from grpokit.rewards import resolve_reward_functions
-from grpokit.sample import sample_rows
+from grpokit.cli.main import main
+from grpokit.rewards.calling import resolve_reward_functions
+from grpokit.tasks.arithmetic import arithmetic_steps_reward
+from grpokit.trainers.sample import sample_rows
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(12, 30), (47, 85), (20, 21), (33, 44)]]
 REWARDS = '''
@@ -182,7 +182,7 @@ def knows_answer(completions, environments, **kwargs):
 def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
     """--tools and --environment-factory: the model calls them as in a run with those tools; a label may read
     each completion's environment, as a run's reward functions do."""
-    from grpokit.tiny_model import build_model, build_tokenizer
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from test_tool_rollout import SPEC
 
     model_dir, tokenizer = tmp_path / "model", build_tokenizer(tool_tags=True)
@@ -207,8 +207,8 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
 
 
 def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path, monkeypatch):
-    import grpokit.sample
-    from grpokit.tiny_model import build_model, build_tokenizer
+    import grpokit.trainers.sample
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from test_chat import TEMPLATE
 
     model_dir, tokenizer = tmp_path / "model", build_tokenizer()
@@ -217,8 +217,9 @@ def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path
     tokenizer.save_pretrained(model_dir)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:2]))
-    rendered, real = [], grpokit.sample.render_prompt
-    monkeypatch.setattr(grpokit.sample, "render_prompt", lambda *a, **k: rendered.append(real(*a, **k)) or rendered[-1])
+    rendered, real = [], grpokit.trainers.sample.render_prompt
+    monkeypatch.setattr(grpokit.trainers.sample, "render_prompt",
+                        lambda *a, **k: rendered.append(real(*a, **k)) or rendered[-1])
     command = ["sample", str(model_dir), "--data", str(data), "--num-generations", "2", "--out",
                str(tmp_path / "out.jsonl"), "--max-new-tokens", "4", "--quiet"]
     assert main(command) == 0 and main([*command, "--no-chat-template"]) == 0

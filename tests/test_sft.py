@@ -8,12 +8,12 @@ import pytest
 import torch
 import yaml
 
-from grpokit.cli import main
+from grpokit.cli.main import main
 from grpokit.config import ConfigError, SFTConfig, load_config
 from grpokit.data import DataError
-from grpokit.rollout import stop_token_ids
-from grpokit.sft import Example, SFTTrainer, collate, tokenize_rows
-from grpokit.update import LossCounts, UpdateBatch
+from grpokit.rollout.generate import stop_token_ids
+from grpokit.trainers.sft import Example, SFTTrainer, collate, tokenize_rows
+from grpokit.training.update import LossCounts, UpdateBatch
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a, b in [(1, 2), (12, 30), (7, 8), (40, 2), (5, 5),
@@ -355,10 +355,10 @@ def test_collate_keeps_truncation_flags(tokenizer):
 
 
 def test_mixed_precision_auto_is_decided_once_at_start_up(tokenizer, tiny_model, tmp_path, monkeypatch):
-    import grpokit.models
+    import grpokit.models.loading
 
-    monkeypatch.setattr(grpokit.models, "native_bf16", lambda *args: "amx_bf16")
+    monkeypatch.setattr(grpokit.models.loading, "native_bf16", lambda *args: "amx_bf16")
     assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto").mixed_precision == "bf16"
-    monkeypatch.setattr(grpokit.models, "native_bf16", lambda *args: None)
+    monkeypatch.setattr(grpokit.models.loading, "native_bf16", lambda *args: None)
     assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto").mixed_precision == "no"
     assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="bf16").mixed_precision == "bf16"

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.ppo import gae
-from grpokit.rollout import generate, sequence_logprobs
-from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
-from grpokit.tools import ToolBox, ToolSession, calculator, tool_messages
+from grpokit.rollout.generate import generate, sequence_logprobs
+from grpokit.rollout.tools import ToolBox, ToolSession, calculator, tool_messages
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from grpokit.trainers.ppo import gae
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=320)
 CALL = '<tool>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool>'
@@ -227,7 +227,7 @@ def test_training_with_tools_leaves_results_out_of_the_loss_and_the_lengths(tok,
 
 def test_the_loss_mask_drops_exactly_the_inserted_tokens(tok, tmp_path, monkeypatch):
     """What reaches the objective: the model's own tokens only."""
-    from grpokit import trainer as trainer_module
+    from grpokit.trainers import grpo as trainer_module
 
     seen = []
     real = trainer_module.grpo_loss
@@ -349,7 +349,7 @@ def test_lora_trains_with_tools(tok, tmp_path):
 def test_conversational_rewards_get_the_messages_with_the_tool_turns(model, tok):
     """For a prompt that is a list of messages, completions reach reward functions as TRL passes them: the
     assistant's turns and the tool's messages between them; a text prompt's completion stays the text."""
-    from grpokit.rewards import score_completions
+    from grpokit.rewards.calling import score_completions
 
     rollout, session = scripted_rollout(model, tok, [f"x{CALL}y", "plain"])
     texts = rollout.decode(tok)
@@ -378,7 +378,7 @@ def test_ids_past_the_tokenizer_are_no_call(tok):
 def test_sampled_rows_call_the_tools_as_training_does(model, tok):
     """``grpokit sample`` with tools (and iterative RL's sampling, which runs it with the run's toolbox): each
     completion is its whole trajectory, tool results included, as the labelling rewards read it."""
-    from grpokit.sample import sample_rows
+    from grpokit.trainers.sample import sample_rows
 
     seen = []
 

@@ -4,11 +4,11 @@ hand products are systematically wrong while its calculator calls are right."""
 import json
 import random
 
-from grpokit import tool_task
-from grpokit.rewards import accuracy_reward, format_reward
-from grpokit.tiny_model import build_tokenizer
-from grpokit.tools import calculator, parse_tool_call
-from grpokit.warm_start import supervised_batch
+from grpokit.rewards.calling import accuracy_reward, format_reward
+from grpokit.rollout.tools import calculator, parse_tool_call
+from grpokit.tasks import tool_task
+from grpokit.tasks.tiny_model import build_tokenizer
+from grpokit.tasks.warm_start import supervised_batch
 
 
 def pair(prompt):

@@ -1,15 +1,15 @@
-"""grpokit.tool_templates: a chat template that knows tools gets its tools rendered by the template and its calls
-read and answered in the template's own format, the markers read from the template (not written here); the
+"""grpokit.rollout.tool_templates: a chat template that knows tools gets its tools rendered by the template and its
+calls read and answered in the template's own format, the markers read from the template (not written here); the
 tool's text never becomes a special token; templates of other kinds get no protocol (the plain one is used)."""
 
 import pytest
 import torch
 
-from grpokit.rollout import generate
-from grpokit.sampling import render_prompt
-from grpokit.tiny_model import TinyModelSpec, build_model, build_tokenizer
-from grpokit.tool_templates import TemplateProtocol, supports_tools, template_protocol
-from grpokit.tools import ToolBox, ToolCall, calculator
+from grpokit.rollout.generate import generate
+from grpokit.rollout.tool_templates import TemplateProtocol, supports_tools, template_protocol
+from grpokit.rollout.tools import ToolBox, ToolCall, calculator
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from grpokit.training.sampling import render_prompt
 from test_tool_rollout import Scripted
 
 # A small Hermes / Qwen2.5-style template: tools in the system turn, calls as <tool_call>\n{json}\n</tool_call>,
@@ -245,7 +245,7 @@ def test_the_trainer_uses_the_template_format_where_there_is_one(tok, tmp_path):
     """With a tool-aware chat template the prompts list the tools as the template renders them and calls are
     read in its format; with chat_template: false (or no template) the plain-text protocol."""
     from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.tools import PlainProtocol, calculator
+    from grpokit.rollout.tools import PlainProtocol, calculator
 
     rows = [{"prompt": "What is 6*7?", "answer": "42"}] * 4
     for chat_template, kind in ((None, TemplateProtocol), (False, PlainProtocol)):

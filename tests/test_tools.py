@@ -1,11 +1,11 @@
-"""grpokit.tools: the calculator (arithmetic parsed by hand; a hostile battery gets text back, never an evaluation)
-and the plain-text protocol (every malformed call gets a defined error text)."""
+"""grpokit.rollout.tools: the calculator (arithmetic parsed by hand; a hostile battery gets text back, never an
+evaluation) and the plain-text protocol (every malformed call gets a defined error text)."""
 
 import builtins
 
 import pytest
 
-from grpokit.tools import MAX_RESULT, ToolCall, calculator, parse_tool_call, run_tool
+from grpokit.rollout.tools import MAX_RESULT, ToolCall, calculator, parse_tool_call, run_tool
 
 
 @pytest.mark.parametrize("expression, expected", [

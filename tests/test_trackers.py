@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-import grpokit.runlog
+import grpokit.training.runlog
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.trainer import GRPOTrainer
+from grpokit.trainers.grpo import GRPOTrainer
 from test_trainer import ROWS, make_trainer, ones
 
 
@@ -86,7 +86,7 @@ def test_wandb_offline(tokenizer, tiny_model, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="pip install 'grpokit[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logged = spy_on(monkeypatch, grpokit.runlog.WandbTracker)
+    logged = spy_on(monkeypatch, grpokit.training.runlog.WandbTracker)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, report_to=["wandb"], run_name="tiny",
                            project="grpokit-tests")
     history = trainer.train()
@@ -114,7 +114,7 @@ def test_trackio_local(tokenizer, tiny_model, tmp_path, monkeypatch):
 
     if SQLiteStorage.get_project_db_path("grpokit-tests").parent != tmp_path / "trackio":
         pytest.skip(f"trackio was imported earlier in this process with another TRACKIO_DIR ({trackio.__name__})")
-    logged = spy_on(monkeypatch, grpokit.runlog.TrackioTracker)
+    logged = spy_on(monkeypatch, grpokit.training.runlog.TrackioTracker)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, report_to=["trackio"], run_name="tiny",
                            project="grpokit-tests")
     history = trainer.train()

@@ -12,12 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit import models as grpokit_models
-from grpokit import trainer as grpokit_trainer
 from grpokit.data import DataError
-from grpokit.rewards import RewardError, accuracy_reward, format_reward
-from grpokit.rollout import generate
-from grpokit.update import NonfiniteGuard, UpdateBatch, update
+from grpokit.models.loading import loading as grpokit_models
+from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward
+from grpokit.rollout.generate import generate
+from grpokit.trainers import grpo as grpokit_trainer
+from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
 
 
 def ones(prompts, completions, **kw):
@@ -70,7 +70,7 @@ def loss_and_gradient(trainer, batch: UpdateBatch, learner=None) -> tuple[dict[s
 
 
 def test_cpu_training_keeps_freed_memory_for_the_next_step(tokenizer, tiny_model, tmp_path, monkeypatch):
-    """On the CPU the trainer has malloc keep freed memory (``grpokit.models.keep_freed_memory``) unless
+    """On the CPU the trainer has malloc keep freed memory (``grpokit.models.loading.keep_freed_memory``) unless
     ``keep_freed_memory: false``, and on Linux with glibc the settings take. What they save (page faults,
     seconds per step) depends on the machine's state: ``benchmarks/freed_memory.py`` measures it."""
     returned = []

@@ -68,7 +68,7 @@ def compare(args: argparse.Namespace, model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import grpokit.rollout as new
+    import grpokit.rollout.generate as new
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -28,8 +28,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpokit.fused_linear import decode_product
-    from grpokit.llama_family import LlamaFamily
+    from grpokit.models.fast.fused_linear import decode_product
+    from grpokit.models.fast.llama_family import LlamaFamily
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="small", choices=list(CONFIGS))

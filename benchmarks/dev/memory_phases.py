@@ -47,7 +47,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpokit.config import GRPOConfig
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.trainers.grpo import GRPOTrainer
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _Mallinfo2

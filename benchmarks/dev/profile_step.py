@@ -70,7 +70,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpokit.config import GRPOConfig
-    from grpokit.trainer import GRPOTrainer
+    from grpokit.trainers.grpo import GRPOTrainer
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="large", choices=list(CONFIGS))

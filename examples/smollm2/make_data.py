@@ -9,7 +9,7 @@
   without any carry leaves every carry problem out of reach of RL.
 - ``train.jsonl``: ``{"prompt", "answer"}`` rows for ``grpokit train``: every training pair, carries included.
 - ``held_out.jsonl``: ``{"prompt", "answer", "carry"}``, pairs that neither stage ever sees
-  (grpokit.arithmetic's fixed held-out split), for ``grpokit eval``.
+  (grpokit.tasks.arithmetic's fixed held-out split), for ``grpokit eval``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import random
 import sys
 from pathlib import Path
 
-from grpokit.arithmetic import HELD_OUT_PAIRS, TRAIN_PAIRS, has_carry, make_row, prompt_text, worked_solution
+from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, TRAIN_PAIRS, has_carry, make_row, prompt_text, worked_solution
 
 ROWS = 300  # cold-start rows
 CARRY_SHARE = 0.25  # of the cold-start rows (the held-out problems carry in 45 % of cases)

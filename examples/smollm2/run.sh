@@ -5,7 +5,7 @@
 set -euo pipefail
 seed=${1:-0}
 out=runs/smollm2/seed$seed
-gguf=$(python -c "from grpokit.convert import smollm2_gguf; print(smollm2_gguf())")
+gguf=$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
 system_prompt=$(python -c "import yaml; print(yaml.safe_load(open('examples/smollm2/grpo.yaml'))['system_prompt'])")
 mkdir -p "$out"
 start=$(date +%s)

@@ -10,8 +10,7 @@ learned ones, which ``RewardTrainer`` and ``RewardConfig`` train (docs/reward_mo
 """
 
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, load_config
-from grpokit.data import DataError, load_jsonl
-from grpokit.objective import (
+from grpokit.core.objective import (
     aggregate_loss,
     group_advantages,
     grpo_loss,
@@ -19,13 +18,14 @@ from grpokit.objective import (
     process_advantages,
     token_logprobs,
 )
-from grpokit.ppo import gae, value_loss
-from grpokit.reward_models import OutcomeRewardModel, ProcessRewardModel
-from grpokit.reward_train import RewardTrainer
-from grpokit.rewards import RewardError, accuracy_reward, format_reward
-from grpokit.rollout import Rollout, generate
-from grpokit.sft import SFTTrainer
-from grpokit.trainer import GRPOTrainer
+from grpokit.data import DataError, load_jsonl
+from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward
+from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
+from grpokit.rollout.generate import Rollout, generate
+from grpokit.trainers.grpo import GRPOTrainer
+from grpokit.trainers.ppo import gae, value_loss
+from grpokit.trainers.reward import RewardTrainer
+from grpokit.trainers.sft import SFTTrainer
 
 __version__ = "0.1.0"
 

@@ -1,3 +1,3 @@
-from grpokit.cli import main
+from grpokit.cli.main import main
 
 raise SystemExit(main())

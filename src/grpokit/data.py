@@ -102,8 +102,8 @@ def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str,
     return rows
 
 
-BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.arithmetic)
-BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tool_task)
+BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.tasks.arithmetic)
+BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tasks.tool_task)
 
 
 def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
@@ -111,11 +111,11 @@ def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
     built-in task's training rows (in an order set by ``seed``), else JSON lines."""
     source = str(source)
     if source == BUILTIN:
-        from grpokit.arithmetic import train_rows
+        from grpokit.tasks.arithmetic import train_rows
 
         return train_rows(4096, seed)
     if source == BUILTIN_TOOLS:
-        from grpokit import tool_task
+        from grpokit.tasks import tool_task
 
         return tool_task.train_rows(4096, seed)
     if source.startswith("gsm8k:"):

@@ -1,0 +1,107 @@
+"""Evaluation: accuracy and format rate of a model on prompts with answers, greedy and sampled."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from grpokit.rewards.calling import accuracy_reward, format_reward
+from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.rollout.tools import ToolBox
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    prompt_column: str = "prompt",
+    answer_column: str = "answer",
+    samples_per_prompt: int = 4,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+    pass_ks: Sequence[int] | None = None,
+    greedy_completions: list[str] | None = None,
+    toolbox: ToolBox | None = None,
+) -> dict[str, list[float]]:
+    """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
+    ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
+    ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
+    the samples). ``greedy_completions``: a list that receives each row's greedy completion, in order.
+    With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
+    called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
+    completion)."""
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos = stop_token_ids(model, tokenizer)
+    pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
+    keys = ("correct", "format") + (("tool_rate", "tool_calls", "tool_errors") if toolbox is not None else ())
+    scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in keys}
+    pass_ks = [k for k in (pass_ks or []) if samples_per_prompt]
+    for k in pass_ks:
+        if not 1 <= k <= samples_per_prompt:
+            raise ValueError(f"pass@{k} needs 1 <= k <= samples_per_prompt={samples_per_prompt}")
+        scores[f"pass@{k}"] = []
+    starts = range(0, len(rows), batch_size)
+    for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
+        batch = rows[start : start + batch_size]
+        prompts = [row[prompt_column] for row in batch]
+        encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+        for mode, k in modes:
+            tools = None if toolbox is None else toolbox.session(batch, k, max_new_tokens)
+            rollout = generate(
+                model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
+                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                temperature=temperature, greedy=mode == "greedy", generator=generator, tools=tools,
+            )
+            if tools is not None:
+                calls = torch.tensor([[len(c), sum(u.failed for u in c)] for c in tools.calls], dtype=torch.float)
+                scores[f"{mode}_tool_rate"] += (calls[:, 0] > 0).float().view(-1, k).mean(dim=1).tolist()
+                scores[f"{mode}_tool_calls"] += calls[:, 0].view(-1, k).mean(dim=1).tolist()
+                scores[f"{mode}_tool_errors"] += calls[:, 1].view(-1, k).mean(dim=1).tolist()
+            completions = rollout.decode(tokenizer)
+            answers = [row[answer_column] for row in batch for _ in range(k)]
+            correct = torch.tensor(accuracy_reward(prompts, completions, answer=answers)).view(-1, k)
+            formatted = torch.tensor(format_reward(prompts, completions)).view(-1, k)
+            scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
+            scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
+            if mode == "greedy" and greedy_completions is not None:
+                greedy_completions += completions
+            if mode == "sampled":
+                for k in pass_ks:
+                    scores[f"pass@{k}"] += [pass_at_k(samples_per_prompt, int(c), k)
+                                            for c in correct.sum(dim=1).tolist()]
+    return scores
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: ``1 − C(n−c, k) / C(n, k)``, the
+    chance that at least one of k samples drawn without replacement is correct (Chen et al., 2021).
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 3, 2)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n samples, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(scores: dict[str, list[float]], keep: Sequence[bool] | None = None) -> dict[str, float]:
+    """Means of the per-row scores, optionally over the rows where ``keep`` is true."""
+    summary = {}
+    for key, values in scores.items():
+        chosen = list(values) if keep is None else [v for v, k in zip(values, keep) if k]
+        summary[key] = sum(chosen) / len(chosen) if chosen else float("nan")
+    return summary

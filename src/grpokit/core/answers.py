@@ -1,0 +1,72 @@
+"""Reading the answer out of a completion: the text of its single ``<answer>…</answer>``, a number
+written plainly, and whether a predicted answer matches a reference.
+
+Shared by the rule-based rewards (:mod:`grpokit.rewards.calling`) and the built-in task's process reward
+(:mod:`grpokit.tasks.arithmetic`). Everything here parses text; nothing ever evaluates it.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+Text = str | list[dict[str, Any]]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Plain decimal numbers, optionally signed, with optional thousands separators. ASCII digits only.
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|[+-]?\.[0-9]+", re.ASCII)
+
+
+def text_of(value: Text) -> str:
+    """The text of a prompt or completion in either form reward functions receive: plain text as is,
+    chat messages as the content of the last one (a completion's assistant message; a prompt's last turn).
+
+    >>> text_of("12"), text_of([{"role": "assistant", "content": "<answer>12</answer>"}])
+    ('12', '<answer>12</answer>')
+    """
+    if isinstance(value, str):
+        return value
+    return value[-1]["content"] if value else ""
+
+
+def extract_answer(completion: str) -> str | None:
+    """The text inside the completion's only ``<answer>…</answer>``; None if there is not exactly one.
+
+    >>> extract_answer("<think>x</think><answer> 42 </answer>")
+    ' 42 '
+    >>> extract_answer("<answer>1</answer><answer>2</answer>") is None
+    True
+    """
+    found = _ANSWER_RE.findall(completion)
+    if len(found) != 1 or completion.count("<answer>") != 1:
+        return None
+    return found[0]
+
+
+def parse_number(text: str) -> Decimal | None:
+    """A number written plainly (``" +1,234.0 "`` → 1234), or None. Never evaluates expressions.
+
+    >>> parse_number(" +007 "), parse_number("1,234.50"), parse_number("3+4"), parse_number("")
+    (Decimal('7'), Decimal('1234.50'), None, None)
+    """
+    text = text.strip()
+    if not _NUMBER_RE.fullmatch(text):
+        return None
+    try:
+        return Decimal(text.replace(",", ""))
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid literals
+        return None
+
+
+def answers_match(predicted: str, reference: Any) -> bool:
+    """Numeric equality when both sides parse as numbers, else whitespace-insensitive text equality.
+
+    >>> answers_match("0132", 132), answers_match("132.0", "132"), answers_match("", "0")
+    (True, True, False)
+    """
+    predicted_number, reference_number = parse_number(predicted), parse_number(str(reference))
+    if predicted_number is not None and reference_number is not None:
+        return predicted_number == reference_number
+    normalized = " ".join(predicted.split())
+    return bool(normalized) and normalized == " ".join(str(reference).split())

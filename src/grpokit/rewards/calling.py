@@ -1,0 +1,428 @@
+"""Rule-based rewards (docs/math.md, "One step": rewards) and the code that loads, checks, calls and
+combines reward functions.
+
+Reward functions are called as TRL calls them, by keyword::
+
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]
+
+``prompts``: each completion's prompt as the dataset holds it (text, or a list of chat messages);
+``completions``: the decoded text, or for a conversational prompt ``[{"role": "assistant", "content":
+text}]``; ``completion_ids``: the sampled token ids; ``trainer_state``: :class:`TrainerState`; every
+other dataset column under its own name (the answer column also as ``answer``). All lists are aligned
+with the completions (a prompt's row repeats for its G completions). A function receives the keywords
+it names, or all of them with ``**kwargs``. ``None`` means "not applicable to this completion".
+Rewards parse text; nothing here ever evaluates it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import numbers
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.config import check_reward_weights
+from grpokit.core.answers import Text, answers_match, extract_answer, parse_number, text_of
+from grpokit.rewards.learned import reward_model_from_spec
+from grpokit.rollout.tools import Overran, call_with_timeout
+from grpokit.tasks.arithmetic import arithmetic_steps_reward
+from grpokit.user_code import load_callable
+
+RewardFunction = Callable[..., list]
+Step = tuple[int, float]  # (character offset where a step ends, reward)
+# What every reward function may take besides the dataset's columns.
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The part of TRL's ``trainer_state`` that reward functions read: optimizer steps done before this
+    one, the run's total, and the data epoch (1 during the first pass over the dataset)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: int = 0
+
+_TAG = r"</?(?:think|answer)>"
+_FORMAT_RE = re.compile(
+    rf"\s*<think>((?:(?!{_TAG}).)*)</think>\s*<answer>((?:(?!{_TAG}).)*)</answer>\s*", re.DOTALL
+)
+
+
+def format_reward(prompts: Sequence[Text], completions: Sequence[Text], **columns: Any) -> list[float]:
+    """1.0 when a completion is exactly ``<think>…</think><answer>…</answer>`` (whitespace allowed
+    around the blocks, no tags nested or repeated), else 0.0.
+
+    >>> format_reward(["q"] * 3, ["<think>7+5=12</think><answer>12</answer>", "<answer>12</answer>",
+    ...                           "<think>a</think><answer>1</answer><answer>2</answer>"])
+    [1.0, 0.0, 0.0]
+    """
+    return [1.0 if _FORMAT_RE.fullmatch(text_of(c)) else 0.0 for c in completions]
+
+
+def accuracy_reward(
+    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
+) -> list[float]:
+    """1.0 when the text inside the single ``<answer>`` tag equals the row's ``answer``, else 0.0.
+
+    Tolerates whitespace, a leading ``+``, leading zeros, ``.0`` and thousands separators; an empty
+    or missing answer, or several ``<answer>`` tags, score 0.
+
+    >>> accuracy_reward(["q"] * 4, ["<answer> 1,024 </answer>", "<answer></answer>", "1024",
+    ...                             "<answer>1024</answer><answer>7</answer>"], answer=[1024] * 4)
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    scores = []
+    for completion, reference in zip(completions, answer):
+        predicted = extract_answer(text_of(completion))
+        scores.append(1.0 if predicted is not None and answers_match(predicted, reference) else 0.0)
+    return scores
+
+
+def math_accuracy_reward(
+    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
+) -> list[float]:
+    """1.0 when the single ``<answer>`` is mathematically equal to the row's ``answer``.
+
+    Plain numbers are compared exactly by the strict parser (as :func:`accuracy_reward`). Anything else
+    (``\\frac{1}{2}`` for 0.5, ``\\boxed{72}``) is checked with HF's ``math-verify`` when it is installed
+    (``pip install 'grpokit[math]'``), reading the model's answer as LaTeX only — its plain-expression
+    reader runs sympy's ``parse_expr``, an ``eval``, which model output never reaches. Without
+    math-verify those answers score 0.
+
+    >>> math_accuracy_reward(["q"] * 3, ["<answer>72</answer>", "<answer>71</answer>", "72"], answer=["72"] * 3)
+    [1.0, 0.0, 0.0]
+    """
+    scores = []
+    for completion, reference in zip(completions, answer):
+        predicted = extract_answer(text_of(completion))
+        if predicted is None or not predicted.strip():
+            scores.append(0.0)
+        elif parse_number(predicted) is not None and parse_number(str(reference)) is not None:
+            scores.append(1.0 if answers_match(predicted, reference) else 0.0)
+        else:
+            scores.append(1.0 if _math_verify(predicted, str(reference)) else 0.0)
+    return scores
+
+
+def _math_verify(predicted: str, reference: str) -> bool:
+    try:
+        from math_verify import LatexExtractionConfig, parse, verify
+    except ImportError:
+        return False
+    gold = parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
+    guess = parse(f"${predicted.strip().strip('$')}$", extraction_config=[LatexExtractionConfig()])
+    return bool(gold and guess and verify(gold, guess))
+
+
+def builtin_rewards() -> dict[str, RewardFunction]:
+    """Reward functions available by name in a config."""
+    return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
+            "arithmetic_steps": arithmetic_steps_reward}
+
+
+class RewardError(ValueError):
+    """A reward function failed or returned something unusable; the message names it."""
+
+
+def reward_name(fn: RewardFunction) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def resolve_reward_functions(
+    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None, **model_options: Any
+) -> tuple[list[RewardFunction], list[float]]:
+    """The reward functions and their weights (None: 1.0 each), checked: names unique, one weight per
+    function. A spec is a callable, the name of a built-in reward (``"accuracy"``, ``"math_accuracy"``,
+    ``"format"``, ``"arithmetic_steps"``), ``"FILE.py:NAME"`` / ``"package.module:NAME"``, or a reward model:
+    ``"model:PATH"``, ``"process_model:PATH"`` or a directory (:mod:`grpokit.rewards.learned`, which
+    ``model_options`` reach: ``device``, ``mixed_precision``, ``batch_size``, ...)."""
+    functions, builtin = [], builtin_rewards()
+    for spec in specs:
+        if callable(spec):
+            functions.append(spec)
+        elif spec in builtin:
+            functions.append(builtin[spec])
+        elif ":" in spec or Path(spec).is_dir():
+            functions.append(load_reward_function(spec, **model_options))
+        else:
+            close = difflib.get_close_matches(spec, sorted(builtin), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"reward_funcs: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
+                "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python); a reward "
+                "model is 'model:DIR' or 'process_model:DIR'"
+            )
+    names = [reward_name(fn) for fn in functions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs: names must be unique, got {names}")
+    check_reward_weights(weights, len(functions))
+    return functions, [1.0] * len(functions) if weights is None else list(weights)
+
+
+def load_reward_function(spec: str, **model_options: Any) -> RewardFunction:
+    """``"path/to/file.py:name"`` (a path relative to the working directory) or ``"package.module:name"``
+    (importable from ``sys.path``) → that function; errors name the file, module or attribute. A reward
+    model's spec (``model:PATH``, ``process_model:PATH``, a directory) → the model, loaded with ``model_options``."""
+    model = reward_model_from_spec(spec, **model_options)
+    return model if model is not None else load_callable(spec, "reward_funcs")
+
+
+def accepted_keywords(fn: RewardFunction) -> set[str] | None:
+    """The keywords ``fn`` can be called with; None when it takes any (``**kwargs``) or cannot be inspected."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def check_reward_functions(
+    reward_funcs: Sequence[RewardFunction], columns: Iterable[str], source: str
+) -> list[str]:
+    """Check, before any model loads, that each function can be called with what it will be passed
+    (:data:`REWARD_ARGUMENTS` and the dataset's ``columns``, as keywords); return the columns they
+    require, for the caller to check row by row. Errors name the function and the parameter."""
+    columns = list(columns)
+    clash = [c for c in columns if c in REWARD_ARGUMENTS]
+    if clash:
+        raise ValueError(f"{source}: column {clash[0]!r} has the name of an argument every reward function is "
+                         f"passed ({', '.join(REWARD_ARGUMENTS)}); rename the column")
+    passed = [*REWARD_ARGUMENTS, *columns]
+    required: list[str] = []
+    for fn in reward_funcs:
+        name = reward_name(fn)
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # no introspectable signature: nothing to check
+            continue
+        for p in parameters:
+            if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if p.kind is p.POSITIONAL_ONLY:
+                raise ValueError(
+                    f"reward function {name!r} takes {p.name!r} by position only; reward functions are called by "
+                    f"keyword ({', '.join(REWARD_ARGUMENTS)}, and each column by name), as in TRL"
+                )
+            if p.name not in passed:
+                close = difflib.get_close_matches(p.name, passed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"reward function {name!r} needs {p.name!r}, which is neither a reward argument "
+                    f"({', '.join(REWARD_ARGUMENTS)}) nor a column of {source} (its columns: {sorted(columns)}){hint}"
+                )
+            if p.name not in REWARD_ARGUMENTS:
+                required.append(p.name)
+    return list(dict.fromkeys(required))
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text)} characters)"
+
+
+def _invoke(fn: RewardFunction, name: str, kwargs: dict, timeout: float | None, what: str) -> Any:
+    """``fn(**kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns."""
+    try:
+        return call_with_timeout(fn, kwargs, timeout, f"reward {name}")
+    except Overran:
+        raise RewardError(f"reward function {name!r} took longer than reward_timeout={timeout} s {what}") from None
+
+
+def _call(
+    fn: RewardFunction, arguments: dict[str, list], shared: dict[str, Any], *,
+    timeout: float | None = None, on_error: str = "raise", errors: list[dict[str, Any]] | None = None,
+) -> list:
+    """Call one reward function on the batch: ``arguments`` (name → one value per completion, ``prompts``
+    and ``completions`` among them) and ``shared`` (the same for all), each keyword passed when ``fn``
+    takes it. If it raises, call it on one completion at a time to find the culprit:
+    ``on_error="raise"`` stops with an error naming the function, prompt and completion; ``"skip"``
+    scores the failing completions None and appends a record of each to ``errors``. A wrong length, or
+    a call longer than ``timeout`` seconds, is always an error."""
+    name, n = reward_name(fn), len(arguments["completions"])
+    accepted = accepted_keywords(fn)
+    passed = {k: v for k, v in arguments.items() if accepted is None or k in accepted}
+    shared = {k: v for k, v in shared.items() if accepted is None or k in accepted}
+    try:
+        values = _invoke(fn, name, {**passed, **shared}, timeout, f"on a batch of {n} completions")
+    except RewardError:
+        raise
+    except Exception as batch_error:
+        values = []
+        for i in range(n):
+            single = {key: [column[i]] for key, column in passed.items()}
+            try:
+                value = _invoke(fn, name, {**single, **shared}, timeout, f"on completion {i}")
+            except RewardError:
+                raise
+            except Exception as error:
+                if on_error == "raise":
+                    raise RewardError(
+                        f"reward function {name!r} raised {type(error).__name__}: {error} on completion {i}"
+                        f"{_which(arguments, i)}"
+                    ) from error
+                if errors is not None:
+                    errors.append({"function": name, "completion": i, "error": f"{type(error).__name__}: {error}"})
+                values.append(None)
+                continue
+            if not isinstance(value, (list, tuple)) or len(value) != 1:
+                raise RewardError(
+                    f"reward function {name!r} returned {value!r} for 1 completion; expected a list of 1"
+                ) from batch_error
+            values.append(value[0])
+        if on_error == "raise":  # every completion scores alone: the batch call itself is at fault
+            raise RewardError(
+                f"reward function {name!r} raised {type(batch_error).__name__}: {batch_error} on the batch of {n} "
+                "completions, though each completion alone scores"
+            ) from batch_error
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise RewardError(f"reward function {name!r} returned {got} for {n} completions; expected a list of {n}")
+    return list(values)
+
+
+def _which(arguments: dict[str, list], i: int) -> str:
+    """`` (prompt …, completion …)`` for an error message, from what the function was passed."""
+    parts = [f"{key[:-1]} {_short(str(text_of(arguments[key][i])))}" for key in ("prompts", "completions")
+             if key in arguments]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _check_number(name: str, i: int, value: Any, prompts: list[str], completions: list[str], where: str = "") -> float:
+    """A finite real number, else a RewardError naming the function, the completion (and the step)."""
+    if not isinstance(value, numbers.Real):
+        raise RewardError(
+            f"reward function {name!r} returned {type(value).__name__} {value!r} for completion {i}{where}; "
+            "expected a float or None"
+        )
+    if not math.isfinite(value):
+        raise RewardError(
+            f"reward function {name!r} returned {value} for completion {i}{where} "
+            f"(prompt {prompts[i]!r}, completion {completions[i]!r})"
+        )
+    return float(value)
+
+
+def _check_steps(name: str, i: int, value: Sequence, prompts: list[str], completions: list[str]) -> list[Step]:
+    """A process reward's value for one completion: (character offset where a step ends, reward) pairs."""
+    steps = []
+    for j, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not isinstance(pair[0], numbers.Integral):
+            raise RewardError(
+                f"reward function {name!r}: step {j} of completion {i} is {pair!r}; expected a pair "
+                "(character offset where the step ends, reward)"
+            )
+        offset = int(pair[0])
+        if not 0 <= offset <= len(completions[i]):
+            raise RewardError(
+                f"reward function {name!r}: step {j} of completion {i} ends at character {offset}, outside "
+                f"the completion's [0, {len(completions[i])}]"
+            )
+        steps.append((offset, _check_number(name, i, pair[1], prompts, completions, f", step {j}")))
+    return steps
+
+
+def score_completions(
+    reward_funcs: Sequence[RewardFunction],
+    weights: Sequence[float],
+    prompts: list[Text],
+    completions: list[str],
+    columns: dict[str, list],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: TrainerState | None = None,
+    messages: list[list[dict[str, Any]]] | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Outcome supervision: call each reward function once on the batch; return the weighted total
+    (N,) and, per function, its raw scores (N,) with NaN where it returned None.
+
+    ``prompts`` (as the dataset holds them), ``completions`` (decoded text), ``columns`` (name → one
+    value per completion), ``completion_ids`` and ``trainer_state`` reach each function as keywords
+    (this module's docstring); a completion of a conversational prompt as an assistant message, or, with
+    tools, as ``messages[i]`` (the assistant's turns and the tool results between them).
+
+    The total is the weighted sum over the functions that applied; a completion to which none applied
+    gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
+    naming the function (and the completion, where one is at fault); so does a step list (a process
+    reward), which needs :func:`score_steps`. ``options``: ``timeout``, ``on_error`` and ``errors`` of
+    :func:`_call`.
+    """
+    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, completion_ids,
+                                    trainer_state, messages, steps_allowed=False, **options)
+    return total, per_function
+
+
+def score_steps(
+    reward_funcs: Sequence[RewardFunction],
+    weights: Sequence[float],
+    prompts: list[Text],
+    completions: list[str],
+    columns: dict[str, list],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: TrainerState | None = None,
+    messages: list[list[dict[str, Any]]] | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
+    """Process supervision: every reward function's output as weighted steps per completion.
+
+    A process reward returns, per completion, a list of ``(character offset where the step ends,
+    reward)``; an outcome reward's single value becomes one step that ends with the completion
+    (offset ``len(completion)``), so outcome and process rewards mix by their weights. Steps of
+    several functions that end at the same offset are summed. ``None`` adds no step.
+
+    Returns ``(total, per_function, steps)``: ``steps[i]`` sorted by offset; ``per_function[name][i]``
+    is the function's outcome value or the mean of its step rewards (NaN where it gave none), and
+    ``total`` their weighted sum, for logging. The arguments reach the functions as in
+    :func:`score_completions`; offsets count characters of the completion's text.
+    """
+    return _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, messages,
+                  steps_allowed=True, **options)
+
+
+def _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, messages, *,
+           steps_allowed: bool, **options: Any):
+    n = len(completions)
+    # As TRL passes them: a conversational prompt's completion as the assistant's message (with tools, its
+    # messages: the assistant's turns and the tool results).
+    as_passed = [(messages[i] if messages is not None else [{"role": "assistant", "content": c}])
+                 if isinstance(p, list) else c for i, (p, c) in enumerate(zip(prompts, completions))]
+    arguments = {**columns, "prompts": list(prompts), "completions": as_passed}
+    if completion_ids is not None:
+        arguments["completion_ids"] = completion_ids
+    shared = {} if trainer_state is None else {"trainer_state": trainer_state}
+    per_function: dict[str, torch.Tensor] = {}
+    total = torch.zeros(n)
+    steps: list[dict[int, float]] = [{} for _ in range(n)]
+    for fn, weight in zip(reward_funcs, weights):
+        name = reward_name(fn)
+        scores = torch.full((n,), float("nan"))
+        for i, value in enumerate(_call(fn, arguments, shared, **options)):
+            if value is None:
+                continue
+            if isinstance(value, (list, tuple)):
+                if not steps_allowed:
+                    raise RewardError(
+                        f"reward function {name!r} returned step rewards (a list) for completion {i}: it is a "
+                        "process reward; set supervision: process to use it"
+                    )
+                pairs = _check_steps(name, i, value, prompts, completions)
+                if pairs:
+                    scores[i] = sum(r for _, r in pairs) / len(pairs)
+            else:
+                pairs = [(len(completions[i]), _check_number(name, i, value, prompts, completions))]
+                scores[i] = pairs[0][1]
+            for offset, reward in pairs:
+                steps[i][offset] = steps[i].get(offset, 0.0) + weight * reward
+        per_function[name] = scores
+        total += weight * torch.nan_to_num(scores, nan=0.0)
+    return total, per_function, [sorted(d.items()) for d in steps]

@@ -1,0 +1,143 @@
+"""The built-in task: two-digit addition, with worked solutions, a process reward that scores each
+column step, and a fixed split of the problems into training and held-out pairs.
+
+Prompts read ``What is 47 + 85?``; a worked solution adds column by column::
+
+    <think>
+    7+5=12
+    4+8+1=13
+    </think>
+    <answer>132</answer>
+
+``worked_solution(..., forget_carry=True)`` makes the mistake that the warm-start corpus makes on
+purpose (:mod:`grpokit.tasks.warm_start`), so that GRPO has something real to fix; the tokenizer and the
+tiny Llama are in :mod:`grpokit.tasks.tiny_model`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from grpokit.core.answers import Text, answers_match, extract_answer, text_of
+
+# Bump when prompts, solutions or the tokenizer (tiny_model.py) change, to invalidate the warm-start cache.
+TASK_VERSION = 1
+
+
+# ---- problems and worked solutions ---------------------------------------------------------------
+
+
+def has_carry(a: int, b: int) -> bool:
+    """Whether the units column of a + b carries (the class the corpus gets wrong)."""
+    return a % 10 + b % 10 >= 10
+
+
+def prompt_text(a: int, b: int) -> str:
+    return f"What is {a} + {b}?"
+
+
+def worked_solution(a: int, b: int, *, forget_carry: bool = False) -> str:
+    """Column addition of two two-digit numbers; ``forget_carry`` makes the corpus's mistake.
+
+    >>> worked_solution(47, 85)
+    '<think>\\n7+5=12\\n4+8+1=13\\n</think>\\n<answer>132</answer>'
+    >>> worked_solution(47, 85, forget_carry=True)
+    '<think>\\n7+5=12\\n4+8=12\\n</think>\\n<answer>122</answer>'
+    """
+    units = a % 10 + b % 10
+    carry = units // 10 if not forget_carry else 0
+    tens = a // 10 + b // 10 + carry
+    tens_line = f"{a // 10}+{b // 10}+1={tens}" if carry else f"{a // 10}+{b // 10}={tens}"
+    answer = tens * 10 + units % 10
+    return f"<think>\n{a % 10}+{b % 10}={units}\n{tens_line}\n</think>\n<answer>{answer}</answer>"
+
+
+_PROMPT_RE = re.compile(r"(\d+)\s*\+\s*(\d+)", re.ASCII)
+# One line of column arithmetic: "7+5=12" or "4+8+1=13" (digits, plus signs, one equals sign).
+_STEP_RE = re.compile(r"[ \t]*(\d+(?:[ \t]*\+[ \t]*\d+)*)[ \t]*=[ \t]*(\d+)[ \t]*", re.ASCII)
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def expected_steps(a: int, b: int) -> list[tuple[list[int], int]]:
+    """The correct column steps of a + b as (operands, result): units, then tens with its carry.
+
+    >>> expected_steps(47, 85)
+    [([7, 5], 12), ([4, 8, 1], 13)]
+    """
+    units = a % 10 + b % 10
+    tens_operands = [a // 10, b // 10] + ([1] if units >= 10 else [])
+    return [([a % 10, b % 10], units), (tens_operands, sum(tens_operands))]
+
+
+def arithmetic_steps_reward(
+    prompts: Sequence[Text], completions: Sequence[Text], **columns: Any
+) -> list[list[tuple[int, float]] | None]:
+    """Process reward for the built-in task: one step per arithmetic line of the ``<think>`` block,
+    then the final answer as the last step (docs/math.md, "Process supervision").
+
+    A line ``x+y(+c)=z`` scores 1.0 when it is the correct column step at its position (the right
+    digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines
+    are parsed, never evaluated. The final step, ending with the completion, scores 1.0 when the single
+    ``<answer>`` holds a + b. Each step is ``(character offset where it ends, reward)``. Prompts that
+    name no ``a + b`` get None.
+
+    >>> arithmetic_steps_reward(["What is 47 + 85?"], [worked_solution(47, 85, forget_carry=True)])
+    [[(14, 1.0), (21, 0.0), (51, 0.0)]]
+    """
+    results: list[list[tuple[int, float]] | None] = []
+    for prompt, completion in zip(prompts, completions):
+        prompt, completion = text_of(prompt), text_of(completion)
+        match = _PROMPT_RE.search(prompt)
+        if match is None:
+            results.append(None)
+            continue
+        a, b = int(match.group(1)), int(match.group(2))
+        expected = expected_steps(a, b)
+        steps: list[tuple[int, float]] = []
+        think = _THINK_RE.search(completion)
+        if think is not None:
+            offset = think.start(1)
+            for line in think.group(1).split("\n"):
+                parsed = _STEP_RE.fullmatch(line)
+                if parsed is not None:
+                    operands = [int(x) for x in parsed.group(1).split("+")]
+                    index = len(steps)
+                    right = index < len(expected) and expected[index] == (operands, int(parsed.group(2)))
+                    steps.append((offset + len(line.rstrip()), 1.0 if right else 0.0))
+                offset += len(line) + 1
+        predicted = extract_answer(completion)
+        correct = predicted is not None and answers_match(predicted, a + b)
+        steps.append((len(completion), 1.0 if correct else 0.0))
+        results.append(steps)
+    return results
+
+
+def _is_held_out(a: int, b: int) -> bool:
+    # A fixed ~10 % of all pairs, never seen in warm-start or GRPO training, whatever the seed.
+    return int(hashlib.sha256(f"{a}+{b}".encode()).hexdigest(), 16) % 10 == 0
+
+
+ALL_PAIRS = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+TRAIN_PAIRS = [p for p in ALL_PAIRS if not _is_held_out(*p)]
+HELD_OUT_PAIRS = [p for p in ALL_PAIRS if _is_held_out(*p)]
+
+
+def make_row(a: int, b: int) -> dict:
+    return {"prompt": prompt_text(a, b), "answer": str(a + b), "carry": has_carry(a, b)}
+
+
+def train_rows(num_rows: int, seed: int) -> list[dict]:
+    """Rows of the GRPO training set: prompts from the training pairs, in a seeded order."""
+    rng = random.Random(seed)
+    return [make_row(*rng.choice(TRAIN_PAIRS)) for _ in range(num_rows)]
+
+
+def held_out_rows(num_rows: int = 400) -> list[dict]:
+    """A fixed evaluation set from the held-out pairs (the same for every seed)."""
+    pairs = sorted(HELD_OUT_PAIRS)
+    random.Random(1234).shuffle(pairs)
+    return [make_row(*p) for p in pairs[:num_rows]]

@@ -1,0 +1,393 @@
+"""``GRPOTrainer``: the loop of docs/math.md ("One step"), one step top to bottom, for GRPO and for PPO.
+
+    trainer = GRPOTrainer(GRPOConfig(...), model=model, tokenizer=tokenizer,
+                          train_dataset=rows, reward_funcs=[accuracy_reward, my_reward])
+    trainer.train()
+
+Each step: (1) sample G completions for each of B prompts; (2) score them; (3) advantages; (4) the
+log-probs that stay fixed during the update (π_ref, and π_old when the policy moves before the batch's
+last optimizer step); (5) the update (:func:`grpokit.training.update.update`); (6) metrics. ``algorithm: ppo``
+adds one learner, the :class:`~grpokit.trainers.ppo.Critic`, whose value model gives GAE advantages in step 3
+and trains beside the policy in step 5; everything else is shared.
+
+Where it departs from the paper: none in the math. The reference model is the starting checkpoint,
+frozen; with ``rl_iterations`` (iterative RL, :mod:`grpokit.trainers.iterative`) it is reset to the policy at each
+iteration's end, as in DeepSeekMath, after the learned reward model is retrained (step 7).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from grpokit.config import GRPOConfig
+from grpokit.core.objective import grpo_loss, masked_mean
+from grpokit.core.optim import adamw_with_schedule
+from grpokit.data import check_columns, check_prompt_lengths, load_rows
+from grpokit.models.loading import (
+    autocast,
+    build_reference,
+    describe_precision,
+    follows_progress_bar,
+    keep_freed_memory,
+    load_model_and_tokenizer,
+    resolve_device,
+    resolve_precision,
+    save_pretrained,
+    seed_everything,
+    with_lora,
+)
+from grpokit.rewards.calling import check_reward_functions, resolve_reward_functions, reward_name
+from grpokit.rollout.generate import PolicyLogprobs, Rollout, sequence_logprobs, stop_token_ids
+from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tools import add_environment_reward, resolve_tools
+from grpokit.trainers.iterative import IterativeRL
+from grpokit.trainers.ppo import Critic
+from grpokit.training.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
+from grpokit.training.distributed import (
+    all_max,
+    all_sum,
+    data_parallel,
+    device_for,
+    full_state_dict,
+    gather,
+    init_world,
+    is_sharded,
+)
+from grpokit.training.runlog import RunLog, check_trackers, completion_records, step_metrics
+from grpokit.training.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
+from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
+
+__all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM stopped training after a checkpoint; the message names it."""
+
+
+class GRPOTrainer:
+    """Trains a causal LM with ``config.algorithm`` (GRPO, or the PPO baseline). Anything not passed is
+    built from the config."""
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        train_dataset: Sequence[dict[str, Any]] | None = None,
+        reward_funcs: Sequence[str | Callable] | None = None,
+        tools: Sequence[str | Callable] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
+    ):
+        self.config = config
+        seed_everything(config.seed)
+        # Bad launcher settings fail here, before any work (docs/distributed.md).
+        self.world = init_world(config.device, config.prompts_per_step)
+        self.device = device_for(self.world, resolve_device(config.device))
+        if config.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
+        # 'auto' is decided here, for this device, and nowhere else: every pass reads self.mixed_precision.
+        # The config (and so a checkpoint) keeps 'auto', so a resume on other hardware decides again.
+        self.mixed_precision = resolve_precision(config.mixed_precision, self.device)
+        self.precision_note = describe_precision(config.mixed_precision, self.device)  # also atop config.yaml
+        if self.world.main:
+            print(self.precision_note, file=sys.stderr)  # beside the progress bar; stdout stays the caller's
+
+        # Rewards, data and optional packages are checked before the (possibly slow) model load.
+        # Reward models named in the config run on this process's device, in the run's precision.
+        self.reward_funcs, self.reward_weights = resolve_reward_functions(
+            reward_funcs or config.reward_funcs, config.reward_weights, device=self.device,
+            mixed_precision=self.mixed_precision,
+        )
+        # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
+        tool_functions, environment_factory = resolve_tools(config, tools, environment_factory)
+        add_environment_reward(self.reward_funcs, self.reward_weights, environment_factory)
+        check_trackers(config.trackers)
+        rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
+        source = "train_dataset" if train_dataset is not None else config.dataset
+        keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
+        extras = ["environments"] if environment_factory is not None else []
+        self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
+        # Iterative RL's labelling rewards are called on the same rows, first after an iteration's steps: checked now.
+        checked = self.reward_funcs + (self.iterations.labels if self.iterations else [])
+        needed = [k for k in check_reward_functions(checked, [*keywords, *extras], source) if k not in extras]
+        check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
+
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
+        elif tokenizer is None:
+            raise ValueError("a tokenizer is required when a model is passed")
+        if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+            # The completion mask never looks at pad ids, so pad may safely equal EOS.
+            tokenizer.pad_token = tokenizer.eos_token
+        self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
+        toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
+                                max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+        listed = None if toolbox is None else toolbox.prompt_tools()
+        prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
+                                 chat_template=config.chat_template, tools=listed) for row in rows]
+        check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
+                             getattr(self.model.config, "max_position_embeddings", None))
+
+        # Copies of the starting policy are taken before it is sharded: π_ref, and PPO's value model.
+        self.reference = build_reference(self.model, config.beta, self.mixed_precision)
+        self.critic = Critic(self.model, config, self.world, self.device) if config.algorithm == "ppo" else None
+        # The policy's training passes are a module (PolicyLogprobs: the fast path, the LM head in chunks) that
+        # DDP wraps with several processes, its gradient sync hooked in as in any forward. FSDP2 shards the model
+        # in place and must gather its parameters in the model's own forward: there the pass takes it, its LM head
+        # set aside and run in chunks after it (sequence_logprobs; sampling and the frozen passes keep the fast path).
+        fsdp = self.world.distributed and config.parallelism == "fsdp"
+        policy_pass = PolicyLogprobs(self.model, temperature=config.temperature, fast=config.fast_path and not fsdp,
+                                     chunk_mb=config.logprob_chunk_mb, checkpoint_layers=config.gradient_checkpointing)
+        if fsdp:
+            data_parallel(self.model, self.world, "fsdp")  # shards it in place
+        train_model = policy_pass if fsdp else data_parallel(policy_pass, self.world)
+        optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate)  # over the shards
+        self.policy = Learner("", self.model, train_model, optimizer, scheduler, loss=self.policy_loss)
+        self.learners = [self.policy] + ([self.critic.learner] if self.critic else [])
+        self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights,
+                               stop_token_ids(self.model, tokenizer), self.device, self.world,
+                               sharded=is_sharded(self.model), mixed_precision=self.mixed_precision, toolbox=toolbox)
+        self.guard = NonfiniteGuard(config.max_nonfinite_updates)
+        self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
+
+    # ---- the step --------------------------------------------------------------------------------
+
+    def training_step(self) -> dict[str, float]:
+        config = self.config
+        start = time.perf_counter()
+
+        # 1-2. Sample G completions for each of B prompts from π_old and score them; with dynamic
+        #      sampling, groups without signal are replaced by groups from further rounds.
+        batch, sampled, sampling = self.sampler.sample(self.model, self.step)
+        rollout = batch.rollout
+        sampled_at = time.perf_counter()
+        loss_mask = rollout.model_mask  # the policy's own tokens: inserted tool results are context
+        if config.mask_truncated_completions:
+            loss_mask = loss_mask * ~rollout.truncated.unsqueeze(1)
+
+        # 4. Log-probs that stay fixed during the update: π_ref, and π_old when the policy moves before
+        #    the last optimizer step on the batch or PPO's reward needs it (with one step, π_old = π_θ and
+        #    ratio = 1 in value, so no extra pass is needed: docs/math.md, "One step").
+        ref_logp = self.reference_logprobs(rollout)
+        moves = config.num_iterations > 1 or config.num_minibatches > 1
+        old_logp = self.frozen_logprobs(self.model, rollout) if moves or self.critic else None
+
+        # 3. Advantages, (N, T): relative to the group (GRPO), or GAE on the value model's estimates (PPO).
+        if self.critic is None:
+            advantages = group_relative_advantages(batch, config.num_generations, config.scale_rewards, self.world)
+            fixed = UpdateBatch(rollout, loss_mask, advantages.to(self.device), old_logp, ref_logp)
+        else:
+            fixed = self.critic.update_batch(batch, loss_mask, old_logp, ref_logp)
+        frozen = time.perf_counter()
+
+        # 5. μ passes over the batch, one optimizer step per minibatch and learner, gradients accumulated
+        #    over micro-batches.
+        passes = update(self.learners, fixed, micro_batch_size=config.micro_batch_size,
+                        max_grad_norm=config.max_grad_norm, guard=self.guard, num_iterations=config.num_iterations,
+                        num_minibatches=config.num_minibatches, shuffle=self.shuffle, world=self.world)
+        last = {**passes[-1], "skipped_updates": sum(p["skipped_updates"] for p in passes)}
+        updated = time.perf_counter()
+
+        # 6. Metrics, over every process's completions.
+        self.step += 1
+        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), passes[0], last,
+                               (start, sampled_at, frozen, updated))
+        if self.critic is not None:
+            metrics.update(self.critic.metrics(fixed, last))
+        if self.iterations is not None:
+            metrics["rl_iteration"] = self.iterations.iteration(self.step)
+        self._log(metrics, batch, fixed.advantages)
+
+        # 7. Iterative RL, at an iteration's end: retrain the reward model on the new policy's samples and
+        #    reset the reference to the policy.
+        if self.iterations is not None and self.iterations.ends_iteration(self.step):
+            self.iterations.advance(self)
+        return metrics
+
+    def policy_loss(self, model: torch.nn.Module, batch: UpdateBatch, counts: LossCounts,
+                    first_pass: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped surrogate on a micro-batch (``grpo_loss``), with the policy's entropy on the first
+        pass. PPO's KL is in its per-token reward (``ppo.token_rewards``), so its loss has no KL term."""
+        config = self.config
+        with autocast(self.mixed_precision, self.device, cache=False):  # a weight's copy lives while a pass needs it
+            logp, entropy = model(*batch.rollout.sequences(), with_entropy=first_pass)  # PolicyLogprobs (in DDP)
+        loss, stats = grpo_loss(
+            logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.loss_mask,
+            epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+            beta=0.0 if self.critic else config.beta, aggregation=config.aggregation,
+            ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
+            kl_kind=config.kl_kind, num_sequences=counts.sequences, num_tokens=counts.tokens,
+        )
+        if entropy is not None:
+            stats["entropy"] = masked_mean(entropy, batch.loss_mask).item()
+        return loss, stats
+
+    @torch.no_grad()
+    def frozen_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
+        """Log-probs (N, T) of the sampled tokens under ``model``, without gradient, micro-batch by
+        micro-batch: π_old, or π_ref."""
+        was_training = model.training
+        model.eval()
+        chunks = []
+        for micro in rollout.split(self.config.micro_batch_size):
+            with autocast(self.mixed_precision, self.device, cache=False):
+                chunks.append(sequence_logprobs(model, *micro.sequences(), temperature=self.config.temperature,
+                                                fast=self.config.fast_path, chunk_mb=self.config.logprob_chunk_mb)[0])
+        model.train(was_training)
+        return torch.cat(chunks)
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        """π_ref's log-probs (N, T), or None when β = 0."""
+        if self.reference is None:
+            return None
+        with self.reference.active():
+            return self.frozen_logprobs(self.reference.model, rollout)
+
+    def _whole(self, batch: Batch, sampled: Batch, sampling: dict[str, float]) -> tuple[Batch, Batch, dict]:
+        """The step's batches and sampling counts over all processes (as they are, in a world of one)."""
+        world = self.world
+        if not world.distributed:
+            return batch, sampled, sampling
+        pad = self.tokenizer.pad_token_id
+        batch, sampled = (Batch.cat(gather(b, world), pad) for b in (batch, sampled))
+        slowest = ("sampling_rounds", "time_generate", "time_score")
+        sampling = {k: all_max(v, world) if k in slowest else all_sum(v, world) for k, v in sampling.items()}
+        sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
+        return batch, sampled, sampling
+
+    # ---- metrics and logging ---------------------------------------------------------------------
+
+    def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
+        self.history.append(metrics)
+        if not self.world.main:  # one process writes the run directory
+            return
+        if self.run_log is None:
+            self._start_run_log()
+        self.run_log.write(metrics, completion_records(
+            self.step, batch, advantages, self.config.prompt_column, self.config.num_generations,
+            self.config.log_completions,
+        ))
+
+    def _start_run_log(self) -> None:
+        config = self.config.to_dict()
+        config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
+        if self.run_log is not None:
+            self.run_log.finish()
+        self.run_log = RunLog(self.config.output_dir, trackers=self.config.trackers)
+        self.run_log.start(config, self.history, self.step, notes=[self.precision_note])
+
+    # ---- checkpoints and saving ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint holds (``checkpoint.py`` reads nothing else of the trainer):
+        ``modules`` (the trained modules themselves, loaded in place on resume; the policy is
+        ``"model"``), ``tokenizer``, ``optimizers`` (each learner's optimizer and schedule state),
+        ``rng`` (this process's random streams), ``data`` (the position in the dataset), ``step``,
+        ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "sampling": self.sampler.generator.get_state(),
+                               "minibatches": self.shuffle.get_state(), "python": random.getstate(),
+                               "numpy": np.random.get_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        modules = {"model": self.model, **({"value_model": self.critic.value_model} if self.critic else {})}
+        if self.iterations is not None:  # both change between iterations
+            modules["reward_model"] = self.iterations.reward_model.model
+            if self.reference is not None:
+                modules["reference"] = self.reference.model
+        optimizers = {}
+        for learner in self.learners:
+            optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
+            optimizers[learner.prefix + "scheduler"] = learner.scheduler.state_dict()
+        return {"step": self.step, "config": self.config.to_dict(), "modules": modules, "tokenizer": self.tokenizer,
+                "optimizers": optimizers, "rng": rng,
+                "data": {"order": list(self.sampler.order), "epoch": self.sampler.epoch},
+                "nonfinite_streak": self.guard.streak, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (``modules``, ``tokenizer`` and ``config`` excepted: the
+        modules' weights are loaded in place, the others are the run's own)."""
+        for learner in self.learners:
+            learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
+            learner.scheduler.load_state_dict(state["optimizers"][learner.prefix + "scheduler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.sampler.generator.set_state(rng["sampling"])
+        self.shuffle.set_state(rng["minibatches"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
+        self.sampler.order, self.sampler.epoch = list(state["data"]["order"]), state["data"]["epoch"]
+
+    def resume(self, which: str = "latest") -> Path:
+        """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
+        path = find_checkpoint(self.config.output_dir, which)
+        self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
+        return path
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of this step under ``output_dir/checkpoints`` (every process calls it)."""
+        return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints, self.world)
+
+    @follows_progress_bar
+    def train(self) -> list[dict[str, float]]:
+        """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint
+        every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model and tokenizer
+        to ``output_dir/model``."""
+        config, world = self.config, self.world
+        if config.resume:
+            self.resume(config.resume)
+        if world.main:
+            self._start_run_log()
+        bar = tqdm(range(self.step, config.max_steps), desc=config.algorithm.upper(),
+                   disable=not (config.progress_bar and world.main), dynamic_ncols=True)
+        saved_at = None
+        with StopSignals() as signals:
+            for _ in bar:
+                metrics = self.training_step()
+                postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
+                if metrics.get("accuracy") is not None:
+                    postfix["acc"] = f"{metrics['accuracy']:.2f}"
+                bar.set_postfix(postfix)
+                # Every process stops after the same step, whichever got the signal.
+                stop = all_max(float(signals.received or 0), world)
+                if config.save_every and self.step % config.save_every == 0 or stop:
+                    saved_at = self.save_checkpoint()
+                if stop:
+                    raise TrainingInterrupted(
+                        f"stopped by {signal.Signals(int(stop)).name} after step {self.step}; checkpoint "
+                        f"{saved_at}; continue with --resume latest"
+                    )
+        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
+            self.save_checkpoint()
+        self.save(Path(config.output_dir) / "model")
+        if self.run_log is not None:
+            self.run_log.finish()  # the trackers' runs (stopped runs are ended by their own exit handlers)
+        return self.history
+
+    def save(self, path: str | Path) -> None:
+        """The policy and tokenizer with ``save_pretrained`` (safetensors; LoRA: the adapter, and with
+        ``merge_lora`` the merged model in ``model_merged`` beside it), and PPO's value model in
+        ``value_model`` beside it. Every process calls it: a sharded model is gathered first."""
+        path = Path(path)
+        state = full_state_dict(self.model, self.world)
+        if self.world.main:
+            merged = path.parent / "model_merged" if self.config.merge_lora else None
+            save_pretrained(self.model, self.tokenizer, path, state, merged)
+        if self.critic is not None:
+            self.critic.save(path.parent / "value_model")

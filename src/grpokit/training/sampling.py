@@ -1,0 +1,294 @@
+"""Steps 1–3 of the loop (docs/math.md, "One step"): B prompts from the data, G completions each, their
+rewards, and the group-relative advantages — with dynamic sampling when asked.
+
+``Sampler`` owns what decides *which* completions a step trains on: the data order, the sampling
+generator, the reward functions. The trainer owns the models and the update.
+
+Every completion's reward arrives as steps ``(token that ends the step, reward)``: with outcome
+supervision one step, the whole reward at the completion's last token; with process supervision the
+reward functions' steps. Both then take one path to the advantages (:func:`group_relative_advantages`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.config import GRPOConfig
+from grpokit.core.objective import process_advantages
+from grpokit.core.offsets import step_token_ends
+from grpokit.models.loading import autocast
+from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
+from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
+from grpokit.rollout.generate import Rollout, generate
+from grpokit.rollout.tools import ToolBox, ToolSession, ToolUse, tool_messages
+from grpokit.training.distributed import SINGLE, World, gather
+
+
+@dataclass
+class Batch:
+    """B groups of G sampled completions with their rewards; each group's G rows contiguous."""
+
+    rows: list[dict[str, Any]]  # B dataset rows
+    rollout: Rollout  # N = B × G completions
+    completions: list[str]  # N decoded completions
+    rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
+    per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
+    steps: list[list[tuple[int, float]]]  # per completion: (token that ends a step, its weighted reward)
+    tool_calls: list[list[ToolUse]] | None = None  # per completion, its tool calls in order (None: no tools)
+
+    def groups(self, index: torch.Tensor, group_size: int) -> Batch:
+        """The groups at ``index`` (a bool mask or indices over B)."""
+        index = torch.arange(len(self.rows))[index]
+        rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # their completions
+        return Batch(
+            rows=[self.rows[i] for i in index.tolist()],
+            rollout=self.rollout.select(rows.to(self.rollout.completion_ids.device)),
+            completions=[self.completions[i] for i in rows.tolist()],
+            rewards=self.rewards[rows],
+            per_function={name: scores[rows] for name, scores in self.per_function.items()},
+            steps=[self.steps[i] for i in rows.tolist()],
+            tool_calls=None if self.tool_calls is None else [self.tool_calls[i] for i in rows.tolist()],
+        )
+
+    @staticmethod
+    def cat(batches: list[Batch], pad_token_id: int) -> Batch:
+        return Batch(
+            rows=[row for b in batches for row in b.rows],
+            rollout=Rollout.cat([b.rollout for b in batches], pad_token_id),
+            completions=[c for b in batches for c in b.completions],
+            rewards=torch.cat([b.rewards for b in batches]),
+            per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
+            steps=[s for b in batches for s in b.steps],
+            tool_calls=None if batches[0].tool_calls is None else [c for b in batches for c in b.tool_calls],
+        )
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_prompt: str | None = None,
+                  chat_template: bool | None = None, tools: Sequence[Callable] | None = None) -> str:
+    """The text a prompt is sampled from: a plain prompt as is (after ``system_prompt`` on its own line), or
+    rendered with the tokenizer's chat template and its generation prompt — always for a list of
+    ``{role, content}`` messages, for plain text when ``chat_template`` is True or None and the
+    tokenizer has one. ``tools``: listed by the chat template (JSON schemas from their type hints and
+    Google-style docstrings, in transformers), for a template that knows tools
+    (:mod:`grpokit.rollout.tool_templates`)."""
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) or (chat_template is not False and has_template):
+        if not has_template:
+            raise ValueError("a prompt is a list of chat messages but the tokenizer has no chat template")
+        if system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
+                                             add_generation_prompt=True)
+    if chat_template:
+        raise ValueError("chat_template is true but the tokenizer has no chat template")
+    return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
+
+
+def reward_column_names(rows: Sequence[dict[str, Any]], prompt_column: str, answer_column: str) -> dict[str, str]:
+    """Keyword → dataset column, for what reward functions receive besides the reward arguments: every
+    column but the prompt under its own name, and the answer column also as ``answer`` (taking the name
+    over from any column called ``answer``)."""
+    names = {key: key for key in dict.fromkeys(key for row in rows for key in row) if key != prompt_column}
+    return {**names, "answer": answer_column}
+
+
+def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: World = SINGLE) -> torch.Tensor:
+    """(N, T) advantages from the batch's steps (docs/math.md, "Advantages"): with one step per completion
+    these are :func:`~grpokit.core.objective.group_advantages` on every token. With ``scale="batch"`` over
+    several processes, the std is that of the whole batch's step rewards (a collective: every process
+    calls it)."""
+    batch_std = None
+    if scale == "batch" and world.distributed:
+        pooled = [reward for steps in batch.steps for _, reward in steps]
+        everything = torch.tensor([r for part in gather(pooled, world) for r in part])
+        batch_std = everything.std().item() if everything.numel() > 1 else 0.0
+    return process_advantages(
+        [[reward for _, reward in steps] for steps in batch.steps],
+        [[end for end, _ in steps] for steps in batch.steps],
+        batch.rollout.completion_mask, group_size, scale=scale, batch_std=batch_std,
+    )
+
+
+def own_token_steps(steps: list[tuple[int, float]], model_mask: list[int]) -> list[tuple[int, float]]:
+    """Steps that end on an inserted tool token (a completion cut off inside a tool's result) moved to the
+    policy's last token before it: rewards sit on the policy's actions (PPO's GAE reads them there)."""
+    own = [i for i, m in enumerate(model_mask) if m]
+    if not own:
+        return steps
+    moved: dict[int, float] = {}
+    for end, reward in steps:
+        if not model_mask[end]:
+            end = max([i for i in own if i <= end], default=own[0])
+        moved[end] = moved.get(end, 0.0) + reward
+    return sorted(moved.items())
+
+
+def tool_reward_inputs(tokenizer: Any, rollout: Rollout, tools: ToolSession, prompts: Sequence[Any],
+                       columns: dict[str, list]) -> list[list[dict[str, Any]]] | None:
+    """What reward functions get from a rollout with tools beyond its text: each completion's environment, added to
+    ``columns`` as ``environments``, and, where a prompt is conversational, each trajectory as messages (the
+    assistant's turns and the tool results; returned, else None), as TRL passes them."""
+    if tools.environments is not None:
+        columns["environments"] = tools.environments
+    if not any(isinstance(prompt, list) for prompt in prompts):
+        return None
+    return [tool_messages(tokenizer, rollout.completion_ids[i, : int(n)].tolist(), tools.calls[i])
+            for i, n in enumerate(rollout.lengths.tolist())]
+
+
+class Sampler:
+    """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
+    as the model reads it (:func:`render_prompt`); ``stop_ids``: the tokens that end a completion;
+    ``sharded``: the policy is sharded across processes, which must then run every decoding pass;
+    ``mixed_precision``: the resolved setting, 'no' or 'bf16' (:func:`grpokit.models.loading.resolve_precision`)."""
+
+    def __init__(
+        self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str],
+        reward_funcs: Sequence[Callable], reward_weights: Sequence[float], stop_ids: list[int],
+        device: torch.device, world: World = SINGLE, sharded: bool = False, mixed_precision: str = "no",
+        toolbox: ToolBox | None = None,
+    ):
+        self.config, self.tokenizer, self.rows, self.prompts, self.device = config, tokenizer, rows, prompts, device
+        self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
+        self.world, self.sharded, self.mixed_precision, self.toolbox = world, sharded, mixed_precision, toolbox
+        # Each process samples with its own stream (docs/distributed.md); one process: seeded by `seed`.
+        self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
+        self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
+        self.epoch = 0
+        self.groups_per_process = config.prompts_per_step // world.size
+
+    def next_indices(self) -> list[int]:
+        """This process's share of the next B rows (all of them in a world of one), walking seeded
+        permutations of the dataset without repeats within an epoch."""
+        indices = []
+        while len(indices) < self.config.prompts_per_step:
+            if not self.order:
+                order = list(range(len(self.rows)))
+                random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
+                self.order, self.epoch = order, self.epoch + 1
+            indices.append(self.order.pop())
+        start = self.world.rank * self.groups_per_process
+        return indices[start : start + self.groups_per_process]
+
+    def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+        return encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device)
+
+    def reward_columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
+        """Every column of the rows but the prompt, under its own name and repeated G times; the answer
+        column also as ``answer`` (:func:`reward_column_names`)."""
+        g, config = self.config.num_generations, self.config
+        names = reward_column_names(rows, config.prompt_column, config.answer_column)
+        return {name: [row.get(key) for row in rows for _ in range(g)] for name, key in names.items()}
+
+    def sample(self, model: torch.nn.Module, step: int = 0) -> tuple[Batch, Batch, dict[str, float]]:
+        """The step's training batch of B groups, every group sampled this step, and sampling metrics;
+        ``step``: optimizer steps done so far (reward functions' ``trainer_state.global_step``).
+
+        Without dynamic sampling both batches are one round of B prompts. With it, groups whose
+        advantages are all 0 are dropped and rounds of B more prompts are sampled until B groups carry
+        signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
+        """
+        config, b, g = self.config, self.groups_per_process, self.config.num_generations
+        rounds, no_signal, stats = [], [], {}
+        while True:
+            batch = self.generate_and_score(model, self.next_indices(), stats, step)
+            rounds.append(batch)
+            no_signal.append(self.no_signal_groups(batch))
+            with_signal = int(sum((~mask).sum() for mask in no_signal))
+            if not config.dynamic_sampling or with_signal >= b or len(rounds) == config.max_sampling_rounds:
+                break
+        sampled, no_signal = Batch.cat(rounds, self.tokenizer.pad_token_id), torch.cat(no_signal)
+        stats.update(frac_zero_std_groups=no_signal.float().mean().item(), sampling_rounds=len(rounds))
+        if not config.dynamic_sampling:
+            return batch, batch, {**stats, "dropped_groups": 0, "refilled_groups": 0}
+        # The first B groups with signal, then (if the rounds ran out) the first without.
+        refill = max(0, b - with_signal)
+        index = torch.cat([(~no_signal).nonzero().squeeze(1)[:b], no_signal.nonzero().squeeze(1)[:refill]])
+        stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
+        return sampled.groups(index, g), sampled, stats
+
+    def generate_and_score(
+        self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None, step: int = 0
+    ) -> Batch:
+        """Sample and score one round of the dataset rows at ``indices``; add its seconds, its reward
+        errors and the completions each reward model cut to its context to ``stats``. ``step``: as in
+        :meth:`sample`."""
+        stats = {} if stats is None else stats
+        config, g = self.config, self.config.num_generations
+        start = time.perf_counter()
+        rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
+        prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
+        tools = None if self.toolbox is None else self.toolbox.session(rows, g, config.max_completion_length)
+        model.eval()
+        with autocast(self.mixed_precision, self.device):
+            rollout = generate(
+                model, prompt_ids, prompt_mask,
+                num_generations=g, max_new_tokens=config.max_completion_length,
+                temperature=config.temperature, top_p=config.top_p,
+                eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
+                stop_early=not self.sharded, fast=config.fast_path, tools=tools,
+            )
+        generated = time.perf_counter()
+
+        # Weighted sum of the reward functions, each kept for logging, and the weighted steps: with
+        # outcome supervision one per completion, at its last token; with process supervision the
+        # functions' steps, their character offsets mapped to the tokens that end them.
+        completions = rollout.decode(self.tokenizer)
+        # Reward functions see each prompt as the dataset holds it (TRL's convention), not as rendered; with
+        # tools, the whole trajectory (as text, tool results included; as messages for a conversational prompt).
+        columns = self.reward_columns(rows)
+        held = [row[config.prompt_column] for row in rows for _ in range(g)]
+        messages = None if tools is None else tool_reward_inputs(self.tokenizer, rollout, tools, held, columns)
+        arguments = dict(
+            prompts=held, completions=completions,
+            columns=columns, messages=messages,
+            completion_ids=[ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())],
+            trainer_state=TrainerState(global_step=step, max_steps=config.max_steps, epoch=self.epoch),
+        )
+        errors: list[dict[str, Any]] = []
+        options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
+        # Reward models count the texts they cut to their context (cumulative): this round's share is the growth.
+        models = [fn for fn in self.reward_funcs if isinstance(fn, (OutcomeRewardModel, ProcessRewardModel))]
+        cut_before = [fn.truncated for fn in models]
+        if config.supervision == "outcome":
+            rewards, per_function = score_completions(self.reward_funcs, self.reward_weights, **arguments, **options)
+            last = (rollout.lengths - 1).clamp(min=0).tolist()
+            steps = [[(end, reward)] for end, reward in zip(last, rewards.tolist())]
+        else:
+            rewards, per_function, char_steps = score_steps(self.reward_funcs, self.reward_weights, **arguments,
+                                                            **options)
+            steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
+        if tools is not None:
+            steps = [own_token_steps(s, mask) for s, mask in zip(steps, rollout.model_mask.tolist())]
+        calls = [] if tools is None else [call for row in tools.calls for call in row]
+        for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
+                           ("reward_errors", len(errors)),
+                           *((("tool_calls", len(calls)), ("tool_errors", sum(c.failed for c in calls)),
+                              ("time_tools", sum(c.seconds for c in calls))) if tools is not None else ()),
+                           *((f"reward_truncated/{reward_name(fn)}", fn.truncated - before)
+                             for fn, before in zip(models, cut_before))):
+            stats[key] = stats.get(key, 0) + value
+        return Batch(rows, rollout, completions, rewards, per_function, steps, None if tools is None else tools.calls)
+
+    def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
+        """(character offset, reward) steps → (token index, reward), summing steps that share a token."""
+        ids = rollout.completion_ids[i, : int(rollout.lengths[i])].tolist()
+        ends = step_token_ends(self.tokenizer, ids, text, [offset for offset, _ in steps])
+        merged: dict[int, float] = {}
+        for end, (_, reward) in zip(ends, steps):
+            merged[end] = merged.get(end, 0.0) + reward
+        return sorted(merged.items())
+
+    def no_signal_groups(self, batch: Batch) -> torch.Tensor:
+        """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing. Whether an
+        advantage is 0 does not depend on the scale, so this stays local to the process."""
+        advantages = group_relative_advantages(batch, self.config.num_generations, "none")
+        return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
