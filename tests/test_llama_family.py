@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit.models.loading.fast import fused_linear, llama_family
+from grpokit.models.fast import fused_linear, llama_family
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.rollout.generate import generate, sequence_logprobs
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpokit.rollout.generate import generate as rollout_module
+from grpokit.rollout import generate as rollout_module
 from grpokit.rollout.generate import generate, sample_tokens, sequence_logprobs, top_p_filter
 
 

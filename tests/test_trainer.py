@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.data import DataError
-from grpokit.models.loading import loading as grpokit_models
+from grpokit.models import loading as grpokit_models
 from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward
 from grpokit.rollout.generate import generate
 from grpokit.trainers import grpo as grpokit_trainer
