@@ -128,7 +128,7 @@ def worker(job: dict) -> dict:
     from grpokit.cli.demo import DEMO_CONFIG
     from grpokit.cli.evaluate import evaluate, summarize
     from grpokit.config import GRPOConfig
-    from grpokit.models.loading import BUILTIN, load_model_and_tokenizer
+    from grpokit.resolve import BUILTIN, load_model_and_tokenizer
     from grpokit.tasks.arithmetic import held_out_rows
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
     from grpokit.tasks.warm_start import warm_started_model_path

@@ -45,7 +45,7 @@ def worker(job: dict) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpokit.rollout.generate import full_logits_reason, sequence_logprobs
+    from grpokit.models.logprobs import full_logits_reason, sequence_logprobs
 
     torch.set_num_threads(job["threads"])
     torch.manual_seed(0)

@@ -29,7 +29,7 @@ def worker(job: dict) -> dict:
     import torch
 
     from grpokit.config import GRPOConfig
-    from grpokit.models.loading import BUILTIN
+    from grpokit.resolve import BUILTIN
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
     from grpokit.trainers.grpo import GRPOTrainer
 

@@ -27,7 +27,7 @@ from common import cpu_model
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli.demo import TOOLS_CONFIG
-from grpokit.models.loading import load_model_and_tokenizer
+from grpokit.resolve import load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox, resolve_tools
 from grpokit.tasks.tool_task import train_rows

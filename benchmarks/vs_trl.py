@@ -166,7 +166,7 @@ def trl_worker(job: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpokit.rewards.calling import accuracy_reward, format_reward
+    from grpokit.rewards.builtin import accuracy_reward, format_reward
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])

@@ -10,7 +10,8 @@ import yaml
 from grpokit import GRPOConfig
 from grpokit.config import ConfigError, load_config
 from grpokit.data import DataError, check_columns, load_jsonl
-from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward, score_completions, score_steps
+from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.calling import RewardError, score_completions, score_steps
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
 from test_trainer import make_trainer
 

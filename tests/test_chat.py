@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpokit.data import DataError, check_columns
-from grpokit.models.loading import load_model_and_tokenizer
+from grpokit.resolve import load_model_and_tokenizer
 from grpokit.training.sampling import render_prompt
 from test_trainer import make_trainer, ones
 

@@ -11,14 +11,14 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHead
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import token_entropy, token_logprobs
 from grpokit.models import chunked_logprobs
+from grpokit.models import logprobs as rollout
 from grpokit.models.chunked_logprobs import (
     ChunkedTokenLogprobs,
     chunk_rows,
     chunked_logprobs_and_entropy,
     chunked_token_logprobs,
 )
-from grpokit.rollout import generate as rollout
-from grpokit.rollout.generate import full_logits_reason, sequence_logprobs
+from grpokit.models.logprobs import full_logits_reason, sequence_logprobs
 from test_llama_family import fixed_batch, models
 from test_trainer import make_trainer
 

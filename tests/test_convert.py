@@ -18,7 +18,7 @@ import grpokit.models.gguf  # noqa: E402
 from grpokit.cli.main import main  # noqa: E402
 from grpokit.config import GRPOConfig  # noqa: E402
 from grpokit.models.gguf import ConversionError, convert_gguf, converted_gguf  # noqa: E402
-from grpokit.models.loading import load_model_and_tokenizer  # noqa: E402
+from grpokit.resolve import load_model_and_tokenizer  # noqa: E402
 from grpokit.trainers.grpo import GRPOTrainer  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from grpokit.rollout.generate import generate, sequence_logprobs
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.generate import generate
 from test_options import each_one
 from test_trainer import make_trainer, ones
 

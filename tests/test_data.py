@@ -48,7 +48,7 @@ def test_bad_values(row, match):
 
 
 def test_load_csv_and_its_errors(tmp_path):
-    from grpokit.data import load_rows
+    from grpokit.resolve import load_rows
 
     good = tmp_path / "d.csv"
     good.write_text('prompt,answer,topic\n"What is 1, 2?",3,sums\nQ2,4,\n')
@@ -70,7 +70,7 @@ def test_load_csv_and_its_errors(tmp_path):
 
 def test_parquet_and_saved_datasets(tmp_path):
     datasets = pytest.importorskip("datasets")
-    from grpokit.data import load_rows
+    from grpokit.resolve import load_rows
 
     rows = [{"prompt": "What is 1 + 1?", "answer": "2", "level": 1}, {"prompt": "Q2", "answer": "4", "level": 2}]
     table = datasets.Dataset.from_list(rows)

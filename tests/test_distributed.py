@@ -319,7 +319,7 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
     from torch.nn.parallel import DistributedDataParallel
     torch.set_num_threads(1)
     from conftest import TINY
-    from grpokit.rollout import generate as rollout
+    from grpokit.models import logprobs as rollout
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
 
     mode = sys.argv[1]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from grpokit.rollout import generate as rollout
-from grpokit.rollout.generate import checkpointed_layers, sequence_logprobs
+from grpokit.models import logprobs as rollout
+from grpokit.models.logprobs import checkpointed_layers, sequence_logprobs
 from test_llama_family import fixed_batch, models
 from test_trainer import make_trainer
 
@@ -69,7 +69,7 @@ def test_a_model_without_checkpointable_layers_is_named(tokenizer):
 
 
 def test_the_trainer_checkpoints_its_policy_passes_only(tokenizer, tiny_model, tmp_path, monkeypatch):
-    from grpokit.rollout import generate as rollout_module
+    from grpokit.models import logprobs as rollout_module
     from grpokit.trainers import grpo as trainer_module
 
     calls = []

@@ -10,7 +10,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForC
 
 from grpokit.models.fast import fused_linear, llama_family
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
-from grpokit.rollout.generate import generate, sequence_logprobs
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.generate import generate
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 from grpokit.training.update import UpdateBatch
 from test_trainer import ROWS, loss_and_gradient, make_trainer

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpokit.data import DataError, load_gsm8k
-from grpokit.rewards.calling import math_accuracy_reward
+from grpokit.rewards.builtin import math_accuracy_reward
 
 SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 

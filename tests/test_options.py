@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from grpokit import group_advantages, grpo_loss, process_advantages
-from grpokit.rollout.generate import Rollout, generate, sequence_logprobs
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.generate import Rollout, generate
 from grpokit.trainers import grpo as grpokit_trainer
 from grpokit.training.sampling import group_relative_advantages
 from grpokit.training.update import UpdateBatch

@@ -146,7 +146,7 @@ def test_a_bf16_run_stores_the_references_linear_layers_in_bf16_and_computes_the
     """Under bf16 autocast a linear layer computes with its weight cast to bfloat16: stored so, the reference
     gives the very same log-probs, on the fast path and through the model's own forward."""
     from grpokit.models.loading import build_reference
-    from grpokit.rollout.generate import sequence_logprobs
+    from grpokit.models.logprobs import sequence_logprobs
     from grpokit.tasks.tiny_model import build_tokenizer
     from test_llama_family import models
 

@@ -12,7 +12,8 @@ from transformers import PreTrainedTokenizerFast
 
 from grpokit import group_advantages, process_advantages
 from grpokit.core.offsets import step_token_ends
-from grpokit.rewards.calling import RewardError, accuracy_reward, score_completions, score_steps
+from grpokit.rewards.builtin import accuracy_reward
+from grpokit.rewards.calling import RewardError, score_completions, score_steps
 from grpokit.tasks.arithmetic import arithmetic_steps_reward, worked_solution
 
 EPS = 1e-4

@@ -8,15 +8,10 @@ import pytest
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli.main import main
-from grpokit.rewards.calling import (
-    TrainerState,
-    accuracy_reward,
-    arithmetic_steps_reward,
-    format_reward,
-    resolve_reward_functions,
-    score_completions,
-    score_steps,
-)
+from grpokit.resolve import resolve_reward_functions
+from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.calling import TrainerState, score_completions, score_steps
+from grpokit.tasks.arithmetic import arithmetic_steps_reward
 from test_chat import TEMPLATE
 from test_trainer import make_trainer
 

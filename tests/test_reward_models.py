@@ -20,7 +20,8 @@ from transformers import (
 
 import grpokit
 from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
-from grpokit.rewards.calling import resolve_reward_functions, score_steps
+from grpokit.resolve import resolve_reward_functions
+from grpokit.rewards.calling import score_steps
 from grpokit.tasks.tiny_model import build_tokenizer
 from test_trainer import documented_metrics, logged_keys
 

@@ -4,13 +4,9 @@ import math
 
 import pytest
 
-from grpokit.rewards.calling import (
-    RewardError,
-    accuracy_reward,
-    format_reward,
-    resolve_reward_functions,
-    score_completions,
-)
+from grpokit.resolve import resolve_reward_functions
+from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.calling import RewardError, score_completions
 
 GOOD = "<think>\n7+5=12\n4+8+1=13\n</think>\n<answer>132</answer>"
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout import generate as rollout_module
-from grpokit.rollout.generate import generate, sample_tokens, sequence_logprobs, top_p_filter
+from grpokit.rollout.generate import generate, sample_tokens, top_p_filter
 
 
 class ScriptedLM(torch.nn.Module):

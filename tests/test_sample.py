@@ -10,7 +10,7 @@ import yaml
 from conftest import TINY
 from grpokit import OutcomeRewardModel, ProcessRewardModel
 from grpokit.cli.main import main
-from grpokit.rewards.calling import resolve_reward_functions
+from grpokit.resolve import resolve_reward_functions
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
 from grpokit.trainers.sample import sample_rows
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.rollout.generate import generate, sequence_logprobs
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.generate import generate
 from grpokit.rollout.tools import ToolBox, ToolSession, calculator, tool_messages
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 from grpokit.trainers.ppo import gae

@@ -4,7 +4,7 @@ hand products are systematically wrong while its calculator calls are right."""
 import json
 import random
 
-from grpokit.rewards.calling import accuracy_reward, format_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rollout.tools import calculator, parse_tool_call
 from grpokit.tasks import tool_task
 from grpokit.tasks.tiny_model import build_tokenizer

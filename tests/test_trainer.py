@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.data import DataError
 from grpokit.models import loading as grpokit_models
-from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.calling import RewardError
 from grpokit.rollout.generate import generate
 from grpokit.trainers import grpo as grpokit_trainer
 from grpokit.training.update import NonfiniteGuard, UpdateBatch, update

@@ -19,7 +19,8 @@ from grpokit.core.objective import (
     token_logprobs,
 )
 from grpokit.data import DataError, load_jsonl
-from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.calling import RewardError
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.generate import Rollout, generate
 from grpokit.trainers.grpo import GRPOTrainer

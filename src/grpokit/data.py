@@ -102,31 +102,16 @@ def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str,
     return rows
 
 
-BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.tasks.arithmetic)
-BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tasks.tool_task)
-
-
-def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
-    """A dataset by its kind: ``gsm8k:FILE``, a ``save_to_disk`` directory, ``.csv``, ``.parquet``, the
-    built-in task's training rows (in an order set by ``seed``), else JSON lines."""
-    source = str(source)
-    if source == BUILTIN:
-        from grpokit.tasks.arithmetic import train_rows
-
-        return train_rows(4096, seed)
-    if source == BUILTIN_TOOLS:
-        from grpokit.tasks import tool_task
-
-        return tool_task.train_rows(4096, seed)
-    if source.startswith("gsm8k:"):
-        return load_gsm8k(source.removeprefix("gsm8k:"))
-    if Path(source).is_dir():
-        return load_saved_dataset(source)
-    if source.lower().endswith(".csv"):
-        return load_csv(source)
-    if source.lower().endswith(".parquet"):
-        return load_parquet(source)
-    return load_jsonl(source)
+def load_file(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a file by its kind: a ``save_to_disk`` directory, ``.csv``, ``.parquet``, else JSON lines (names
+    such as ``builtin:`` and ``gsm8k:`` are :func:`grpokit.resolve.load_rows`'s)."""
+    if Path(path).is_dir():
+        return load_saved_dataset(path)
+    if str(path).lower().endswith(".csv"):
+        return load_csv(path)
+    if str(path).lower().endswith(".parquet"):
+        return load_parquet(path)
+    return load_jsonl(path)
 
 
 def check_columns(

@@ -1,5 +1,5 @@
-"""Loading a user's function or class by path: ``"path/to/file.py:name"`` or ``"package.module:name"``, as the
-config names reward functions, tools and environment factories."""
+"""User code: loading a user's function or class by path (``"path/to/file.py:name"`` or ``"package.module:name"``,
+as the config names reward functions, tools and environment factories) and calling it with a timeout."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import difflib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def load_callable(spec: str, what: str) -> Callable:
@@ -49,3 +51,31 @@ def load_callable(spec: str, what: str) -> Callable:
     if not callable(fn):
         raise ValueError(f"{what}: {spec!r}: {where}:{name} is a {type(fn).__name__}, not a function")
     return fn
+
+
+class Overran(Exception):
+    """A call took longer than its timeout (its thread is abandoned, not killed)."""
+
+
+def call_with_timeout(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout: float | None,
+                      name: str = "call") -> Any:
+    """``fn(**kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns, raising
+    :class:`Overran`. The function's own exception is raised in the caller's thread."""
+    if timeout is None:
+        return fn(**kwargs)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn(**kwargs)
+        except Exception as error:  # handed to the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True, name=name)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise Overran(f"{name} took longer than {timeout} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

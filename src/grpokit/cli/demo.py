@@ -20,8 +20,8 @@ import yaml
 
 from grpokit.cli.evaluate import evaluate, summarize
 from grpokit.config import GRPOConfig
-from grpokit.data import BUILTIN, BUILTIN_TOOLS
-from grpokit.models.loading import load_model_and_tokenizer, quiet_unless
+from grpokit.models.loading import quiet_unless
+from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox, resolve_tools
 from grpokit.tasks import tool_task

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.rewards.calling import accuracy_reward, format_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox
 

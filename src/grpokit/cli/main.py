@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig, load_config, parse_overrides
-from grpokit.data import check_columns, load_rows
+from grpokit.data import check_columns
+from grpokit.resolve import load_rows
 from grpokit.training.update import TrainingError
 
 
@@ -230,8 +231,8 @@ def cmd_reward_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from grpokit.models.loading import load_model_and_tokenizer, resolve_device
-    from grpokit.rewards.calling import resolve_reward_functions
+    from grpokit.models.loading import resolve_device
+    from grpokit.resolve import load_model_and_tokenizer, resolve_reward_functions
     from grpokit.rollout.tool_templates import build_toolbox
     from grpokit.rollout.tools import add_environment_reward, resolve_tools
     from grpokit.trainers.sample import sample_rows
@@ -275,7 +276,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from grpokit.cli.evaluate import evaluate, summarize
-    from grpokit.models.loading import load_model_and_tokenizer
+    from grpokit.resolve import load_model_and_tokenizer
     from grpokit.training.sampling import render_prompt
 
     if args.data == "builtin:arithmetic":

@@ -220,7 +220,7 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
 def converted_gguf(gguf_file: str | Path) -> Path:
     """The directory of ``gguf_file`` converted (:func:`convert_gguf`), cached under grpokit's cache directory
     (``$GRPOKIT_CACHE``, else ``~/.cache/grpokit``) by the file's SHA-256: converted once, reused after."""
-    from grpokit.tasks.warm_start import cache_dir
+    from grpokit.models.loading import cache_dir  # loading imports nothing of this module
 
     path = check_gguf_file(gguf_file)
     key = hashlib.sha256(f"{file_sha256(path)}:{CONVERSION_VERSION}".encode()).hexdigest()[:16]

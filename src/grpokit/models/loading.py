@@ -7,6 +7,7 @@ import contextlib
 import copy
 import ctypes
 import functools
+import os
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -18,8 +19,6 @@ import numpy as np
 import torch
 
 from grpokit.config import ConfigError
-from grpokit.data import BUILTIN, BUILTIN_TOOLS
-from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
 
 
 def resolve_device(name: str) -> torch.device:
@@ -161,40 +160,34 @@ def autocast(mixed_precision: str, device: torch.device, *, cache: bool = True):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def model_directory(name: str, seed: int = 0, progress: bool = True) -> str:
-    """The Hugging Face directory that ``model`` names: itself, the cached conversion of ``gguf:FILE``, or
-    the built-in warm-started model (built and cached on first use)."""
-    if name in (BUILTIN, BUILTIN_TOOLS):
-        from grpokit.tasks.warm_start import warm_started_model_path
-
-        return str(warm_started_model_path(seed=seed, progress=progress, task=name.removeprefix("builtin:")))
-    if name.startswith(GGUF_PREFIX):
-        try:
-            return str(converted_gguf(name[len(GGUF_PREFIX):]))
-        except ConversionError as error:
-            raise ConversionError(f"model: {error}") from None
-    return name
+def cache_dir() -> Path:
+    """grpokit's cache: the warm-started built-in models and converted GGUF files (``$GRPOKIT_CACHE``, else
+    ``~/.cache/grpokit``)."""
+    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit"))
 
 
-def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dtype: str = "auto"):
-    """A local HF causal LM directory, ``gguf:FILE`` (converted once and cached: :mod:`grpokit.models.gguf`), or
-    the built-in warm-started arithmetic model; ``dtype``: ``"auto"`` (as saved) or one of ``DTYPES``, applied
-    while loading (no float32 copy first)."""
+def load_pretrained(directory: str, dtype: str = "auto"):
+    """The causal LM and tokenizer of a local Hugging Face directory (names such as ``builtin:`` and ``gguf:`` are
+    :mod:`grpokit.resolve`'s); ``dtype``: ``"auto"`` (as saved) or one of ``DTYPES``, applied while loading (no
+    float32 copy first)."""
     import transformers
     from packaging.version import Version
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with quiet_unless(progress):
-        name = model_directory(name, seed, progress)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            # transformers renamed `torch_dtype` to `dtype` in 4.56
-            keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-            options = {} if dtype == "auto" else {keyword: DTYPES[dtype]}
-            model = AutoModelForCausalLM.from_pretrained(name, **options)
-        except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
-            raise ValueError(f"model: cannot load {name!r} as a Hugging Face causal LM: {error}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        # transformers renamed `torch_dtype` to `dtype` in 4.56
+        keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+        options = {} if dtype == "auto" else {keyword: DTYPES[dtype]}
+        model = AutoModelForCausalLM.from_pretrained(directory, **options)
+    except (OSError, ValueError) as error:  # missing files; or, on older transformers, an invalid repo id
+        raise ValueError(f"model: cannot load {directory!r} as a Hugging Face causal LM: {error}") from None
     return model, tokenizer
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether FSDP2 has sharded ``module`` in place (its parameters are gathered only inside its own forward)."""
+    return hasattr(module, "set_requires_gradient_sync")
 
 
 def is_lora(model: torch.nn.Module) -> bool:

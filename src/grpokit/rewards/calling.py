@@ -20,20 +20,14 @@ import difflib
 import inspect
 import math
 import numbers
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpokit.config import check_reward_weights
-from grpokit.core.answers import Text, answers_match, extract_answer, parse_number, text_of
-from grpokit.rewards.learned import reward_model_from_spec
-from grpokit.rollout.tools import Overran, call_with_timeout
-from grpokit.tasks.arithmetic import arithmetic_steps_reward
-from grpokit.user_code import load_callable
+from grpokit.core.answers import Text, text_of
+from grpokit.user_code import Overran, call_with_timeout
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
@@ -50,129 +44,12 @@ class TrainerState:
     max_steps: int = 0
     epoch: int = 0
 
-_TAG = r"</?(?:think|answer)>"
-_FORMAT_RE = re.compile(
-    rf"\s*<think>((?:(?!{_TAG}).)*)</think>\s*<answer>((?:(?!{_TAG}).)*)</answer>\s*", re.DOTALL
-)
-
-
-def format_reward(prompts: Sequence[Text], completions: Sequence[Text], **columns: Any) -> list[float]:
-    """1.0 when a completion is exactly ``<think>…</think><answer>…</answer>`` (whitespace allowed
-    around the blocks, no tags nested or repeated), else 0.0.
-
-    >>> format_reward(["q"] * 3, ["<think>7+5=12</think><answer>12</answer>", "<answer>12</answer>",
-    ...                           "<think>a</think><answer>1</answer><answer>2</answer>"])
-    [1.0, 0.0, 0.0]
-    """
-    return [1.0 if _FORMAT_RE.fullmatch(text_of(c)) else 0.0 for c in completions]
-
-
-def accuracy_reward(
-    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
-) -> list[float]:
-    """1.0 when the text inside the single ``<answer>`` tag equals the row's ``answer``, else 0.0.
-
-    Tolerates whitespace, a leading ``+``, leading zeros, ``.0`` and thousands separators; an empty
-    or missing answer, or several ``<answer>`` tags, score 0.
-
-    >>> accuracy_reward(["q"] * 4, ["<answer> 1,024 </answer>", "<answer></answer>", "1024",
-    ...                             "<answer>1024</answer><answer>7</answer>"], answer=[1024] * 4)
-    [1.0, 0.0, 0.0, 0.0]
-    """
-    scores = []
-    for completion, reference in zip(completions, answer):
-        predicted = extract_answer(text_of(completion))
-        scores.append(1.0 if predicted is not None and answers_match(predicted, reference) else 0.0)
-    return scores
-
-
-def math_accuracy_reward(
-    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
-) -> list[float]:
-    """1.0 when the single ``<answer>`` is mathematically equal to the row's ``answer``.
-
-    Plain numbers are compared exactly by the strict parser (as :func:`accuracy_reward`). Anything else
-    (``\\frac{1}{2}`` for 0.5, ``\\boxed{72}``) is checked with HF's ``math-verify`` when it is installed
-    (``pip install 'grpokit[math]'``), reading the model's answer as LaTeX only — its plain-expression
-    reader runs sympy's ``parse_expr``, an ``eval``, which model output never reaches. Without
-    math-verify those answers score 0.
-
-    >>> math_accuracy_reward(["q"] * 3, ["<answer>72</answer>", "<answer>71</answer>", "72"], answer=["72"] * 3)
-    [1.0, 0.0, 0.0]
-    """
-    scores = []
-    for completion, reference in zip(completions, answer):
-        predicted = extract_answer(text_of(completion))
-        if predicted is None or not predicted.strip():
-            scores.append(0.0)
-        elif parse_number(predicted) is not None and parse_number(str(reference)) is not None:
-            scores.append(1.0 if answers_match(predicted, reference) else 0.0)
-        else:
-            scores.append(1.0 if _math_verify(predicted, str(reference)) else 0.0)
-    return scores
-
-
-def _math_verify(predicted: str, reference: str) -> bool:
-    try:
-        from math_verify import LatexExtractionConfig, parse, verify
-    except ImportError:
-        return False
-    gold = parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
-    guess = parse(f"${predicted.strip().strip('$')}$", extraction_config=[LatexExtractionConfig()])
-    return bool(gold and guess and verify(gold, guess))
-
-
-def builtin_rewards() -> dict[str, RewardFunction]:
-    """Reward functions available by name in a config."""
-    return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
-            "arithmetic_steps": arithmetic_steps_reward}
-
-
 class RewardError(ValueError):
     """A reward function failed or returned something unusable; the message names it."""
 
 
 def reward_name(fn: RewardFunction) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
-
-
-def resolve_reward_functions(
-    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None, **model_options: Any
-) -> tuple[list[RewardFunction], list[float]]:
-    """The reward functions and their weights (None: 1.0 each), checked: names unique, one weight per
-    function. A spec is a callable, the name of a built-in reward (``"accuracy"``, ``"math_accuracy"``,
-    ``"format"``, ``"arithmetic_steps"``), ``"FILE.py:NAME"`` / ``"package.module:NAME"``, or a reward model:
-    ``"model:PATH"``, ``"process_model:PATH"`` or a directory (:mod:`grpokit.rewards.learned`, which
-    ``model_options`` reach: ``device``, ``mixed_precision``, ``batch_size``, ...)."""
-    functions, builtin = [], builtin_rewards()
-    for spec in specs:
-        if callable(spec):
-            functions.append(spec)
-        elif spec in builtin:
-            functions.append(builtin[spec])
-        elif ":" in spec or Path(spec).is_dir():
-            functions.append(load_reward_function(spec, **model_options))
-        else:
-            close = difflib.get_close_matches(spec, sorted(builtin), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(
-                f"reward_funcs: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
-                "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python); a reward "
-                "model is 'model:DIR' or 'process_model:DIR'"
-            )
-    names = [reward_name(fn) for fn in functions]
-    if len(set(names)) != len(names):
-        raise ValueError(f"reward_funcs: names must be unique, got {names}")
-    check_reward_weights(weights, len(functions))
-    return functions, [1.0] * len(functions) if weights is None else list(weights)
-
-
-def load_reward_function(spec: str, **model_options: Any) -> RewardFunction:
-    """``"path/to/file.py:name"`` (a path relative to the working directory) or ``"package.module:name"``
-    (importable from ``sys.path``) → that function; errors name the file, module or attribute. A reward
-    model's spec (``model:PATH``, ``process_model:PATH``, a directory) → the model, loaded with ``model_options``."""
-    model = reward_model_from_spec(spec, **model_options)
-    return model if model is not None else load_callable(spec, "reward_funcs")
 
 
 def accepted_keywords(fn: RewardFunction) -> set[str] | None:

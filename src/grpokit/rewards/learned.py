@@ -27,19 +27,6 @@ MODEL_PREFIX, PROCESS_MODEL_PREFIX = "model:", "process_model:"
 _SENTINEL = "\u2063grpokit-completion\u2063"
 
 
-def reward_model_from_spec(spec: str, **options: Any) -> OutcomeRewardModel | ProcessRewardModel | None:
-    """``model:PATH`` or a directory → :class:`OutcomeRewardModel`; ``process_model:PATH`` →
-    :class:`ProcessRewardModel`; None for any other spec (a function's ``FILE.py:NAME``, ...). ``options``
-    reach the class (``device``, ``mixed_precision``, ...)."""
-    if spec.startswith(PROCESS_MODEL_PREFIX):
-        return ProcessRewardModel(spec[len(PROCESS_MODEL_PREFIX):], **options)
-    if spec.startswith(MODEL_PREFIX):
-        return OutcomeRewardModel(spec[len(MODEL_PREFIX):], **options)
-    if Path(spec).is_dir():
-        return OutcomeRewardModel(spec, **options)
-    return None
-
-
 class _RewardModel:
     """What both kinds share: loading and checking the directory, building the texts, tokenizing, the
     batched forward."""

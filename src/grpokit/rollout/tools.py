@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import torch
 from torch import Tensor
 
 from grpokit.rollout.calculator import calculator
-from grpokit.user_code import load_callable
+from grpokit.user_code import Overran, call_with_timeout, load_callable
 
 __all__ = ["PlainProtocol", "ToolBox", "ToolCall", "ToolUse", "calculator", "call_with_timeout", "parse_tool_call",
            "run_tool"]
@@ -33,34 +32,6 @@ TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
 MAX_CALL = 4096  # characters between <tool> and </tool>
 MAX_RESULT = 1024  # characters of a result given back to the model
-
-
-class Overran(Exception):
-    """A call took longer than its timeout (its thread is abandoned, not killed)."""
-
-
-def call_with_timeout(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout: float | None,
-                      name: str = "call") -> Any:
-    """``fn(**kwargs)``; with a timeout, in a daemon thread abandoned (not killed) if it overruns, raising
-    :class:`Overran`. The function's own exception is raised in the caller's thread."""
-    if timeout is None:
-        return fn(**kwargs)
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = fn(**kwargs)
-        except Exception as error:  # handed to the caller's thread
-            result["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True, name=name)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise Overran(f"{name} took longer than {timeout} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 @dataclass

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from grpokit.core.optim import lr_factor
+from grpokit.models.loading import cache_dir
 from grpokit.tasks import tool_task
 from grpokit.tasks.arithmetic import TASK_VERSION, TRAIN_PAIRS, has_carry, prompt_text, worked_solution
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
@@ -107,10 +107,6 @@ def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool 
         bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
     return losses
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit"))
 
 
 def warm_started_model_path(

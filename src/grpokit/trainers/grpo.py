@@ -32,22 +32,24 @@ from tqdm.auto import tqdm
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import grpo_loss, masked_mean
 from grpokit.core.optim import adamw_with_schedule
-from grpokit.data import check_columns, check_prompt_lengths, load_rows
+from grpokit.data import check_columns, check_prompt_lengths
 from grpokit.models.loading import (
     autocast,
     build_reference,
     describe_precision,
     follows_progress_bar,
+    is_sharded,
     keep_freed_memory,
-    load_model_and_tokenizer,
     resolve_device,
     resolve_precision,
     save_pretrained,
     seed_everything,
     with_lora,
 )
-from grpokit.rewards.calling import check_reward_functions, resolve_reward_functions, reward_name
-from grpokit.rollout.generate import PolicyLogprobs, Rollout, sequence_logprobs, stop_token_ids
+from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
+from grpokit.resolve import load_model_and_tokenizer, load_rows, resolve_reward_functions
+from grpokit.rewards.calling import check_reward_functions, reward_name
+from grpokit.rollout.generate import Rollout, stop_token_ids
 from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import add_environment_reward, resolve_tools
 from grpokit.trainers.iterative import IterativeRL
@@ -61,7 +63,6 @@ from grpokit.training.distributed import (
     full_state_dict,
     gather,
     init_world,
-    is_sharded,
 )
 from grpokit.training.runlog import RunLog, check_trackers, completion_records, step_metrics
 from grpokit.training.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names

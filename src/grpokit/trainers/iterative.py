@@ -39,9 +39,10 @@ import numpy as np
 import torch
 
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
-from grpokit.data import DataError, load_rows
+from grpokit.data import DataError
 from grpokit.models.loading import autocast
-from grpokit.rewards.calling import RewardFunction, resolve_reward_functions
+from grpokit.resolve import load_rows, resolve_reward_functions
+from grpokit.rewards.calling import RewardFunction
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.training.distributed import World, broadcast_from_main
 

@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 from grpokit.core.objective import kl_penalty, masked_mean
 from grpokit.core.optim import adamw_with_schedule
-from grpokit.rollout.generate import Rollout, sequence_inputs
+from grpokit.models.logprobs import sequence_inputs
+from grpokit.rollout.generate import Rollout
 from grpokit.training.distributed import World, all_sum_dict, data_parallel, full_state_dict
 from grpokit.training.sampling import Batch
 from grpokit.training.update import Learner, LossCounts, UpdateBatch

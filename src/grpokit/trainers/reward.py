@@ -34,17 +34,17 @@ from tqdm.auto import tqdm
 
 from grpokit.config import ConfigError, RewardConfig
 from grpokit.core.answers import Text, text_of
-from grpokit.data import DataError, check_columns, load_rows
+from grpokit.data import DataError, check_columns
 from grpokit.models.loading import (
     DTYPES,
     autocast,
     describe_precision,
     follows_progress_bar,
-    model_directory,
     resolve_device,
     resolve_precision,
     seed_everything,
 )
+from grpokit.resolve import load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
 from grpokit.trainers.grpo import TrainingInterrupted
 from grpokit.trainers.sft import SFTTrainer, split, step_budget

@@ -12,7 +12,7 @@ completion: the prompt rendered by :func:`~grpokit.training.sampling.render_prom
 tokenizes it, then the completion's own tokens, ending at a stop token (EOS appended unless the
 completion already ends with one). Prompt and completion are tokenized apart, as in sampling, so no
 token merges across their border. The loss is the negative log-likelihood of the completion tokens
-alone (:meth:`SFTTrainer.loss`), computed by the same :func:`~grpokit.rollout.generate.sequence_logprobs` and
+alone (:meth:`SFTTrainer.loss`), computed by the same :func:`~grpokit.models.logprobs.sequence_logprobs` and
 optimizer step (:func:`~grpokit.training.update.update`) as GRPO's; checkpoints are ``checkpoint.py``'s.
 
 It runs in one process (no torchrun).
@@ -37,20 +37,21 @@ from tqdm.auto import tqdm
 
 from grpokit.config import ConfigError, SFTConfig
 from grpokit.core.optim import adamw_with_schedule
-from grpokit.data import DataError, check_columns, load_rows
+from grpokit.data import DataError, check_columns
 from grpokit.models.loading import (
     autocast,
     describe_precision,
     follows_progress_bar,
     is_lora,
-    load_model_and_tokenizer,
     resolve_device,
     resolve_precision,
     save_pretrained,
     seed_everything,
     with_lora,
 )
-from grpokit.rollout.generate import Rollout, sequence_logprobs, stop_token_ids
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.resolve import load_model_and_tokenizer, load_rows
+from grpokit.rollout.generate import Rollout, stop_token_ids
 from grpokit.trainers.grpo import TrainingInterrupted
 from grpokit.training.checkpoint import CheckpointError, StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.training.runlog import RunLog, check_trackers
@@ -147,7 +148,7 @@ def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, config: SFTCon
 
 
 def collate(examples: Sequence[Example], pad_token_id: int, device: torch.device | str = "cpu") -> Rollout:
-    """The examples in the layout a rollout has (what :func:`~grpokit.rollout.generate.sequence_logprobs` reads):
+    """The examples in the layout a rollout has (what :func:`~grpokit.models.logprobs.sequence_logprobs` reads):
     prompts left-padded, completions right-padded; the completion mask is 1 on every completion token.
     ``logp`` is unused (zeros); ``truncated`` marks the examples cut to ``max_length``."""
     prompt_width = max(len(e.prompt_ids) for e in examples)

@@ -41,8 +41,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
-from grpokit.models.loading import is_lora, save_pretrained
-from grpokit.training.distributed import SINGLE, World, barrier, gather, is_sharded
+from grpokit.models.loading import is_lora, is_sharded, save_pretrained
+from grpokit.training.distributed import SINGLE, World, barrier, gather
 
 FORMAT = 1
 JSON_RNG = ("python", "numpy")  # random streams kept in state.json; the torch ones are tensors

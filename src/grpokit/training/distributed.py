@@ -200,10 +200,6 @@ def full_state_dict(module: torch.nn.Module, world: World) -> dict[str, torch.Te
     return state
 
 
-def is_sharded(module: torch.nn.Module) -> bool:
-    return hasattr(module, "set_requires_gradient_sync")
-
-
 def all_sum_dict(values: dict[str, float], world: World) -> dict[str, float]:
     """Each value summed over processes, in one collective."""
     if not world.distributed:

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from grpokit.models.loading import is_sharded
 from grpokit.rollout.generate import Rollout
-from grpokit.training.distributed import SINGLE, World, all_sum, all_sum_dict, gradient_sync, is_sharded
+from grpokit.training.distributed import SINGLE, World, all_sum, all_sum_dict, gradient_sync
 
 
 class TrainingError(RuntimeError):

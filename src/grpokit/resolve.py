@@ -1,0 +1,129 @@
+"""Names a config or the command line may give instead of a path, resolved in this one place.
+
+    model         builtin:arithmetic, builtin:tools   the built-in tasks' warm-started tiny models (built once, cached)
+                  gguf:FILE                           a llama.cpp file, converted once and cached (grpokit[gguf])
+                  anything else                       a local Hugging Face directory
+    dataset       builtin:arithmetic, builtin:tools   the built-in tasks' training rows, in an order set by the seed
+                  gsm8k:FILE                          GSM8K-style JSONL (``question``; ``answer`` ending ``#### 72``)
+                  anything else                       JSONL, CSV, Parquet or a ``save_to_disk`` directory
+    reward_funcs  accuracy, math_accuracy, format     the built-in rule rewards (grpokit.rewards.builtin)
+                  arithmetic_steps                    the built-in task's per-step reward (process supervision)
+                  model:DIR, or a directory           a learned outcome reward model
+                  process_model:DIR                   a learned process reward model
+                  FILE.py:NAME, package.module:NAME   a function of your own
+
+Below this module nothing knows these names: models load directories, data loads files, rewards call callables;
+the built-in tasks (:mod:`grpokit.tasks`) are reached from here alone.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grpokit.config import check_reward_weights
+from grpokit.data import load_file, load_gsm8k
+from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
+from grpokit.models.loading import load_pretrained, quiet_unless
+from grpokit.rewards.builtin import accuracy_reward, format_reward, math_accuracy_reward
+from grpokit.rewards.calling import RewardFunction, reward_name
+from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeRewardModel, ProcessRewardModel
+from grpokit.tasks import arithmetic, tool_task
+from grpokit.tasks.warm_start import warm_started_model_path
+from grpokit.user_code import load_callable
+
+__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "load_model_and_tokenizer", "load_rows",
+           "model_directory", "resolve_reward_functions", "reward_function"]
+
+BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.tasks.arithmetic)
+BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tasks.tool_task)
+GSM8K_PREFIX = "gsm8k:"  # `dataset: gsm8k:PATH`
+
+
+# ---- models ---------------------------------------------------------------------------------------
+
+
+def model_directory(name: str, seed: int = 0, progress: bool = True) -> str:
+    """The Hugging Face directory that ``model`` names: itself, the cached conversion of ``gguf:FILE``, or a
+    built-in task's warm-started model (built and cached on first use)."""
+    if name in (BUILTIN, BUILTIN_TOOLS):
+        return str(warm_started_model_path(seed=seed, progress=progress, task=name.removeprefix("builtin:")))
+    if name.startswith(GGUF_PREFIX):
+        try:
+            return str(converted_gguf(name[len(GGUF_PREFIX):]))
+        except ConversionError as error:
+            raise ConversionError(f"model: {error}") from None
+    return name
+
+
+def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dtype: str = "auto"):
+    """The causal LM and tokenizer that ``model`` names (:func:`model_directory`); ``dtype``: ``"auto"`` (as
+    saved) or one of :data:`grpokit.models.loading.DTYPES`, applied while loading."""
+    with quiet_unless(progress):
+        return load_pretrained(model_directory(name, seed, progress), dtype)
+
+
+# ---- datasets -------------------------------------------------------------------------------------
+
+
+def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
+    """The rows that ``dataset`` names: a built-in task's training rows (in an order set by ``seed``),
+    ``gsm8k:FILE``, else a file or ``save_to_disk`` directory (:func:`grpokit.data.load_file`)."""
+    source = str(source)
+    if source == BUILTIN:
+        return arithmetic.train_rows(4096, seed)
+    if source == BUILTIN_TOOLS:
+        return tool_task.train_rows(4096, seed)
+    if source.startswith(GSM8K_PREFIX):
+        return load_gsm8k(source.removeprefix(GSM8K_PREFIX))
+    return load_file(source)
+
+
+# ---- reward functions -----------------------------------------------------------------------------
+
+
+def builtin_rewards() -> dict[str, RewardFunction]:
+    """Reward functions available by name in a config."""
+    return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
+            "arithmetic_steps": arithmetic.arithmetic_steps_reward}
+
+
+def reward_function(spec: str, **model_options: Any) -> RewardFunction:
+    """One ``reward_funcs`` entry that is not a callable → the function: a built-in name, a reward model
+    (``model:PATH`` or a directory → :class:`~grpokit.rewards.learned.OutcomeRewardModel`, ``process_model:PATH`` →
+    :class:`~grpokit.rewards.learned.ProcessRewardModel`, loaded with ``model_options``: ``device``,
+    ``mixed_precision``, ``batch_size``, ...), or ``FILE.py:NAME`` / ``package.module:NAME``. Errors name the key,
+    and for an unknown name the closest built-in one."""
+    builtin = builtin_rewards()
+    if spec in builtin:
+        return builtin[spec]
+    if spec.startswith(PROCESS_MODEL_PREFIX):
+        return ProcessRewardModel(spec[len(PROCESS_MODEL_PREFIX):], **model_options)
+    if spec.startswith(MODEL_PREFIX):
+        return OutcomeRewardModel(spec[len(MODEL_PREFIX):], **model_options)
+    if Path(spec).is_dir():
+        return OutcomeRewardModel(spec, **model_options)
+    if ":" in spec:
+        return load_callable(spec, "reward_funcs")
+    close = difflib.get_close_matches(spec, sorted(builtin), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(
+        f"reward_funcs: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
+        "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python); a reward "
+        "model is 'model:DIR' or 'process_model:DIR'"
+    )
+
+
+def resolve_reward_functions(
+    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None, **model_options: Any
+) -> tuple[list[RewardFunction], list[float]]:
+    """The reward functions (callables as they are, names through :func:`reward_function`) and their weights
+    (None: 1.0 each), checked: names unique, one weight per function."""
+    functions = [spec if callable(spec) else reward_function(spec, **model_options) for spec in specs]
+    names = [reward_name(fn) for fn in functions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs: names must be unique, got {names}")
+    check_reward_weights(weights, len(functions))
+    return functions, [1.0] * len(functions) if weights is None else list(weights)
