@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpokit.models.fast import fused_linear, llama_family
+from grpokit.models.fast import decode, fused_linear, hidden_states, parts
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
@@ -55,8 +55,8 @@ def fixed_batch(tokenizer):
 @pytest.mark.parametrize("attention", ["matmuls, groups of 3 rows", "sdpa, one group"])
 def test_logprobs_entropy_and_gradients_equal_the_model_forward(tokenizer, name, attention, monkeypatch):
     if attention.startswith("sdpa"):  # the fused kernel, which long rows take
-        monkeypatch.setattr(llama_family, "MATMUL_ATTENTION_MAX_SCORES", 0)
-    monkeypatch.setattr(llama_family, "ATTENTION_GROUP_ROWS", 3 if "groups of 3" in attention else 8)
+        monkeypatch.setattr(hidden_states, "MATMUL_ATTENTION_MAX_SCORES", 0)
+    monkeypatch.setattr(hidden_states, "ATTENTION_GROUP_ROWS", 3 if "groups of 3" in attention else 8)
     model = models(tokenizer)[name].train()
     assert unsupported(model) is None
     prompt_ids, prompt_mask, completions, mask = fixed_batch(tokenizer)
@@ -82,14 +82,14 @@ def test_rows_and_lengths_padded_for_onednn_change_nothing(tokenizer, name, monk
     multiple of ATTENTION_LENGTH_BUCKET, so that shapes recur from step to step. Float64 takes that path
     too, with rounding fine enough to show that the padding changes no log-prob and no gradient."""
     model = models(tokenizer)[name].double().train()
-    monkeypatch.setattr(llama_family, "ATTENTION_GROUP_ROWS", 3)
+    monkeypatch.setattr(hidden_states, "ATTENTION_GROUP_ROWS", 3)
     rows = []
     model.model.embed_tokens.register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
     batch = fixed_batch(tokenizer)
     results = []
     for row_bucket, length_bucket in ((1, 1), (64, 8)):
-        monkeypatch.setattr(llama_family, "ONEDNN_ROW_BUCKET", row_bucket)
-        monkeypatch.setattr(llama_family, "ATTENTION_LENGTH_BUCKET", length_bucket)
+        monkeypatch.setattr(hidden_states, "ONEDNN_ROW_BUCKET", row_bucket)
+        monkeypatch.setattr(hidden_states, "ATTENTION_LENGTH_BUCKET", length_bucket)
         model.zero_grad()
         logp, _ = sequence_logprobs(model, *batch, fast=True)
         (logp * torch.linspace(-1, 1, logp.numel(), dtype=logp.dtype).view_as(logp)).sum().backward()
@@ -120,7 +120,7 @@ def test_rope_in_pair_layout_equals_the_models_rotate_half(dtype, atol):
     cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
     expected = x * cos + rotate_half(x) * sin
     pairs = torch.arange(d).view(2, d // 2).t().reshape(d)  # 0, D/2, 1, D/2 + 1, ...
-    got = llama_family._rope_pairs(x[..., pairs].to(dtype), torch.polar(torch.ones_like(angles), angles))
+    got = parts.rope_pairs(x[..., pairs].to(dtype), torch.polar(torch.ones_like(angles), angles))
     assert torch.allclose(got.float(), expected[..., pairs], atol=atol)
 
 
@@ -132,7 +132,7 @@ def decode_products(request, monkeypatch) -> str:
     if request.param == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
     monkeypatch.setattr(fused_linear, "ONEDNN_MIN_WEIGHTS", 0 if request.param == "onednn" else 2**62)
-    monkeypatch.setattr(llama_family, "CACHE_ROOM", 3)
+    monkeypatch.setattr(decode, "CACHE_ROOM", 3)
     return request.param
 
 

@@ -1,0 +1,172 @@
+"""Sampling on the fast path: :class:`Decoding` prefills each prompt once for its G completions, keeps keys
+and values in a cache that doubles its room when full (``CACHE_ROOM`` new tokens at first), runs each layer as
+four fused products (:func:`~grpokit.models.fast.fused_linear.decode_product`) with the norms' weights folded
+in, and drops finished completions from the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from grpokit.models.fast.fused_linear import cast, decode_product
+from grpokit.models.fast.parts import LlamaParts, rope_pairs
+
+CACHE_ROOM = 32  # new tokens the decode cache has room for at first; it doubles that room when full
+
+
+class Decoding(LlamaParts):
+    """Decoding with a preallocated cache: :meth:`decode`."""
+
+    @torch.inference_mode()  # not only no_grad: without autograd's bookkeeping each small operator is cheaper
+    def decode(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
+        choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1,
+    ) -> None:
+        """Run the prompts (B, P, left-padded) once each and then up to ``max_new_tokens`` decode steps
+        for N = B × ``repeats`` rows (each prompt's rows contiguous).
+
+        ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
+        (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
+        (and the cache) once they are a quarter of it.
+        """
+        device = prompt_ids.device.type
+        # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
+        # cache and attention) stays in the weights' dtype, which on the CPU is also faster for the
+        # one-query attention products.
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        with torch.autocast(device, enabled=False):
+            self._decode(prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats)
+
+    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+        b, prompt_width = prompt_ids.shape
+        n = b * repeats
+        device = prompt_ids.device
+        total = prompt_width + max_new_tokens
+        layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
+        head = decode_product(self.lm_head, rows=n, scale=self._norm_scale(self.backbone.norm))  # own dtype, as head
+        x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
+        dtype = x.dtype
+        # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:
+        # attention then reads keys and values packed close together, not spread over the full length
+        # (on the CPU that read is ~2x faster once the cache outgrows the processor's caches).
+        cache = torch.zeros(len(layers), 2, b, self.kv_heads, min(total, prompt_width + CACHE_ROOM), self.head_dim,
+                            dtype=dtype, device=device)
+        turns = self._rotary_turns(total, x)
+        positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
+        # Additive mask over cache columns: left padding is never attended to.
+        bias = torch.zeros(b, total, dtype=dtype, device=device)
+        bias[:, :prompt_width] = torch.where(prompt_mask.bool(), 0.0, float("-inf"))
+        # Causal over the prompt; a padding position sees itself only (finite, and never seen by others).
+        causal = torch.full((prompt_width, prompt_width), float("-inf"), dtype=dtype, device=device).triu(1)
+        prefill_mask = bias[:, None, :prompt_width] + causal  # (B, P, P)
+        prefill_mask.diagonal(dim1=-2, dim2=-1).zero_()
+        rows = torch.arange(n, device=device)
+
+        last = self._prefill(x, layers, cache, turns[positions].unsqueeze(2), prefill_mask)[:, -1]  # (B, hidden)
+        # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
+        cache = cache.repeat_interleave(repeats, dim=2)
+        last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
+        next_positions = positions[:, -1].repeat_interleave(repeats) + 1
+        alive = torch.ones(n, dtype=torch.bool, device=device)
+        finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
+        for t in range(max_new_tokens):
+            logits = cast(head(self._normalize(last)), torch.float32)
+            picked = alive.nonzero().squeeze(1) if finished else None
+            chosen, stopped = choose(logits, t, rows) if picked is None else choose(logits[picked], t, rows[picked])
+            if t == max_new_tokens - 1:
+                break
+            stopping = int(stopped.sum())
+            if stopping:
+                alive[stopped if picked is None else picked[stopped]] = False
+                finished += stopping
+                if finished == len(rows):
+                    break
+            tokens = chosen if picked is None else torch.zeros_like(rows).index_put((picked,), chosen)
+            if 4 * finished >= len(rows):  # drop finished rows from the batch and the cache
+                keep = alive.nonzero().squeeze(1)
+                rows, tokens, next_positions, bias, alive = (
+                    v[keep] for v in (rows, tokens, next_positions, bias, alive))
+                cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
+                finished = 0
+            column = prompt_width + t
+            if column == cache.shape[-2]:
+                room = cache.shape[-2] - prompt_width
+                grown = cache.new_zeros(*cache.shape[:-2], min(total, prompt_width + 2 * room), cache.shape[-1])
+                grown[..., :column, :] = cache
+                cache = grown
+            x = self.backbone.embed_tokens(tokens)  # (A, hidden)
+            last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column,
+                                     bias[:, : column + 1])
+            next_positions = next_positions + 1
+
+    def _decode_products(self, layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
+        """A layer's four products for decoding (q/k/v and gate/up fused), each RMSNorm's weight folded
+        into the product after it, and q and k in :func:`rope_pairs`' layout (:meth:`_pair_order`)."""
+        attention, mlp = layer.self_attn, layer.mlp
+        order = self._pair_order(layer.input_layernorm.weight.device)
+        return (decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
+                               scale=self._norm_scale(layer.input_layernorm), order=order),
+                decode_product(attention.o_proj, rows=rows, dtype=dtype),
+                decode_product(mlp.gate_proj, mlp.up_proj, rows=rows, dtype=dtype,
+                               scale=self._norm_scale(layer.post_attention_layernorm)),
+                decode_product(mlp.down_proj, rows=rows, dtype=dtype))
+
+    def _norm_scale(self, norm: nn.Module) -> Tensor:
+        """What :meth:`_normalize` leaves to the product after it: the norm's weight times √hidden."""
+        return norm.weight * norm.weight.shape[-1] ** 0.5
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        """RMSNorm without its weight and a factor √hidden (both folded into the next product, see
+        :meth:`_norm_scale`), in float32 as the Hugging Face norm: x · rsqrt(‖x‖² / hidden + eps) =
+        √hidden · x / hypot(‖x‖, √(hidden · eps)). Three operators instead of ``F.rms_norm``'s five
+        (decoding, no gradient)."""
+        x32 = cast(x, torch.float32)
+        return cast(x32 / torch.hypot(torch.linalg.vector_norm(x32, dim=-1, keepdim=True), self.norm_floor), x.dtype)
+
+    def _decode_step(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, column: int,
+                     mask: Tensor) -> Tensor:
+        """Every layer on one new token per row, ``x`` (A, hidden); writes its keys and values at ``column``
+        of ``cache`` and attends to columns 0..column under the additive ``mask`` (A, column + 1)."""
+        a = x.shape[0]
+        heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
+        end, inner = column + 1, self.intermediate
+        mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
+        # Every layer's views, taken once per step (each view is a dispatch too): where this column's
+        # keys and values go, (layers, A, 2, kv, D), and the filled columns, (layers, 2, A · kv, end, D).
+        slots = cache[..., column, :].transpose(1, 2)
+        filled = cache[..., :end, :].flatten(2, 3)
+        for i, (qkv_proj, o_proj, gate_up, down) in enumerate(layers):
+            # in the cache's dtype before the rotation: one cast (under autocast), then all in place
+            qkv = cast(qkv_proj(self._normalize(x)), cache.dtype).view(a, heads + 2 * kv, d)
+            rope_pairs(qkv[:, : heads + kv], turns)
+            slots[i].copy_(qkv[:, heads:].view(a, 2, kv, d))  # keys and values
+            q = qkv[:, :heads].reshape(a * kv, groups, d)
+            keys, values = filled[i]
+            scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
+            probs = cast(torch.softmax(scores, dim=-1, dtype=torch.float32), values.dtype)
+            out = torch.bmm(probs, values).view(a, heads * d)
+            x = o_proj(out, add=x)
+            gate_and_up = gate_up(self._normalize(x))
+            x = down(F.silu(gate_and_up[:, :inner]) * gate_and_up[:, inner:], add=x)
+        return x
+
+    def _prefill(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, mask: Tensor) -> Tensor:
+        """Every layer on the prompts ``x`` (B, P, hidden): writes their keys and values into columns
+        0..P-1 of ``cache`` (layers, 2, B, kv heads, columns, D); ``mask`` (B, P, P) is additive."""
+        b, p, _ = x.shape
+        heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        for (qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(layers, cache):
+            qkv = cast(qkv_proj(self._normalize(x)), cache.dtype).view(b, p, heads + 2 * kv, d)  # as _decode_step
+            qk = rope_pairs(qkv[:, :, : heads + kv], turns).transpose(1, 2)  # (B, heads + kv, P, D)
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv:].transpose(1, 2)
+            k_cache[:, :, :p], v_cache[:, :, :p] = k, v
+            if kv != heads:
+                k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=self.scaling)
+            x = o_proj(out.transpose(1, 2).reshape(b, p, self.q_size), add=x)
+            gate, up = gate_up(self._normalize(x)).chunk(2, dim=-1)
+            x = down(F.silu(gate) * up, add=x)
+        return x
