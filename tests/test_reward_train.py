@@ -15,6 +15,8 @@ from grpokit import OutcomeRewardModel, ProcessRewardModel, RewardConfig, Reward
 from grpokit.cli.main import main
 from grpokit.config import ConfigError
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
+from grpokit.trainers.reward import RewardBatch
+from grpokit.training.distributed import SINGLE
 
 # A chat template whose assistant turn holds the content verbatim (so step ends can be located in it).
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -100,7 +102,12 @@ def test_the_loss_does_not_depend_on_the_micro_batch_size(tmp_path, tiny_model_d
     def gradient(micro):
         trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("steps", 20), micro_batch_size=micro,
                               eval_fraction=0.0)
-        loss, _ = trainer._passes(trainer.train_examples[:7], backward=True)
+        batch = RewardBatch(trainer.train_examples[:7])  # the step's rows, in micro-batches as update() takes them
+        loss, counts = 0.0, batch.counts(SINGLE)
+        for start in range(0, len(batch), micro):
+            share, _ = trainer.loss(trainer.model, batch.select(slice(start, start + micro)), counts, True)
+            share.backward()
+            loss += share.item()
         return loss, torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
 
     (loss_1, grad_1), (loss_7, grad_7) = gradient(1), gradient(7)

@@ -17,17 +17,12 @@ iteration's end, as in DeepSeekMath, after the learned reward model is retrained
 
 from __future__ import annotations
 
-import random
-import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import grpo_loss, masked_mean
@@ -36,14 +31,10 @@ from grpokit.data import check_columns, check_prompt_lengths
 from grpokit.models.loading import (
     autocast,
     build_reference,
-    describe_precision,
-    follows_progress_bar,
     is_sharded,
     keep_freed_memory,
     resolve_device,
-    resolve_precision,
     save_pretrained,
-    seed_everything,
     with_lora,
 )
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
@@ -54,7 +45,6 @@ from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import add_environment_reward, resolve_tools
 from grpokit.trainers.iterative import IterativeRL
 from grpokit.trainers.ppo import Critic
-from grpokit.training.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.training.distributed import (
     all_max,
     all_sum,
@@ -64,20 +54,19 @@ from grpokit.training.distributed import (
     gather,
     init_world,
 )
-from grpokit.training.runlog import RunLog, check_trackers, completion_records, step_metrics
+from grpokit.training.engine import Trainer, TrainingInterrupted
+from grpokit.training.runlog import completion_records, step_metrics
 from grpokit.training.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
 __all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT/SIGTERM stopped training after a checkpoint; the message names it."""
+class GRPOTrainer(Trainer):
+    """Trains a causal LM with ``config.algorithm`` (GRPO, or the PPO baseline) on the run loop of
+    :class:`~grpokit.training.engine.Trainer`. Anything not passed is built from the config."""
 
-
-class GRPOTrainer:
-    """Trains a causal LM with ``config.algorithm`` (GRPO, or the PPO baseline). Anything not passed is
-    built from the config."""
+    postfix = ("reward", "kl", "accuracy")
 
     def __init__(
         self,
@@ -90,19 +79,13 @@ class GRPOTrainer:
         tools: Sequence[str | Callable] | None = None,
         environment_factory: Callable[[], Any] | None = None,
     ):
-        self.config = config
-        seed_everything(config.seed)
+        super().__init__()
+        self.label = config.algorithm.upper()
         # Bad launcher settings fail here, before any work (docs/distributed.md).
         self.world = init_world(config.device, config.prompts_per_step)
-        self.device = device_for(self.world, resolve_device(config.device))
+        self.set_up(config, device_for(self.world, resolve_device(config.device)), config.trackers)
         if config.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
-        # 'auto' is decided here, for this device, and nowhere else: every pass reads self.mixed_precision.
-        # The config (and so a checkpoint) keeps 'auto', so a resume on other hardware decides again.
-        self.mixed_precision = resolve_precision(config.mixed_precision, self.device)
-        self.precision_note = describe_precision(config.mixed_precision, self.device)  # also atop config.yaml
-        if self.world.main:
-            print(self.precision_note, file=sys.stderr)  # beside the progress bar; stdout stays the caller's
 
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         # Reward models named in the config run on this process's device, in the run's precision.
@@ -113,7 +96,6 @@ class GRPOTrainer:
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
         tool_functions, environment_factory = resolve_tools(config, tools, environment_factory)
         add_environment_reward(self.reward_funcs, self.reward_weights, environment_factory)
-        check_trackers(config.trackers)
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
         source = "train_dataset" if train_dataset is not None else config.dataset
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
@@ -161,9 +143,10 @@ class GRPOTrainer:
                                sharded=is_sharded(self.model), mixed_precision=self.mixed_precision, toolbox=toolbox)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
-        self.step = 0
-        self.history: list[dict[str, float]] = []
-        self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
+
+    @property
+    def max_steps(self) -> int:
+        return self.config.max_steps
 
     # ---- the step --------------------------------------------------------------------------------
 
@@ -211,7 +194,8 @@ class GRPOTrainer:
             metrics.update(self.critic.metrics(fixed, last))
         if self.iterations is not None:
             metrics["rl_iteration"] = self.iterations.iteration(self.step)
-        self._log(metrics, batch, fixed.advantages)
+        self.log(metrics, completion_records(self.step, batch, fixed.advantages, config.prompt_column,
+                                             config.num_generations, config.log_completions) if self.world.main else ())
 
         # 7. Iterative RL, at an iteration's end: retrain the reward model on the new policy's samples and
         #    reset the reference to the policy.
@@ -270,116 +254,31 @@ class GRPOTrainer:
         sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
         return batch, sampled, sampling
 
-    # ---- metrics and logging ---------------------------------------------------------------------
-
-    def _log(self, metrics: dict[str, float], batch: Batch, advantages: torch.Tensor) -> None:
-        self.history.append(metrics)
-        if not self.world.main:  # one process writes the run directory
-            return
-        if self.run_log is None:
-            self._start_run_log()
-        self.run_log.write(metrics, completion_records(
-            self.step, batch, advantages, self.config.prompt_column, self.config.num_generations,
-            self.config.log_completions,
-        ))
-
-    def _start_run_log(self) -> None:
-        config = self.config.to_dict()
-        config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
-        if self.run_log is not None:
-            self.run_log.finish()
-        self.run_log = RunLog(self.config.output_dir, trackers=self.config.trackers)
-        self.run_log.start(config, self.history, self.step, notes=[self.precision_note])
-
     # ---- checkpoints and saving ------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a checkpoint holds (``checkpoint.py`` reads nothing else of the trainer):
-        ``modules`` (the trained modules themselves, loaded in place on resume; the policy is
-        ``"model"``), ``tokenizer``, ``optimizers`` (each learner's optimizer and schedule state),
-        ``rng`` (this process's random streams), ``data`` (the position in the dataset), ``step``,
-        ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "sampling": self.sampler.generator.get_state(),
-                               "minibatches": self.shuffle.get_state(), "python": random.getstate(),
-                               "numpy": np.random.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+    def run_config(self) -> dict[str, Any]:
+        config = self.config.to_dict()
+        config["reward_funcs"] = [reward_name(fn) for fn in self.reward_funcs]
+        return config
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The policy (``"model"``), PPO's value model, and with iterative RL the reward model and the reference
+        (both change between iterations)."""
         modules = {"model": self.model, **({"value_model": self.critic.value_model} if self.critic else {})}
-        if self.iterations is not None:  # both change between iterations
+        if self.iterations is not None:
             modules["reward_model"] = self.iterations.reward_model.model
             if self.reference is not None:
                 modules["reference"] = self.reference.model
-        optimizers = {}
-        for learner in self.learners:
-            optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
-            optimizers[learner.prefix + "scheduler"] = learner.scheduler.state_dict()
-        return {"step": self.step, "config": self.config.to_dict(), "modules": modules, "tokenizer": self.tokenizer,
-                "optimizers": optimizers, "rng": rng,
-                "data": {"order": list(self.sampler.order), "epoch": self.sampler.epoch},
-                "nonfinite_streak": self.guard.streak, "history": list(self.history)}
+        return modules
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (``modules``, ``tokenizer`` and ``config`` excepted: the
-        modules' weights are loaded in place, the others are the run's own)."""
-        for learner in self.learners:
-            learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
-            learner.scheduler.load_state_dict(state["optimizers"][learner.prefix + "scheduler"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        self.sampler.generator.set_state(rng["sampling"])
-        self.shuffle.set_state(rng["minibatches"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
-        self.sampler.order, self.sampler.epoch = list(state["data"]["order"]), state["data"]["epoch"]
+    def generators(self) -> dict[str, torch.Generator]:
+        return {"sampling": self.sampler.generator, "minibatches": self.shuffle}
 
-    def resume(self, which: str = "latest") -> Path:
-        """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
-        path = find_checkpoint(self.config.output_dir, which)
-        self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
-        return path
+    def data_state(self) -> dict[str, Any]:
+        return {"order": list(self.sampler.order), "epoch": self.sampler.epoch}
 
-    def save_checkpoint(self) -> Path:
-        """Write a checkpoint of this step under ``output_dir/checkpoints`` (every process calls it)."""
-        return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints, self.world)
-
-    @follows_progress_bar
-    def train(self) -> list[dict[str, float]]:
-        """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint
-        every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model and tokenizer
-        to ``output_dir/model``."""
-        config, world = self.config, self.world
-        if config.resume:
-            self.resume(config.resume)
-        if world.main:
-            self._start_run_log()
-        bar = tqdm(range(self.step, config.max_steps), desc=config.algorithm.upper(),
-                   disable=not (config.progress_bar and world.main), dynamic_ncols=True)
-        saved_at = None
-        with StopSignals() as signals:
-            for _ in bar:
-                metrics = self.training_step()
-                postfix = {"reward": f"{metrics['reward']:.3f}", "kl": f"{metrics['kl']:.4f}"}
-                if metrics.get("accuracy") is not None:
-                    postfix["acc"] = f"{metrics['accuracy']:.2f}"
-                bar.set_postfix(postfix)
-                # Every process stops after the same step, whichever got the signal.
-                stop = all_max(float(signals.received or 0), world)
-                if config.save_every and self.step % config.save_every == 0 or stop:
-                    saved_at = self.save_checkpoint()
-                if stop:
-                    raise TrainingInterrupted(
-                        f"stopped by {signal.Signals(int(stop)).name} after step {self.step}; checkpoint "
-                        f"{saved_at}; continue with --resume latest"
-                    )
-        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
-            self.save_checkpoint()
-        self.save(Path(config.output_dir) / "model")
-        if self.run_log is not None:
-            self.run_log.finish()  # the trackers' runs (stopped runs are ended by their own exit handlers)
-        return self.history
+    def load_data_state(self, data: dict[str, Any]) -> None:
+        self.sampler.order, self.sampler.epoch = list(data["order"]), data["epoch"]
 
     def save(self, path: str | Path) -> None:
         """The policy and tokenizer with ``save_pretrained`` (safetensors; LoRA: the adapter, and with

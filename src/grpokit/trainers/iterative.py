@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,10 +44,9 @@ from grpokit.models.loading import autocast
 from grpokit.resolve import load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
+from grpokit.trainers.reward import RewardTrainer, detect_form
+from grpokit.trainers.sample import sample_rows
 from grpokit.training.distributed import World, broadcast_from_main
-
-if TYPE_CHECKING:
-    from grpokit.trainers.grpo import GRPOTrainer
 
 __all__ = ["IterativeRL"]
 
@@ -98,8 +97,6 @@ class IterativeRL:
         if rc.form != "auto":
             self.form = rc.form
         elif self.first_rows:
-            from grpokit.trainers.reward import detect_form
-
             self.form = detect_form(self.first_rows, replace(rc, **COLUMNS), rc.dataset)
         else:
             self.form = "steps" if self.process else "labelled"
@@ -121,9 +118,10 @@ class IterativeRL:
 
     # ---- the work at an iteration's end -------------------------------------------------------------
 
-    def advance(self, trainer: GRPOTrainer) -> dict[str, Any]:
+    def advance(self, trainer: Any) -> dict[str, Any]:
         """Sample, retrain the reward model, reset the reference (the module docstring's steps 1-3), after
-        step ``trainer.step``; returns what was done (also a line of ``iterations.jsonl``)."""
+        step ``trainer.step`` (of the :class:`~grpokit.trainers.grpo.GRPOTrainer` that holds this object); returns
+        what was done (also a line of ``iterations.jsonl``)."""
         k = trainer.step // self.steps
         folder = self.root / f"iteration-{k}"
         summary = None
@@ -149,9 +147,7 @@ class IterativeRL:
                   f"(eval accuracy {summary.get('eval_accuracy')}); reference reset", flush=True)
         return summary
 
-    def _sample(self, trainer: GRPOTrainer, k: int) -> list[dict[str, Any]]:
-        from grpokit.trainers.sample import sample_rows
-
+    def _sample(self, trainer: Any, k: int) -> list[dict[str, Any]]:
         config = self.config
         rows, seed = trainer.sampler.rows, config.seed * 7919 + k
         draw = random.Random(seed).sample(range(len(rows)), min(config.reward_model_prompts, len(rows)))
@@ -181,9 +177,7 @@ class IterativeRL:
             rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return rows
 
-    def _retrain(self, trainer: GRPOTrainer, new: list[dict[str, Any]], k: int, folder: Path) -> dict[str, Any]:
-        from grpokit.trainers.reward import RewardTrainer
-
+    def _retrain(self, trainer: Any, new: list[dict[str, Any]], k: int, folder: Path) -> dict[str, Any]:
         older = self._older_rows(k)
         replayed = random.Random(self.reward_config.seed * 7919 + k).sample(
             older, round(self.config.reward_model_replay * len(older)))

@@ -21,16 +21,14 @@ import json
 import math
 import numbers
 import os
-import signal
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from grpokit.config import ConfigError, RewardConfig
 from grpokit.core.answers import Text, text_of
@@ -38,19 +36,14 @@ from grpokit.data import DataError, check_columns
 from grpokit.models.loading import (
     DTYPES,
     autocast,
-    describe_precision,
-    follows_progress_bar,
     resolve_device,
-    resolve_precision,
-    seed_everything,
+    save_pretrained,
 )
 from grpokit.resolve import load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
-from grpokit.trainers.grpo import TrainingInterrupted
-from grpokit.trainers.sft import SFTTrainer, split, step_budget
-from grpokit.training.checkpoint import StopSignals
-from grpokit.training.runlog import check_trackers
-from grpokit.training.update import Learner, NonfiniteGuard
+from grpokit.training.distributed import SINGLE, World
+from grpokit.training.supervised import SupervisedTrainer, split, step_budget
+from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, update
 
 __all__ = ["RewardExample", "RewardTrainer", "detect_form", "parse_rows", "tokenize_rows"]
 
@@ -224,31 +217,45 @@ def load_backbone(config: RewardConfig, head: str) -> tuple[torch.nn.Module, Any
 # ---- the trainer ---------------------------------------------------------------------------------
 
 
-class RewardTrainer:
-    """Trains an outcome or process reward model on rows of one of the three forms. Anything not passed is
-    built from the config; ``model``: a classifier (``AutoModel...Classification``, one label) with its
+@dataclass
+class RewardBatch:
+    """A step's rows as :func:`~grpokit.training.update.update` trains on them (its ``Minibatchable``)."""
+
+    examples: list[RewardExample]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def select(self, index: torch.Tensor | slice) -> RewardBatch:
+        if isinstance(index, slice):
+            return RewardBatch(self.examples[index])
+        return RewardBatch([self.examples[i] for i in index.tolist()])
+
+    def units(self) -> float:
+        return float(sum(e.units for e in self.examples))
+
+    def counts(self, world: World) -> LossCounts:
+        return LossCounts(sequences=float(len(self.examples)), tokens=self.units())
+
+
+class RewardTrainer(SupervisedTrainer):
+    """Trains an outcome or process reward model on rows of one of the three forms, on the run loop of
+    :class:`~grpokit.training.engine.Trainer` (the data order, checkpoints and saved layout of SFT's). Anything not
+    passed is built from the config; ``model``: a classifier (``AutoModel...Classification``, one label) with its
     ``tokenizer``; ``train_dataset`` / ``eval_dataset``: rows (dicts) instead of the config's files."""
 
-    # The bookkeeping is SFT's, on the same attributes (step, train_examples, eval_examples, learner, guard,
-    # history, config, run_log, _order): one data order, checkpoint format and saved layout for both.
-    batch_indices = SFTTrainer.batch_indices
-    state_dict, load_state_dict = SFTTrainer.state_dict, SFTTrainer.load_state_dict
-    resume, save_checkpoint, save = SFTTrainer.resume, SFTTrainer.save_checkpoint, SFTTrainer.save
-    _log, _start_run_log = SFTTrainer._log, SFTTrainer._start_run_log
+    label, postfix = "reward", ("loss", "accuracy", "eval_accuracy")
 
     def __init__(self, config: RewardConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
                  train_dataset: Sequence[dict[str, Any]] | None = None,
                  eval_dataset: Sequence[dict[str, Any]] | None = None):
-        self.config = config
-        seed_everything(config.seed)  # the new head's initialisation
+        super().__init__()
         # Launched by torchrun, every process would train its own copy. (Iterative RL under torchrun retrains
         # the reward model on the first process only, with the process group already up: that is allowed.)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
             raise ConfigError("grpokit reward train runs in one process; launch it without torchrun")
-        self.device = resolve_device(config.device)
-        self.mixed_precision = resolve_precision(config.mixed_precision, self.device)
-        print(describe_precision(config.mixed_precision, self.device), file=sys.stderr)
-        check_trackers(["tensorboard"] if config.tensorboard else [])
+        # (set_up seeds every stream: the new head's initialisation)
+        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
 
         # The data are checked before the (possibly slow) model load.
         if train_dataset is None and config.dataset is None:
@@ -303,12 +310,9 @@ class RewardTrainer:
 
         self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
             self.model, config, len(self.train_examples))
-        self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=None)
+        self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=self.loss)
+        self.learners = [self.learner]
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
-        self.step = 0
-        self.history: list[dict[str, float]] = []
-        self.run_log = None
-        self._order: tuple[int, list[int]] = (-1, [])
 
     # ---- the loss ---------------------------------------------------------------------------------
 
@@ -336,46 +340,30 @@ class RewardTrainer:
             return (r - y) ** 2, None
         return F.binary_cross_entropy_with_logits(r, y, reduction="none"), (r > 0) == (y > 0.5)
 
-    def _passes(self, examples: Sequence[RewardExample], backward: bool) -> tuple[float, float | None]:
-        """The loss over ``examples``, the mean over their units (every unit weighing the same, whatever
-        ``micro_batch_size``), and the accuracy; with ``backward``, its gradient accumulated."""
-        units = sum(e.units for e in examples)
-        total, correct = 0.0, 0
-        size = self.config.micro_batch_size
-        for start in range(0, len(examples), size):
-            losses, right = self.unit_losses(self.model, examples[start:start + size])
-            loss = losses.sum() / units
-            if backward:
-                loss.backward()
-            total += loss.item()
-            correct = None if right is None else correct + int(right.sum())
-        return total, None if correct is None else correct / units
+    def loss(self, model: torch.nn.Module, batch: RewardBatch, counts: LossCounts,
+             first_pass: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the step's loss: the sum of its units' losses over ``counts.tokens``, the
+        units of the whole step (every unit weighs the same, whatever ``micro_batch_size``); and its accuracy."""
+        losses, right = self.unit_losses(model, batch.examples)
+        return losses.sum() / counts.tokens, {} if right is None else {"accuracy": float(right.sum()) / batch.units()}
 
     def training_step(self) -> dict[str, float]:
         start = time.perf_counter()
         examples = [self.train_examples[i] for i in self.batch_indices(self.step)]
-        self.model.train()
-        loss, accuracy = self._passes(examples, backward=True)
-        optimizer, scheduler = self.learner.optimizer, self.learner.scheduler
-        lr = scheduler.get_last_lr()[0]
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf))
-        applied = self.guard.check(loss, norm)
-        if applied:
-            optimizer.step()
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        (stats,) = update([self.learner], RewardBatch(examples), micro_batch_size=self.config.micro_batch_size,
+                          max_grad_norm=self.config.max_grad_norm, guard=self.guard)
         self.step += 1
         elapsed = time.perf_counter() - start
         metrics: dict[str, float] = {
-            "step": self.step, "epoch": self.step / self.steps_per_epoch, "loss": loss, "accuracy": accuracy,
-            "grad_norm": norm, "lr": lr, "skipped_updates": int(not applied), "rows": len(examples),
+            "step": self.step, "epoch": self.step / self.steps_per_epoch, "loss": stats["loss"],
+            "accuracy": stats.get("accuracy"), "grad_norm": stats["grad_norm"], "lr": stats["lr"],
+            "skipped_updates": stats["skipped_updates"], "rows": len(examples),
             "units": sum(e.units for e in examples), "tokens": sum(len(s) for e in examples for s in e.sequences),
             "truncated": sum(e.truncated for e in examples), "time_step": elapsed,
         }
-        every = self.config.eval_every
-        if self.eval_examples and (every and self.step % every == 0 or self.step == self.max_steps):
+        if self.evaluates():
             metrics.update(self.evaluate())
-        self._log(metrics)
+        self.log(metrics)
         return metrics
 
     @torch.no_grad()
@@ -385,40 +373,23 @@ class RewardTrainer:
         examples = self.eval_examples if examples is None else examples
         was_training = self.model.training
         self.model.eval()
-        loss, accuracy = self._passes(examples, backward=False)
+        batch, loss, correct = RewardBatch(list(examples)), 0.0, 0
+        counts = batch.counts(SINGLE)
+        for start in range(0, len(batch), self.config.micro_batch_size):
+            losses, right = self.unit_losses(self.model, batch.examples[start:start + self.config.micro_batch_size])
+            loss += (losses.sum() / counts.tokens).item()
+            correct = None if right is None else correct + int(right.sum())
         self.model.train(was_training)
-        return {"eval_loss": loss, "eval_accuracy": accuracy}
+        return {"eval_loss": loss, "eval_accuracy": None if correct is None else correct / counts.tokens}
 
-    @follows_progress_bar
-    def train(self) -> list[dict[str, float]]:
-        """Run to the last step (from the checkpoint when ``config.resume`` is set), writing a checkpoint
-        every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the reward model to
-        ``output_dir/model``."""
-        config = self.config
-        if config.resume:
-            self.resume(config.resume)
-        self._start_run_log()
+    def announce(self) -> None:
         s, kind = self.summary, "process" if self.form == "steps" else "outcome"
         loss = {"pairs": "Bradley-Terry", "steps": "bce per step"}.get(self.form, self.label_loss)
         print(f"reward model ({kind}, {self.form} rows, {loss}): {s['rows']} training rows, {s['eval_rows']} held "
-              f"out; {self.max_steps} steps of {config.batch_size} rows; max_length {s['max_length']}: "
+              f"out; {self.max_steps} steps of {self.config.batch_size} rows; max_length {s['max_length']}: "
               f"{s['truncated_rows']} rows truncated, {s['dropped_steps']} steps and {s['dropped_rows']} rows "
               "left out (past the cut)")
-        bar = tqdm(range(self.step, self.max_steps), desc="reward", disable=not config.progress_bar,
-                   dynamic_ncols=True)
-        saved_at = None
-        with StopSignals() as signals:
-            for _ in bar:
-                metrics = self.training_step()
-                bar.set_postfix({k: f"{metrics[k]:.4f}" for k in ("loss", "accuracy", "eval_accuracy")
-                                 if metrics.get(k) is not None})
-                if config.save_every and self.step % config.save_every == 0 or signals.received:
-                    saved_at = self.save_checkpoint()
-                if signals.received:
-                    raise TrainingInterrupted(
-                        f"stopped by {signal.Signals(signals.received).name} after step {self.step}; checkpoint "
-                        f"{saved_at}; continue with --resume latest")
-        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
-            self.save_checkpoint()
-        self.save(os.path.join(config.output_dir, "model"))
-        return self.history
+
+    def save(self, path: str | Path) -> None:
+        """The reward model and tokenizer at ``path`` (``save_pretrained``, safetensors)."""
+        save_pretrained(self.model, self.tokenizer, path)

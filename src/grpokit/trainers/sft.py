@@ -20,42 +20,29 @@ It runs in one process (no torchrun).
 
 from __future__ import annotations
 
-import math
 import os
-import random
-import signal
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from grpokit.config import ConfigError, SFTConfig
-from grpokit.core.optim import adamw_with_schedule
 from grpokit.data import DataError, check_columns
 from grpokit.models.loading import (
     autocast,
-    describe_precision,
-    follows_progress_bar,
     is_lora,
     resolve_device,
-    resolve_precision,
     save_pretrained,
-    seed_everything,
     with_lora,
 )
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.resolve import load_model_and_tokenizer, load_rows
 from grpokit.rollout.generate import Rollout, stop_token_ids
-from grpokit.trainers.grpo import TrainingInterrupted
-from grpokit.training.checkpoint import CheckpointError, StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
-from grpokit.training.runlog import RunLog, check_trackers
 from grpokit.training.sampling import render_prompt
+from grpokit.training.supervised import SupervisedTrainer, split, step_budget
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, UpdateBatch, update
 
 __all__ = ["Example", "SFTTrainer", "collate", "completion_text", "tokenize_rows"]
@@ -176,9 +163,12 @@ def trim(rollout: Rollout) -> Rollout:
 # ---- the trainer ---------------------------------------------------------------------------------
 
 
-class SFTTrainer:
-    """Supervised fine-tuning of a causal LM on prompt/completion rows. Anything not passed is built from
-    the config; ``train_dataset`` / ``eval_dataset``: rows (dicts) instead of the config's files."""
+class SFTTrainer(SupervisedTrainer):
+    """Supervised fine-tuning of a causal LM on prompt/completion rows, on the run loop of
+    :class:`~grpokit.training.engine.Trainer`. Anything not passed is built from the config;
+    ``train_dataset`` / ``eval_dataset``: rows (dicts) instead of the config's files."""
+
+    label, postfix = "SFT", ("loss", "eval_loss")
 
     def __init__(
         self,
@@ -189,14 +179,10 @@ class SFTTrainer:
         train_dataset: Sequence[dict[str, Any]] | None = None,
         eval_dataset: Sequence[dict[str, Any]] | None = None,
     ):
-        self.config = config
-        seed_everything(config.seed)
+        super().__init__()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError("grpokit sft runs in one process; launch it without torchrun")
-        self.device = resolve_device(config.device)
-        self.mixed_precision = resolve_precision(config.mixed_precision, self.device)  # 'auto' decided once, here
-        print(describe_precision(config.mixed_precision, self.device), file=sys.stderr)
-        check_trackers(["tensorboard"] if config.tensorboard else [])
+        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
 
         # The data are checked before the (possibly slow) model load.
         if train_dataset is None and config.dataset is None:
@@ -239,25 +225,10 @@ class SFTTrainer:
         self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
             self.model, config, len(self.train_examples))
         self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=self.loss)
+        self.learners = [self.learner]
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
-        self.step = 0
-        self.history: list[dict[str, float]] = []
-        self.run_log: RunLog | None = None
-        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order of the training rows)
 
     # ---- the step --------------------------------------------------------------------------------
-
-    def batch_indices(self, step: int) -> list[int]:
-        """The training rows of optimizer step ``step`` (0-based): each epoch, a fresh order seeded by
-        (seed, epoch), cut into batches of ``batch_size`` (the last one may be smaller). A function of the
-        step alone, so a resumed run reads the same rows."""
-        epoch, position = divmod(step, self.steps_per_epoch)
-        if self._order[0] != epoch:
-            order = list(range(len(self.train_examples)))
-            random.Random(f"sft-order-{self.config.seed}-{epoch}").shuffle(order)
-            self._order = (epoch, order)
-        size = self.config.batch_size
-        return self._order[1][position * size: (position + 1) * size]
 
     def loss(self, model: torch.nn.Module, batch: UpdateBatch, counts: LossCounts,
              first_pass: bool) -> tuple[torch.Tensor, dict[str, float]]:
@@ -297,10 +268,9 @@ class SFTTrainer:
             "tokens": tokens, "completion_tokens": int(rollout.completion_mask.sum()),
             "truncated": int(rollout.truncated.sum()), "time_step": elapsed, "tokens_per_sec": tokens / elapsed,
         }
-        every = self.config.eval_every
-        if self.eval_examples and (every and self.step % every == 0 or self.step == self.max_steps):
+        if self.evaluates():
             metrics["eval_loss"] = self.evaluate()
-        self._log(metrics)
+        self.log(metrics)
         return metrics
 
     @torch.no_grad()
@@ -319,92 +289,13 @@ class SFTTrainer:
         self.model.train(was_training)
         return total / max(tokens, 1)
 
-    # ---- logging, checkpoints, saving -------------------------------------------------------------
+    # ---- the run -------------------------------------------------------------------------------------
 
-    def _log(self, metrics: dict[str, float]) -> None:
-        self.history.append(metrics)
-        if self.run_log is None:
-            self._start_run_log()
-        self.run_log.write(metrics, [])
-
-    def _start_run_log(self) -> None:
-        self.run_log = RunLog(self.config.output_dir, ["tensorboard"] if self.config.tensorboard else [])
-        self.run_log.start(self.config.to_dict(), self.history, self.step)
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds, in the shape ``checkpoint.py`` reads (as GRPOTrainer's). The data
-        position is the step itself (:meth:`batch_indices`); ``data`` records the row counts, which a
-        resumed run must match."""
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                               "numpy": np.random.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {"step": self.step, "config": self.config.to_dict(), "modules": {"model": self.model},
-                "tokenizer": self.tokenizer,
-                "optimizers": {"optimizer": self.learner.optimizer.state_dict(),
-                               "scheduler": self.learner.scheduler.state_dict()},
-                "rng": rng, "data": {"rows": len(self.train_examples), "eval_rows": len(self.eval_examples)},
-                "nonfinite_streak": self.guard.streak, "history": list(self.history)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (the weights are loaded in place by ``load_checkpoint``)."""
-        here = {"rows": len(self.train_examples), "eval_rows": len(self.eval_examples)}
-        if state["data"] != here:
-            raise CheckpointError(f"the checkpoint was written for {state['data']['rows']} training and "
-                                  f"{state['data']['eval_rows']} held-out rows, this run has {here['rows']} and "
-                                  f"{here['eval_rows']}: the dataset changed")
-        self.learner.optimizer.load_state_dict(state["optimizers"]["optimizer"])
-        self.learner.scheduler.load_state_dict(state["optimizers"]["scheduler"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
-
-    def resume(self, which: str = "latest") -> Path:
-        """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
-        path = find_checkpoint(self.config.output_dir, which)
-        self.load_state_dict(load_checkpoint(path, self.state_dict()))
-        return path
-
-    def save_checkpoint(self) -> Path:
-        return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints)
-
-    @follows_progress_bar
-    def train(self) -> list[dict[str, float]]:
-        """Run to the last step (from the checkpoint when ``config.resume`` is set), writing a checkpoint
-        every ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model to
-        ``output_dir/model`` (:meth:`save`)."""
-        config = self.config
-        if config.resume:
-            self.resume(config.resume)
-        self._start_run_log()
+    def announce(self) -> None:
         s = self.summary
         print(f"SFT: {s['rows']} training rows, {s['eval_rows']} held out; {self.max_steps} steps of "
-              f"{config.batch_size} rows ({self.steps_per_epoch} per epoch); max_length {s['max_length']}: "
+              f"{self.config.batch_size} rows ({self.steps_per_epoch} per epoch); max_length {s['max_length']}: "
               f"{s['truncated_rows']} rows truncated, {s['dropped_rows']} left out (prompt too long)")
-        bar = tqdm(range(self.step, self.max_steps), desc="SFT", disable=not config.progress_bar, dynamic_ncols=True)
-        saved_at = None
-        with StopSignals() as signals:
-            for _ in bar:
-                metrics = self.training_step()
-                postfix = {"loss": f"{metrics['loss']:.4f}"}
-                if "eval_loss" in metrics:
-                    postfix["eval_loss"] = f"{metrics['eval_loss']:.4f}"
-                bar.set_postfix(postfix)
-                if config.save_every and self.step % config.save_every == 0 or signals.received:
-                    saved_at = self.save_checkpoint()
-                if signals.received:
-                    raise TrainingInterrupted(
-                        f"stopped by {signal.Signals(signals.received).name} after step {self.step}; checkpoint "
-                        f"{saved_at}; continue with --resume latest"
-                    )
-        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
-            self.save_checkpoint()
-        self.save(Path(config.output_dir) / "model")
-        return self.history
 
     def save(self, path: str | Path) -> None:
         """The model and tokenizer at ``path`` (``save_pretrained``, safetensors): full weights, loadable by
@@ -427,26 +318,3 @@ def _rows(given: Sequence[dict[str, Any]] | None, file: str | None, name: str,
     check_columns(rows, [config.prompt_column, config.completion_column], source=source)
     check_completions(rows, config.completion_column, source)
     return rows, source
-
-
-def step_budget(model: torch.nn.Module, config: Any, rows: int) -> tuple[int, int, torch.optim.Optimizer, Any]:
-    """(steps per epoch, optimizer steps, AdamW, its schedule) for a supervised run over ``rows`` training
-    rows: ``config.max_steps`` or ``config.epochs`` epochs of ``config.batch_size`` rows, warmup included."""
-    steps_per_epoch = math.ceil(rows / config.batch_size)
-    max_steps = config.max_steps or math.ceil(config.epochs * steps_per_epoch)
-    if config.warmup_steps >= max_steps:
-        raise ConfigError(f"warmup_steps={config.warmup_steps} leaves no step after warmup: the run makes "
-                          f"{max_steps} optimizer steps")
-    optimizer, scheduler = adamw_with_schedule(model, config, config.learning_rate, max_steps)
-    return steps_per_epoch, max_steps, optimizer, scheduler
-
-
-def split(examples: list[Example | None], fraction: float, seed: int) -> tuple[list, list]:
-    """(training, held-out): a seeded draw of ``round(fraction × rows)`` rows (at least one) held out."""
-    count = max(1, round(fraction * len(examples)))
-    if count >= len(examples):
-        raise ConfigError(f"eval_fraction={fraction} holds out all {len(examples)} rows; lower it")
-    order = list(range(len(examples)))
-    random.Random(f"sft-eval-{seed}").shuffle(order)
-    held = set(order[:count])
-    return ([e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -56,15 +56,32 @@ class UpdateBatch:
         tensors = (getattr(self, f.name) for f in fields(self)[1:])
         return UpdateBatch(self.rollout.select(index), *(None if t is None else t[index] for t in tensors))
 
+    def units(self) -> float:
+        """What the loss averages over: its tokens."""
+        return float(self.loss_mask.sum())
+
     def counts(self, world: World) -> LossCounts:
         mask = self.loss_mask
         return LossCounts(sequences=max(1.0, all_sum(float((mask.sum(dim=1) > 0).sum()), world)),
                           tokens=max(1.0, all_sum(float(mask.sum()), world)))
 
 
+class Minibatchable(Protocol):
+    """What :func:`update` trains on: an :class:`UpdateBatch`, or a trainer's own batch with the same methods (the
+    reward-model trainer's rows)."""
+
+    def __len__(self) -> int: ...
+
+    def select(self, index: Tensor | slice) -> Minibatchable: ...  # the rows at index (indices or a slice)
+
+    def units(self) -> float: ...  # what the loss averages over in these rows (tokens, rows, steps)
+
+    def counts(self, world: World) -> LossCounts: ...  # the denominators, over every process
+
+
 # A learner's loss on a micro-batch: (model to run, micro-batch, the minibatch's counts, first pass?) →
 # (loss, diagnostics as means over the micro-batch's loss tokens).
-LossFunction = Callable[[nn.Module, UpdateBatch, LossCounts, bool], tuple[Tensor, dict[str, float]]]
+LossFunction = Callable[[nn.Module, Any, LossCounts, bool], tuple[Tensor, dict[str, float]]]
 
 
 @dataclass
@@ -103,7 +120,7 @@ class NonfiniteGuard:
 
 
 def update(
-    learners: Sequence[Learner], batch: UpdateBatch, *, micro_batch_size: int, max_grad_norm: float,
+    learners: Sequence[Learner], batch: Minibatchable, *, micro_batch_size: int, max_grad_norm: float,
     guard: NonfiniteGuard, num_iterations: int = 1, num_minibatches: int = 1,
     shuffle: torch.Generator | None = None, world: World = SINGLE,
 ) -> list[dict[str, float]]:
@@ -132,7 +149,7 @@ def update(
                         # DDP averages over processes; the shares must add up
                         (loss * learner.loss_weight * world.size).backward()
                     totals[p + "loss"] += loss.item()  # each micro-batch's loss is its share of the minibatch's
-                    share = float(micro.loss_mask.sum()) / counts.tokens
+                    share = micro.units() / counts.tokens
                     for key, value in diagnostics.items():
                         totals[p + key] = totals.get(p + key, 0.0) + value * share
                 totals = all_sum_dict(totals, world)

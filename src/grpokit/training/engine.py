@@ -1,0 +1,207 @@
+"""The training engine: the run loop every trainer uses — GRPO/PPO, SFT and reward-model training.
+
+A trainer (:class:`Trainer`'s subclass) writes what is its own: the step (:meth:`Trainer.training_step`), what
+its checkpoint holds beyond the common part (:meth:`Trainer.modules`, :meth:`Trainer.data_state`,
+:meth:`Trainer.generators`) and how it saves its model. Everything around the step is written here once:
+
+    resume (config.resume) → run directory → for each step: step, progress bar, checkpoint every save_every
+    steps or on SIGINT/SIGTERM (then TrainingInterrupted) → final checkpoint → save(output_dir/model) → trackers
+
+and a checkpoint's common part: the step, each learner's optimizer and schedule, every random stream, the
+non-finite streak and the metrics so far (:mod:`grpokit.training.checkpoint` writes and verifies it).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from grpokit.models.loading import describe_precision, follows_progress_bar, resolve_precision, seed_everything
+from grpokit.training.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
+from grpokit.training.distributed import SINGLE, World, all_max
+from grpokit.training.runlog import RunLog, check_trackers
+from grpokit.training.update import Learner, NonfiniteGuard
+
+__all__ = ["Trainer", "TrainingInterrupted"]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM stopped training after a checkpoint; the message names it."""
+
+
+class Trainer:
+    """The run loop and the checkpoint's common part, for a subclass that sets, in its ``__init__``: ``model``,
+    ``tokenizer``, ``learners`` (what the update trains), ``guard`` (a :class:`NonfiniteGuard`)
+    and ``max_steps``, after :meth:`set_up` (with several processes, ``world`` before it)."""
+
+    label = "train"  # the progress bar's
+    postfix: Sequence[str] = ("loss",)  # the metrics the bar shows
+    world: World = SINGLE
+
+    config: Any  # output_dir, resume, save_every, keep_checkpoints, progress_bar, seed, mixed_precision
+    device: torch.device
+    mixed_precision: str  # 'no' or 'bf16', decided by set_up
+    model: torch.nn.Module
+    tokenizer: Any
+    learners: list[Learner]
+    guard: NonfiniteGuard
+    max_steps: int
+    trackers: list[str] = []
+    notes: list[str] = []
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
+
+    def set_up(self, config: Any, device: torch.device, trackers: list[str]) -> None:
+        """What every trainer does first: seed every random stream, decide the precision for ``device`` (here and
+        nowhere else: every pass reads ``mixed_precision``; the config, and so a checkpoint, keeps 'auto', so a
+        resume on other hardware decides again), say it (also atop config.yaml), and check that the trackers'
+        packages are installed — all before the (possibly slow) model load."""
+        seed_everything(config.seed)
+        self.config, self.device = config, device
+        self.mixed_precision = resolve_precision(config.mixed_precision, device)
+        self.notes = [describe_precision(config.mixed_precision, device)]
+        if self.world.main:
+            print(self.notes[0], file=sys.stderr)  # beside the progress bar; stdout stays the caller's
+        self.trackers = list(trackers)
+        check_trackers(self.trackers)
+
+    # ---- what each trainer writes ------------------------------------------------------------------
+
+    def training_step(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> None:
+        """The trained model at ``path`` (``save_pretrained``)."""
+        raise NotImplementedError
+
+    def announce(self) -> None:
+        """What the run is about to do, printed once before the first step (default: nothing)."""
+
+    def run_config(self) -> dict[str, Any]:
+        """The config as config.yaml records it."""
+        return self.config.to_dict()
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The modules a checkpoint holds, loaded in place on resume (the trained model is ``"model"``)."""
+        return {"model": self.model}
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """The trainer's own random streams, saved and restored beside torch's, Python's and NumPy's."""
+        return {}
+
+    def data_state(self) -> dict[str, Any]:
+        """The position in the data (a checkpoint's ``data``)."""
+        return {}
+
+    def load_data_state(self, data: dict[str, Any]) -> None:
+        """Restore :meth:`data_state`'s value (raise ``CheckpointError`` if this run's data cannot resume it)."""
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    @follows_progress_bar
+    def train(self) -> list[dict[str, float]]:
+        """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint every
+        ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model to ``output_dir/model``."""
+        config, world = self.config, self.world
+        if config.resume:
+            self.resume(config.resume)
+        if world.main:
+            self.start_run_log()
+            self.announce()
+        bar = tqdm(range(self.step, self.max_steps), desc=self.label,
+                   disable=not (config.progress_bar and world.main), dynamic_ncols=True)
+        saved_at = None
+        with StopSignals() as signals:
+            for _ in bar:
+                metrics = self.training_step()
+                bar.set_postfix({key: f"{metrics[key]:.4g}" for key in self.postfix if metrics.get(key) is not None})
+                # Every process stops after the same step, whichever got the signal.
+                stop = all_max(float(signals.received or 0), world)
+                if config.save_every and self.step % config.save_every == 0 or stop:
+                    saved_at = self.save_checkpoint()
+                if stop:
+                    raise TrainingInterrupted(
+                        f"stopped by {signal.Signals(int(stop)).name} after step {self.step}; checkpoint "
+                        f"{saved_at}; continue with --resume latest"
+                    )
+        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
+            self.save_checkpoint()
+        self.save(Path(config.output_dir) / "model")
+        if self.run_log is not None:
+            self.run_log.finish()  # the trackers' runs (stopped runs are ended by their own exit handlers)
+        return self.history
+
+    # ---- the run directory -----------------------------------------------------------------------
+
+    def start_run_log(self) -> None:
+        if self.run_log is not None:
+            self.run_log.finish()
+        self.run_log = RunLog(self.config.output_dir, trackers=self.trackers)
+        self.run_log.start(self.run_config(), self.history, self.step, notes=self.notes)
+
+    def log(self, metrics: dict[str, float], completions: Iterable[dict[str, Any]] = ()) -> None:
+        """Record a step's metrics (and, on the main process, write them and its completions)."""
+        self.history.append(metrics)
+        if not self.world.main:  # one process writes the run directory
+            return
+        if self.run_log is None:
+            self.start_run_log()
+        self.run_log.write(metrics, list(completions))
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint holds (:mod:`grpokit.training.checkpoint` reads nothing else of the trainer):
+        ``modules`` (:meth:`modules`), ``tokenizer``, ``optimizers`` (each learner's optimizer and schedule
+        state), ``rng`` (this process's random streams), ``data`` (:meth:`data_state`), ``step``,
+        ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                               "numpy": np.random.get_state(),
+                               **{name: g.get_state() for name, g in self.generators().items()}}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        optimizers = {}
+        for learner in self.learners:
+            optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
+            optimizers[learner.prefix + "scheduler"] = learner.scheduler.state_dict()
+        return {"step": self.step, "config": self.config.to_dict(), "modules": self.modules(),
+                "tokenizer": self.tokenizer, "optimizers": optimizers, "rng": rng, "data": self.data_state(),
+                "nonfinite_streak": self.guard.streak, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (``modules``, ``tokenizer`` and ``config`` excepted: the
+        modules' weights are loaded in place, the others are the run's own)."""
+        self.load_data_state(state["data"])
+        for learner in self.learners:
+            learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
+            learner.scheduler.load_state_dict(state["optimizers"][learner.prefix + "scheduler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        for name, generator in self.generators().items():
+            generator.set_state(rng[name])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
+
+    def resume(self, which: str = "latest") -> Path:
+        """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
+        path = find_checkpoint(self.config.output_dir, which)
+        self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
+        return path
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of this step under ``output_dir/checkpoints`` (every process calls it)."""
+        return save_checkpoint(self.state_dict(), self.config.output_dir, self.config.keep_checkpoints, self.world)

@@ -1,0 +1,82 @@
+"""What the supervised trainers share (SFT and reward-model training): a fixed list of examples read in epochs of
+shuffled batches, held-out examples evaluated every ``eval_every`` steps, and the step budget."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+
+from grpokit.config import ConfigError
+from grpokit.core.optim import adamw_with_schedule
+from grpokit.training.checkpoint import CheckpointError
+from grpokit.training.engine import Trainer
+
+__all__ = ["SupervisedTrainer", "split", "step_budget"]
+
+
+class SupervisedTrainer(Trainer):
+    """A :class:`~grpokit.training.engine.Trainer` over ``train_examples`` (and ``eval_examples``), set by the
+    subclass with ``steps_per_epoch`` and ``max_steps`` (:func:`step_budget`)."""
+
+    train_examples: list
+    eval_examples: list
+    steps_per_epoch: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order of the training rows)
+
+    def batch_indices(self, step: int) -> list[int]:
+        """The training rows of optimizer step ``step`` (0-based): each epoch, a fresh order seeded by
+        (seed, epoch), cut into batches of ``batch_size`` (the last one may be smaller). A function of the
+        step alone, so a resumed run reads the same rows."""
+        epoch, position = divmod(step, self.steps_per_epoch)
+        if self._order[0] != epoch:
+            order = list(range(len(self.train_examples)))
+            random.Random(f"sft-order-{self.config.seed}-{epoch}").shuffle(order)
+            self._order = (epoch, order)
+        size = self.config.batch_size
+        return self._order[1][position * size: (position + 1) * size]
+
+    def evaluates(self) -> bool:
+        """Whether the step just taken is evaluated on the held-out rows: every ``eval_every`` steps and the last."""
+        every = self.config.eval_every
+        return bool(self.eval_examples) and (every and self.step % every == 0 or self.step == self.max_steps)
+
+    def data_state(self) -> dict[str, Any]:
+        """The data position is the step itself (:meth:`batch_indices`); the row counts, which a resumed run must
+        match."""
+        return {"rows": len(self.train_examples), "eval_rows": len(self.eval_examples)}
+
+    def load_data_state(self, data: dict[str, Any]) -> None:
+        here = self.data_state()
+        if data != here:
+            raise CheckpointError(f"the checkpoint was written for {data['rows']} training and {data['eval_rows']} "
+                                  f"held-out rows, this run has {here['rows']} and {here['eval_rows']}: the dataset "
+                                  "changed")
+
+
+def step_budget(model: torch.nn.Module, config: Any, rows: int) -> tuple[int, int, torch.optim.Optimizer, Any]:
+    """(steps per epoch, optimizer steps, AdamW, its schedule) for a supervised run over ``rows`` training
+    rows: ``config.max_steps`` or ``config.epochs`` epochs of ``config.batch_size`` rows, warmup included."""
+    steps_per_epoch = math.ceil(rows / config.batch_size)
+    max_steps = config.max_steps or math.ceil(config.epochs * steps_per_epoch)
+    if config.warmup_steps >= max_steps:
+        raise ConfigError(f"warmup_steps={config.warmup_steps} leaves no step after warmup: the run makes "
+                          f"{max_steps} optimizer steps")
+    optimizer, scheduler = adamw_with_schedule(model, config, config.learning_rate, max_steps)
+    return steps_per_epoch, max_steps, optimizer, scheduler
+
+
+def split(examples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(training, held-out): a seeded draw of ``round(fraction × rows)`` rows (at least one) held out."""
+    count = max(1, round(fraction * len(examples)))
+    if count >= len(examples):
+        raise ConfigError(f"eval_fraction={fraction} holds out all {len(examples)} rows; lower it")
+    order = list(range(len(examples)))
+    random.Random(f"sft-eval-{seed}").shuffle(order)
+    held = set(order[:count])
+    return ([e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held])
