@@ -11,7 +11,8 @@ from transformers import AutoModel
 from grpokit import GRPOConfig, GRPOTrainer, gae
 from grpokit.cli.main import main
 from grpokit.config import ConfigError
-from grpokit.trainers.ppo import ValueModel, explained_variance, token_rewards, value_loss, whiten
+from grpokit.core.ppo_objective import explained_variance, value_loss, whiten
+from grpokit.trainers.ppo import ValueModel, token_rewards
 from grpokit.training.update import UpdateBatch
 from test_cli import data_file, write_config  # noqa: F401 - data_file is a fixture
 from test_options import fixed_rollout

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.core.ppo_objective import gae
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
 from grpokit.rollout.tools import ToolBox, ToolSession, calculator, tool_messages
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-from grpokit.trainers.ppo import gae
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=320)
 CALL = '<tool>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool>'

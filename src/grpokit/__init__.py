@@ -18,13 +18,13 @@ from grpokit.core.objective import (
     process_advantages,
     token_logprobs,
 )
+from grpokit.core.ppo_objective import gae, value_loss
 from grpokit.data import DataError, load_jsonl
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.calling import RewardError
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.generate import Rollout, generate
 from grpokit.trainers.grpo import GRPOTrainer
-from grpokit.trainers.ppo import gae, value_loss
 from grpokit.trainers.reward import RewardTrainer
 from grpokit.trainers.sft import SFTTrainer
 

@@ -1,1 +1,4 @@
-"""."""
+"""The training engine: the run loop every trainer uses (:mod:`.engine`, and :mod:`.supervised` for SFT and
+reward-model training), sampling and scoring a step's batch (:mod:`.sampling`), the update's loops (:mod:`.update`),
+checkpoints (:mod:`.checkpoint`), the run directory and trackers (:mod:`.runlog`), and data parallelism
+(:mod:`.distributed`)."""
