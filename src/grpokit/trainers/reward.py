@@ -42,8 +42,8 @@ from grpokit.models.loading import (
 from grpokit.resolve import load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
 from grpokit.training.distributed import SINGLE, World
-from grpokit.training.supervised import SupervisedTrainer, split, step_budget
-from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, update
+from grpokit.training.supervised import SupervisedTrainer, split
+from grpokit.training.update import LossCounts, update
 
 __all__ = ["RewardExample", "RewardTrainer", "detect_form", "parse_rows", "tokenize_rows"]
 
@@ -298,21 +298,8 @@ class RewardTrainer(SupervisedTrainer):
             else ([], 0)
         if not held and config.eval_fraction:
             examples, held_out = split(examples, config.eval_fraction, config.seed)
-        self.train_examples = [e for e in examples if e is not None]
-        self.eval_examples = [e for e in held_out if e is not None]
-        everything = [*self.train_examples, *self.eval_examples]
-        self.summary = {"rows": len(self.train_examples), "eval_rows": len(self.eval_examples),
-                        "dropped_rows": sum(e is None for e in [*examples, *held_out]),
-                        "dropped_steps": dropped + eval_dropped,
-                        "truncated_rows": sum(e.truncated for e in everything), "max_length": self.context}
-        if not self.train_examples:
-            raise DataError(f"{source}: no training row left: every row's steps lie past max_length={self.context}")
-
-        self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
-            self.model, config, len(self.train_examples))
-        self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=self.loss)
-        self.learners = [self.learner]
-        self.guard = NonfiniteGuard(config.max_nonfinite_updates)
+        self.use_examples(examples, held_out, {"dropped_steps": dropped + eval_dropped, "max_length": self.context},
+                          f"{source}: no training row left: every row's steps lie past max_length={self.context}")
 
     # ---- the loss ---------------------------------------------------------------------------------
 

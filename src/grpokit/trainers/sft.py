@@ -42,8 +42,8 @@ from grpokit.models.logprobs import sequence_logprobs
 from grpokit.resolve import load_model_and_tokenizer, load_rows
 from grpokit.rollout.generate import Rollout, stop_token_ids
 from grpokit.training.sampling import render_prompt
-from grpokit.training.supervised import SupervisedTrainer, split, step_budget
-from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, UpdateBatch, update
+from grpokit.training.supervised import SupervisedTrainer, split
+from grpokit.training.update import LossCounts, UpdateBatch, update
 
 __all__ = ["Example", "SFTTrainer", "collate", "completion_text", "tokenize_rows"]
 
@@ -170,15 +170,9 @@ class SFTTrainer(SupervisedTrainer):
 
     label, postfix = "SFT", ("loss", "eval_loss")
 
-    def __init__(
-        self,
-        config: SFTConfig,
-        *,
-        model: torch.nn.Module | None = None,
-        tokenizer: Any = None,
-        train_dataset: Sequence[dict[str, Any]] | None = None,
-        eval_dataset: Sequence[dict[str, Any]] | None = None,
-    ):
+    def __init__(self, config: SFTConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
+                 train_dataset: Sequence[dict[str, Any]] | None = None,
+                 eval_dataset: Sequence[dict[str, Any]] | None = None):
         super().__init__()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError("grpokit sft runs in one process; launch it without torchrun")
@@ -213,20 +207,8 @@ class SFTTrainer(SupervisedTrainer):
         held_out = tokenize_rows(eval_rows, tokenizer, config, stops, max_length, eval_source) if eval_rows else []
         if config.eval_fraction:
             examples, held_out = split(examples, config.eval_fraction, config.seed)
-        self.train_examples = [e for e in examples if e is not None]
-        self.eval_examples = [e for e in held_out if e is not None]
-        self.summary = {"rows": len(self.train_examples), "eval_rows": len(self.eval_examples),
-                        "dropped_rows": sum(e is None for e in [*examples, *held_out]),
-                        "truncated_rows": sum(e.truncated for e in [*self.train_examples, *self.eval_examples]),
-                        "max_length": max_length}
-        if not self.train_examples:
-            raise DataError(f"{source}: no training row left: every prompt fills max_length={max_length}")
-
-        self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
-            self.model, config, len(self.train_examples))
-        self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=self.loss)
-        self.learners = [self.learner]
-        self.guard = NonfiniteGuard(config.max_nonfinite_updates)
+        self.use_examples(examples, held_out, {"max_length": max_length},
+                          f"{source}: no training row left: every prompt fills max_length={max_length}")
 
     # ---- the step --------------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ import torch
 
 from grpokit.config import ConfigError
 from grpokit.core.optim import adamw_with_schedule
+from grpokit.data import DataError
 from grpokit.training.checkpoint import CheckpointError
 from grpokit.training.engine import Trainer
+from grpokit.training.update import Learner, LossCounts, NonfiniteGuard
 
 __all__ = ["SupervisedTrainer", "split", "step_budget"]
 
@@ -28,6 +30,28 @@ class SupervisedTrainer(Trainer):
     def __init__(self) -> None:
         super().__init__()
         self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order of the training rows)
+
+    def use_examples(self, examples: list, held_out: list, summary: dict[str, Any], none_left: str) -> None:
+        """Train on ``examples`` and evaluate on ``held_out`` (None: a row that does not fit, left out), with the
+        optimizer and schedule of the step budget; ``summary``: what :meth:`announce` says beyond the counts;
+        ``none_left``: the error when no training row is left."""
+        self.train_examples = [e for e in examples if e is not None]
+        self.eval_examples = [e for e in held_out if e is not None]
+        self.summary = {"rows": len(self.train_examples), "eval_rows": len(self.eval_examples),
+                        "dropped_rows": sum(e is None for e in [*examples, *held_out]),
+                        "truncated_rows": sum(e.truncated for e in [*self.train_examples, *self.eval_examples]),
+                        **summary}
+        if not self.train_examples:
+            raise DataError(none_left)
+        self.steps_per_epoch, self.max_steps, optimizer, scheduler = step_budget(
+            self.model, self.config, len(self.train_examples))
+        self.learner = Learner("", self.model, self.model, optimizer, scheduler, loss=self.loss)
+        self.learners = [self.learner]
+        self.guard = NonfiniteGuard(self.config.max_nonfinite_updates)
+
+    def loss(self, model: torch.nn.Module, batch: Any, counts: LossCounts,
+             first_pass: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
 
     def batch_indices(self, step: int) -> list[int]:
         """The training rows of optimizer step ``step`` (0-based): each epoch, a fresh order seeded by
