@@ -12,15 +12,15 @@ import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from conftest import TINY
-from grpokit import rollout as grpokit_rollout
-from grpokit import sample as grpokit_sample
-from grpokit import sampling as grpokit_sampling
-from grpokit import trainer as grpokit_trainer
 from grpokit.config import GRPOConfig
-from grpokit.objective import process_advantages
-from grpokit.rollout import sequence_logprobs
-from grpokit.tiny_model import build_model, build_tokenizer
-from grpokit.trainer import GRPOTrainer
+from grpokit.core.objective import process_advantages
+from grpokit.models import logprobs as grpokit_rollout
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.tasks.tiny_model import build_model, build_tokenizer
+from grpokit.trainers import grpo as grpokit_trainer
+from grpokit.trainers import sample as grpokit_sample
+from grpokit.trainers.grpo import GRPOTrainer
+from grpokit.training import sampling as grpokit_sampling
 
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
 

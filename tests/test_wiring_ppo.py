@@ -6,11 +6,12 @@ import math
 import pytest
 import torch
 
-from grpokit import trainer as grpokit_trainer
 from grpokit.config import GRPOConfig
-from grpokit.ppo import gae, token_rewards, value_loss, whiten
-from grpokit.trainer import GRPOTrainer
-from grpokit.update import NonfiniteGuard, UpdateBatch, update
+from grpokit.core.ppo_objective import gae, value_loss, whiten
+from grpokit.trainers import grpo as grpokit_trainer
+from grpokit.trainers.grpo import GRPOTrainer
+from grpokit.trainers.ppo import token_rewards
+from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
 
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
 
