@@ -2,7 +2,15 @@
 
 import pytest
 
-from grpokit.config import ConfigError, GRPOConfig, load_config, parse_overrides
+from grpokit.config import (
+    ConfigError,
+    GRPOConfig,
+    RewardConfig,
+    SFTConfig,
+    config_class_of,
+    load_config,
+    parse_overrides,
+)
 
 
 @pytest.mark.parametrize(
@@ -67,3 +75,38 @@ def test_bad_device_is_named():
 
     with pytest.raises(ValueError, match="device='gpu0' is not a device"):
         resolve_device("gpu0")
+
+
+# What a resumed run may change, per trainer (the math stays the same): pinned, as checkpoints rely on it.
+RESUMABLE_ANYWHERE = {"max_steps", "output_dir", "progress_bar", "save_every", "keep_checkpoints", "resume", "device",
+                      "micro_batch_size", "max_nonfinite_updates", "mixed_precision", "tensorboard"}
+
+
+@pytest.mark.parametrize("config_class, also", [
+    (GRPOConfig, {"log_completions", "logprob_chunk_mb", "gradient_checkpointing", "reward_timeout", "on_reward_error",
+                  "report_to", "project", "run_name"}),
+    (SFTConfig, {"gradient_checkpointing"}),
+    (RewardConfig, set()),
+])
+def test_resumable_keys_per_config(config_class, also):
+    assert config_class.resumable_keys() == RESUMABLE_ANYWHERE | also
+
+
+@pytest.mark.parametrize("config", [GRPOConfig(), SFTConfig(model="m"), RewardConfig(model="m")])
+def test_a_dumped_config_names_its_class(config):
+    dump = config.to_dict()
+    assert config_class_of(dump) is type(config)
+    del dump["progress_bar"], dump["seed"]  # a dump written before a key existed
+    assert config_class_of(dump) is type(config)
+
+
+def test_supervised_configs_list_their_own_keys_then_the_shared_ones():
+    sft, reward = list(SFTConfig.help()), list(RewardConfig.help())
+    assert sft[0] == reward[0] == "model"
+    shared = sft[sft.index("device"):]
+    assert reward[-len(shared):] == shared and shared[-1] == "progress_bar"
+    starts = {name: (getattr(SFTConfig(model="m"), name), getattr(RewardConfig(model="m"), name))
+              for name in ("epochs", "batch_size", "micro_batch_size", "learning_rate")}
+    assert starts == {"epochs": (3.0, 1.0), "batch_size": (8, 16), "micro_batch_size": (8, 16),
+                      "learning_rate": (2e-5, 1e-5)}
+    assert [name for name in shared if SFTConfig.help()[name] != RewardConfig.help()[name]] == ["batch_size"]

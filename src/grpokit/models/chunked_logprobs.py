@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at SmolLM2's 49,152-token vocabulary
-
 
 def chunk_rows(vocab_size: int, chunk_mb: float) -> int:
     """Tokens per chunk such that one chunk's float32 logits (rows × ``vocab_size`` × 4 bytes) take at

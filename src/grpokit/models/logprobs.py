@@ -18,8 +18,9 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
+from grpokit.config import DEFAULT_CHUNK_MB
 from grpokit.core.objective import token_entropy, token_logprobs
-from grpokit.models.chunked_logprobs import DEFAULT_CHUNK_MB, chunk_rows, chunked_logprobs_and_entropy
+from grpokit.models.chunked_logprobs import chunk_rows, chunked_logprobs_and_entropy
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported, unwrap_peft
 from grpokit.models.loading import is_sharded
 

@@ -41,20 +41,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
+from grpokit.config import config_class_of
 from grpokit.models.loading import is_lora, is_sharded, save_pretrained
 from grpokit.training.distributed import SINGLE, World, barrier, gather
 
 FORMAT = 1
 JSON_RNG = ("python", "numpy")  # random streams kept in state.json; the torch ones are tensors
-# Keys that may change between a checkpoint and the run that resumes it: they do not change the math.
-RESUMABLE_CHANGES = {
-    "max_steps", "output_dir", "progress_bar", "log_completions", "save_every", "keep_checkpoints", "resume",
-    "device", "micro_batch_size", "logprob_chunk_mb", "gradient_checkpointing", "reward_timeout", "on_reward_error",
-    "max_nonfinite_updates",
-    # 'auto' decides again on the resuming machine anyway (an older checkpoint says 'no', the old default)
-    "mixed_precision",
-    "report_to", "tensorboard", "project", "run_name",  # where metrics go, not what they are
-}
 
 
 class CheckpointError(ValueError):
@@ -286,8 +278,10 @@ def _load_adapter(model: torch.nn.Module, file: Path, source: str) -> None:
 
 
 def _check_config(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    # What may differ is declared with the keys of the resuming run's config class (GRPO, SFT or reward).
+    resumable = config_class_of(current).resumable_keys()
     different = [k for k in sorted(set(saved) | set(current))
-                 if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k)]
+                 if k not in resumable and saved.get(k) != current.get(k)]
     if different:
         details = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in different[:5])
         raise CheckpointError(f"checkpoint {path} was written by a run with a different config ({details})")

@@ -1,0 +1,365 @@
+"""``GRPOConfig``: the keys of a GRPO (or PPO) run, ``grpokit train``'s config, and the checks across them."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _field
+from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
+
+TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
+DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at SmolLM2's 49,152-token vocabulary
+
+
+@dataclass
+class GRPOConfig(_Config):
+    """A GRPO run, or a PPO one (``algorithm: ppo``): ``grpokit train``'s config (docs/usage.md)."""
+
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = {"optim": TRL_OPTIM}
+
+    # ---- model and data --------------------------------------------------------------------------
+    model: str = _field(
+        "builtin:arithmetic",
+        "A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer); 'gguf:FILE' for a "
+        "llama.cpp GGUF file, converted to float32 once and cached (pip install 'grpokit[gguf]'; or convert it "
+        "yourself with `grpokit convert`); or 'builtin:arithmetic' for the warm-started tiny demo model (built "
+        "and cached locally).",
+    )
+    dataset: str = _field(
+        "builtin:arithmetic",
+        "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, or a directory "
+        "written by datasets' save_to_disk (its 'train' split) — with a prompt column, an answer column, and "
+        "any other columns, which reward functions receive as keyword lists; 'gsm8k:FILE' for GSM8K-style "
+        "JSONL (question, answer ending '#### N'); or 'builtin:arithmetic'.",
+    )
+    prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
+    answer_column: str = _field(
+        "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name)."
+    )
+    output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.",
+                             resumable=True)
+    seed: int = _field(0, "Seed for data order, sampling and initialisation.")
+    device: str = _common("device")
+    dtype: str = _common("dtype")
+    system_prompt: str | None = _field(
+        None, "A system message put before every prompt (e.g. asking for <think>…</think><answer>…</answer>, "
+        "R1-Zero style): in the chat template when the tokenizer has one, else as a first line."
+    )
+    chat_template: bool | None = _field(
+        None, "Render prompts with the tokenizer's chat template (with the generation prompt): None = when it "
+        "has one. Rows whose prompt is a list of {role, content} messages always need one."
+    )
+
+    # ---- rewards ---------------------------------------------------------------------------------
+    reward_funcs: list[str] = _field(
+        ["accuracy", "format"],
+        "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
+        "and the process reward 'arithmetic_steps'), 'FILE.py:NAME' or 'package.module:NAME' for your own (called "
+        "as TRL calls them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a "
+        "bare DIR too) or 'process_model:DIR'; the Python API also takes callables.",
+    )
+    reward_weights: list[float] | None = _field(
+        None, "Weight of each reward function in the total reward; None means 1.0 each."
+    )
+
+    # ---- iterative RL (docs/reward_models.md, "Iterative RL") -------------------------------------
+    rl_iterations: int = _field(
+        1, "Iterative RL (DeepSeekMath §4.1.4): the run's steps in this many iterations; after each but the last, "
+        "the learned reward model in reward_funcs is retrained on samples of the new policy (labelled by "
+        "reward_model_labels) plus a replay share of its older data, and the reference model is reset to the "
+        "current policy. 1: a plain run.", min=1
+    )
+    steps_per_iteration: int | None = _field(
+        None, "Iterative RL: steps per iteration; max_steps must then be rl_iterations × steps_per_iteration. "
+        "None: max_steps / rl_iterations (which must divide evenly).", min=1
+    )
+    reward_model_labels: list[str] = _field(
+        [], "Iterative RL: the rule reward functions (same syntax as reward_funcs) that label the policy's samples "
+        "the reward model is retrained on: their weighted sum as the label; a process reward's steps for a "
+        "process model."
+    )
+    reward_model_label_weights: list[float] | None = _field(
+        None, "Iterative RL: the weight of each of reward_model_labels; None means 1.0 each."
+    )
+    reward_model_prompts: int = _field(
+        64, "Iterative RL: training prompts sampled (num_generations completions each) to retrain the reward model "
+        "after each iteration.", min=1
+    )
+    reward_model_replay: float = _field(
+        0.1, "Iterative RL: the share of the reward model's older rows (its reward_model_config dataset and earlier "
+        "iterations' samples) replayed beside each iteration's new samples.", min=0, max=1
+    )
+    reward_model_config: str | None = _field(
+        None, "Iterative RL: the `grpokit reward train` YAML whose settings (learning rate, epochs, batch size, "
+        "form, held-out data, ...) retrain the reward model and whose dataset is its first old data; None: "
+        "RewardConfig's defaults and no old data."
+    )
+
+    # ---- sampling (docs/math.md, step 1) ---------------------------------------------------------
+    prompts_per_step: int = _field(16, "B: prompts sampled per training step.", min=1)
+    num_generations: int = _field(8, "G: completions sampled per prompt (the group).", min=2)
+    max_completion_length: int = _field(
+        64, "Maximum tokens per completion (with tools, the inserted tool results count too).", min=1)
+    temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
+    top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
+
+    # ---- tools (docs/tools.md) ---------------------------------------------------------------------
+    tools: list[str] = _field(
+        [], "Tools the model may call while it writes: 'calculator' (built in), 'FILE.py:NAME' or "
+        "'package.module:NAME' (a function with type hints and a docstring); the Python API also takes callables. "
+        "The model writes <tool>{\"name\": ..., \"arguments\": {...}}</tool>; the result comes back as "
+        "<result>…</result>, which the loss, the KL and the length metrics leave out.")
+    environment_factory: str | None = _field(
+        None, "'FILE.py:NAME' or 'package.module:NAME' of a callable returning, per completion, an environment: "
+        "reset(**row) is called with the completion's dataset row, its public methods are tools, and its "
+        "get_reward() (or reward()), if any, is a reward function named after its class.")
+    max_tool_calls: int = _field(4, "Tool calls per completion; a further call gets an error text back.", min=0)
+    tool_timeout: float | None = _field(
+        10.0, "Seconds a tool call may take; a slower one gets an error text back (and counts in tool_errors).", gt=0)
+
+    # ---- objective (docs/math.md: advantages, the objective) ------------------------------------
+    algorithm: str = _field(
+        "grpo", "'grpo', or 'ppo': the baseline with a value model and GAE (docs/math.md, PPO; keys under PPO).",
+        choices=("grpo", "ppo"),
+    )
+    supervision: str = _field(
+        "outcome",
+        "'outcome': one reward per completion, one advantage for all its tokens. 'process': reward "
+        "functions may return step rewards [(character offset where a step ends, reward), ...]; "
+        "outcome rewards become a step that ends with the completion; each token's advantage is the sum "
+        "of the group-normalised rewards of the steps ending at or after it (DeepSeekMath §4.1.3).",
+        choices=("outcome", "process"),
+    )
+    scale_rewards: str = _field(
+        "group", "Advantage scaling: 'group' std (paper), 'batch' std, or 'none' (Dr. GRPO).", choices=SCALES
+    )
+    epsilon: float = _field(0.2, "Clip range ε: ratio clipped to [1-ε, 1+ε_high].", min=0)
+    epsilon_high: float | None = _field(None, "Upper clip ε_high ('clip-higher'); None means ε.", min=0)
+    beta: float = _field(0.04, "KL coefficient β; 0 never creates the reference model.", min=0)
+    kl_kind: str = _field("k3", "KL estimator: 'k3' (paper), 'k1' or 'k2'.", choices=KL_KINDS)
+    aggregation: str = _field(
+        "sequence",
+        "Loss aggregation: 'sequence' (paper: per-completion mean, then mean), 'token' (DAPO), "
+        "'constant' (Dr. GRPO: sum / (N · max_completion_length)).",
+        choices=AGGREGATIONS,
+    )
+    ratio_level: str = _field(
+        "token", "Importance ratio per 'token' (default) or per 'sequence' (length-normalised).",
+        choices=RATIO_LEVELS,
+    )
+    num_iterations: int = _field(
+        1, "μ: optimizer steps over each generated batch; for μ > 1 the π_old log-probs are computed once "
+        "per batch, before the first step.", min=1
+    )
+    num_minibatches: int = _field(
+        1, "Optimizer steps per pass over the batch: each pass shuffles the batch's completions and splits "
+        "them into this many minibatches (PPO's minibatches; 1 = one step on the whole batch).", min=1
+    )
+    mask_truncated_completions: bool = _field(
+        False, "Leave completions that hit max_completion_length without EOS out of the loss (DAPO's "
+        "overlong filtering); they still count in their group's advantages.",
+    )
+    dynamic_sampling: bool = _field(
+        False, "Drop groups whose advantages are all 0 (equal rewards: no signal) and sample more prompts "
+        "until the batch holds prompts_per_step groups (DAPO).",
+    )
+    max_sampling_rounds: int = _field(
+        4, "With dynamic_sampling, the most generation rounds in one step; a batch still short after "
+        "them is filled with dropped groups (counted in the metrics).", min=1
+    )
+
+    # ---- PPO (algorithm: ppo; docs/math.md, "PPO") -------------------------------------------------
+    gamma: float = _field(1.0, "PPO: discount γ of the per-token rewards in GAE.", min=0, max=1)
+    lam: float = _field(0.95, "PPO: GAE's λ (0 = one-step TD, 1 = Monte Carlo returns).", min=0, max=1)
+    vf_coef: float = _field(0.1, "PPO: weight of the value loss.", gt=0)
+    cliprange_value: float = _field(
+        0.2, "PPO: the value prediction may move at most this far from the rollout's before the value loss "
+        "clips it.", min=0
+    )
+    whiten_advantages: bool = _field(True, "PPO: normalise the advantages to mean 0, std 1 over the batch's tokens.")
+    value_learning_rate: float | None = _field(
+        None, "PPO: peak AdamW learning rate of the value model; None means learning_rate.", gt=0
+    )
+
+    # ---- optimisation ----------------------------------------------------------------------------
+    max_steps: int = _field(50, "Training steps (each: generate, score, μ optimizer updates).", min=1,
+                            resumable=True)
+    learning_rate: float = _common("learning_rate")
+    lr_schedule: str = _common("lr_schedule")
+    warmup_steps: int = _common("warmup_steps")
+    weight_decay: float = _common("weight_decay")
+    adam_beta1: float = _common("adam_beta1")
+    adam_beta2: float = _common("adam_beta2", 0.99)
+    optimizer: str = _common("optimizer")
+    max_grad_norm: float = _common("max_grad_norm")
+    micro_batch_size: int = _field(
+        64, "Completions per forward/backward pass; gradients accumulate over the batch.", min=1, resumable=True
+    )
+    fast_path: bool = _field(
+        True, "Run Llama-family models (Llama, Qwen2, Mistral without a sliding window) through grpokit's own "
+        "forward: a preallocated KV cache when sampling, no padding computed in the reference and policy passes "
+        "(same math; docs/benchmarks.md). Other models, and the training passes of parallelism: fsdp, use the "
+        "model's own forward; false forces that everywhere.",
+    )
+    logprob_chunk_mb: float = _field(
+        DEFAULT_CHUNK_MB, "Memory (MiB) for one chunk of the LM head's float32 logits when computing log-probs and "
+        "entropies: the head runs on as many tokens at a time as fit (at least one) and recomputes them in backward, "
+        "so no (tokens × vocabulary) logits are held for the micro-batch (same values and gradients; "
+        "docs/math.md). 0: the full logits at once. LoRA or hooked heads, and multi-process training passes, "
+        "always use the full logits.", min=0, resumable=True,
+    )
+    gradient_checkpointing: bool = _field(
+        False, "Recompute each decoder layer's activations in backward instead of holding them for the whole "
+        "micro-batch (activation checkpointing): the same values and gradients, less memory, more update time "
+        "(SmolLM2-135M, float32 on a CPU: -1.0 GB peak, +22 % update time; docs/benchmarks.md).", resumable=True,
+    )
+    mixed_precision: str = _field(
+        "auto", "'bf16': run the policy and reference passes (sampling included) under bfloat16 autocast; weights, "
+        "gradients, optimizer states, logits and the loss stay float32; log-probs then differ from float32 by "
+        "~1e-2. 'no': float32 throughout. 'auto': 'bf16' where the hardware computes bfloat16 natively (CUDA "
+        "compute capability >= 8; CPUs with avx512_bf16 or amx_bf16, or Arm's bf16, in Linux's /proc/cpuinfo), "
+        "'no' elsewhere, where bfloat16 is emulated and slower than float32; decided at start-up, printed, and "
+        "decided again on resume.",
+        choices=("auto", "no", "bf16"),
+        # 'auto' decides again on the resuming machine anyway (an older checkpoint says 'no', the old default)
+        resumable=True,
+    )
+    keep_freed_memory: bool = _field(
+        True, "Training on the CPU under Linux (glibc): keep the memory each step frees for the next step's tensors "
+        "instead of returning it to the system and taking it back page by page (as PyTorch keeps GPU memory). "
+        "No page faults retaking a step's tensors (docs/benchmarks.md); the process's resident memory stays near "
+        "its peak. Affects the whole process.",
+    )
+
+    # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
+    lora_rank: int = _field(0, "LoRA rank r (peft); 0 trains every weight. With LoRA the reference policy is the "
+                            "base model with the adapter disabled: no second copy of the weights.", min=0)
+    lora_alpha: float = _common("lora_alpha")
+    lora_dropout: float = _common("lora_dropout")
+    lora_target_modules: list[str] | None = _common("lora_target_modules")
+    merge_lora: bool = _field(False, "Also save the adapter merged into the base weights, in output_dir/model_merged.")
+
+    # ---- scale-out (torchrun; docs/distributed.md) ----------------------------------------------
+    parallelism: str = _field(
+        "ddp", "With several processes: 'ddp' (each holds the whole model; gradients all-reduced) or 'fsdp' "
+        "(FSDP2 fully_shard per decoder layer: parameters, gradients and optimizer states sharded).",
+        choices=("ddp", "fsdp"),
+    )
+
+    # ---- reliability -----------------------------------------------------------------------------
+    save_every: int = _field(
+        25, "Write a checkpoint (model, optimizer, RNG states, data position, metrics) every this many steps, "
+        "and always at the end and on SIGINT/SIGTERM; 0: only then.", min=0, resumable=True
+    )
+    keep_checkpoints: int = _common("keep_checkpoints")
+    resume: str | None = _common("resume")
+    on_reward_error: str = _field(
+        "raise", "A reward function that raises: 'raise' stops, naming the function, prompt and completion; "
+        "'skip' scores that completion None and counts it (metric reward_errors).", choices=("raise", "skip"),
+        resumable=True,
+    )
+    reward_timeout: float | None = _field(
+        None, "Seconds a reward function may take on a step's completions before training stops with an error.",
+        gt=0, resumable=True,
+    )
+    max_nonfinite_updates: int = _common("max_nonfinite_updates")
+
+    # ---- logging (where the metrics go, not what they are: a resume may change them) -------------
+    report_to: list[str] = _field(
+        [], "Trackers that also receive every step's metrics under its step number, and the config: 'tensorboard' "
+        "(events in output_dir/tensorboard), 'wandb' (Weights & Biases; files in output_dir/wandb; WANDB_MODE=offline "
+        "keeps them there), 'trackio' (local by default: `trackio show`). Each needs its package: pip install "
+        "'grpokit[NAME]'. metrics.jsonl is always written.", resumable=True,
+    )
+    project: str = _field("grpokit", "The trackers' project name (wandb, trackio).", resumable=True)
+    run_name: str | None = _field(None, "The run's name in the trackers; None: output_dir's last part.",
+                                  resumable=True)
+    tensorboard: bool = _field(False, "The same as 'tensorboard' in report_to (kept for older configs).",
+                               resumable=True)
+    log_completions: int = _field(
+        4, "Completions per step written to completions.jsonl (0 disables).", min=0, resumable=True
+    )
+    progress_bar: bool = _common("progress_bar")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):  # `report_to: wandb`, as TRL takes it
+            self.report_to = [self.report_to]
+        self._check_fields()
+        unknown = [name for name in self.report_to if name not in TRACKERS]
+        if unknown:
+            raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; choose from {', '.join(TRACKERS)}")
+        if not self.reward_funcs:
+            raise ConfigError("reward_funcs is empty; give at least one reward function")
+        check_reward_weights(self.reward_weights, len(self.reward_funcs))
+        if self.num_minibatches > self.num_completions:
+            raise ConfigError(
+                f"num_minibatches={self.num_minibatches} exceeds the {self.num_completions} completions of a step "
+                "(prompts_per_step × num_generations)"
+            )
+        if self.algorithm == "ppo" and self.dynamic_sampling:
+            raise ConfigError("dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups")
+        if self.lora_rank and self.algorithm == "ppo":
+            raise ConfigError("lora_rank with algorithm: ppo is not supported yet: the value model copies the full "
+                              "policy; use GRPO, or lora_rank: 0")
+        if self.parallelism == "fsdp" and self.optimizer == "adamw_8bit":
+            raise ConfigError("optimizer: adamw_8bit with parallelism: fsdp is not supported (bitsandbytes does not "
+                              "step sharded parameters); use ddp, or optimizer: adamw")
+        if self.parallelism == "fsdp" and self.dynamic_sampling:
+            raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
+                              "sharded passes; use ddp")
+        if self.rl_iterations > 1:
+            self._check_iterations()
+        elif self.steps_per_iteration is not None:
+            raise ConfigError("steps_per_iteration is set but rl_iterations is 1; set rl_iterations, or drop it")
+        updates = self.max_steps * self.num_iterations * self.num_minibatches
+        if self.warmup_steps >= updates:
+            raise ConfigError(
+                f"warmup_steps={self.warmup_steps} leaves no step after warmup: the run makes {updates} optimizer "
+                "steps (max_steps × num_iterations × num_minibatches)"
+            )
+
+    def _check_iterations(self) -> None:
+        k, s = self.rl_iterations, self.steps_per_iteration
+        if s is None and self.max_steps % k:
+            raise ConfigError(f"max_steps={self.max_steps} does not divide into rl_iterations={k} iterations; set "
+                              "steps_per_iteration, or a max_steps that is a multiple of rl_iterations")
+        if s is not None and s * k != self.max_steps:
+            raise ConfigError(f"max_steps={self.max_steps} but rl_iterations × steps_per_iteration = {k} × {s} = "
+                              f"{k * s}; set max_steps: {k * s}")
+        if not self.reward_model_labels:
+            raise ConfigError("rl_iterations > 1 needs reward_model_labels: the rule rewards that label the "
+                              "policy's samples the reward model is retrained on")
+        if self.reward_model_label_weights is not None and \
+                len(self.reward_model_label_weights) != len(self.reward_model_labels):
+            raise ConfigError(f"reward_model_label_weights has {len(self.reward_model_label_weights)} values but "
+                              f"reward_model_labels has {len(self.reward_model_labels)}")
+        if self.lora_rank:
+            raise ConfigError("rl_iterations > 1 with lora_rank: the reference is the base model with the adapter "
+                              "off, which cannot be reset to the current policy; use lora_rank: 0")
+        if self.parallelism == "fsdp":
+            raise ConfigError("rl_iterations > 1 with parallelism: fsdp is not supported (the reference reset needs "
+                              "the whole policy on every process); use ddp")
+
+    @property
+    def iteration_steps(self) -> int:
+        """Steps per RL iteration (``max_steps`` for a plain run)."""
+        return self.steps_per_iteration or self.max_steps // self.rl_iterations
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers to report to: ``report_to``, with 'tensorboard' when ``tensorboard`` is true."""
+        return list(dict.fromkeys(self.report_to + (["tensorboard"] if self.tensorboard else [])))
+
+    @property
+    def num_completions(self) -> int:
+        """N = B × G completions per step."""
+        return self.prompts_per_step * self.num_generations
+
+
+def check_reward_weights(weights: list[float] | None, num_functions: int) -> None:
+    """``reward_weights`` holds one weight per reward function, or is None (1.0 each)."""
+    if weights is not None and len(weights) != num_functions:
+        raise ConfigError(f"reward_weights has {len(weights)} values but reward_funcs has {num_functions}; give "
+                          "one weight per function")
+
