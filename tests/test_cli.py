@@ -119,7 +119,8 @@ def test_every_command_reads_options_alike():
                               "--model", "123"], GRPOConfig) == (None, {"reward_weights": [1, 0.5],
                                                                          "chat_template": False,
                                                                          "system_prompt": None, "model": "123"})
-    assert parse_config_args(["--resume", "runs/x/step-2"], SFTConfig) == (None, {"resume": "runs/x/step-2"})
+    assert parse_config_args(["--resume", "runs/x/step-2", "--system_prompt", "--no-think mode"], SFTConfig) == (
+        None, {"resume": "runs/x/step-2", "system_prompt": "--no-think mode"})
     assert parse_config_args(["recipe:tools", "m"], GRPOConfig, model_first=True) == ("recipe:tools", {"model": "m"})
     assert parse_config_args(["m", "run.yaml"], GRPOConfig, model_first=True) == ("run.yaml", {"model": "m"})
 

@@ -28,8 +28,8 @@ RAW = argparse.RawDescriptionHelpFormatter
 CONFIG_USAGE = "[CONFIG.yaml | recipe:NAME] [--resume [PATH|latest]] [--key value ...]"
 CONFIG_HELP = ("CONFIG.yaml: a YAML config file, or recipe:NAME, a recipe packaged with grpokit (`grpokit recipes` "
                "lists them); omit it to use the defaults. Every config key below is also a flag, --key value, "
-               "which overrides the file: --max_steps 10 or --max-steps 10; a list as --tools \"[a, b]\" or "
-               "--tools a b. --resume: continue from the newest checkpoint under output_dir/checkpoints; "
+               "which overrides the file: --max_steps 10 or --max-steps 10; a list as --key \"[a, b]\" or "
+               "--key a b. --resume: continue from the newest checkpoint under output_dir/checkpoints; "
                "--resume PATH: from that one.")
 SAMPLING_HELP = ("MODEL: a model directory, gguf:FILE or builtin:arithmetic (or --model). CONFIG.yaml or recipe:NAME: "
                  "a training config, whose keys below are read, so that this samples as that run trains; --key value "
@@ -63,7 +63,8 @@ def _sampling_parser(commands_: argparse._SubParsersAction, name: str, help: str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpokit", description="GRPO training for causal language models.")
+    parser = argparse.ArgumentParser(prog="grpokit", description="GRPO training for causal language models.",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"grpokit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -28,14 +28,20 @@ RENAMED = {"data": "--dataset", "samples": "--num_generations", "max_new_tokens"
            "no_chat_template": "--chat_template false", "out": "--output"}
 
 
+def is_flag(arg: str) -> bool:
+    """``--name`` or ``--name=value``; ``--no-think mode`` (a value with a space) is text."""
+    match = FLAG.match(arg)
+    return match is not None and arg[match.end():match.end() + 1] in ("", "=")
+
+
 def normalize_flags(argv: Sequence[str]) -> list[str]:
     """``--max-steps 3`` → ``--max_steps 3``: every flag's name with underscores, so each command accepts either
     spelling of every flag while its parser knows one."""
     out = []
     for arg in argv:
-        match = FLAG.match(arg)
-        if match and arg[match.end():match.end() + 1] in ("", "="):
-            arg = "--" + match.group()[2:].replace("-", "_") + arg[match.end():]
+        if is_flag(arg):
+            name, equals, value = arg[2:].partition("=")
+            arg = f"--{name.replace('-', '_')}{equals}{value}"
         out.append(arg)
     return out
 
@@ -45,9 +51,10 @@ def is_config(arg: str) -> bool:
     return arg.startswith(RECIPE) or arg.lower().endswith((".yaml", ".yml"))
 
 
-def parse_config_args(args: Sequence[str], config_class: type, *, keys: Sequence[str] | None = None,
-                      model_first: bool = False, others: Sequence[str] = (), command: str = "") -> tuple[
-                      str | None, dict[str, Any]]:
+def parse_config_args(
+    args: Sequence[str], config_class: type, *, keys: Sequence[str] | None = None, model_first: bool = False,
+    others: Sequence[str] = (), command: str = "",
+) -> tuple[str | None, dict[str, Any]]:
     """``[CONFIG] [--key value ...]`` → ``(CONFIG or None, overrides)``. A key takes one value, read as YAML (a
     number, true/false, null, ``[a, b]``) except where the key holds text, which is kept as written; a list key
     also takes several values (``--tools calculator FILE.py:NAME``) or one (a list of one). A bare ``--resume``
@@ -58,8 +65,10 @@ def parse_config_args(args: Sequence[str], config_class: type, *, keys: Sequence
     source: str | None = None
     overrides: dict[str, Any] = {}
     i = 0
-    while i < len(args) and not FLAG.match(args[i]):
+    while i < len(args) and not is_flag(args[i]):
         arg = args[i]
+        if arg.startswith("-"):
+            raise ConfigError(f"unexpected argument {arg!r}: options come as --key value")
         if model_first and not is_config(arg):
             if "model" in overrides:
                 raise ConfigError(f"unexpected argument {arg!r}: the model is {overrides['model']!r}")
@@ -74,7 +83,7 @@ def parse_config_args(args: Sequence[str], config_class: type, *, keys: Sequence
         key = name.replace("-", "_")
         values = [inline] if equals else []
         i += 1
-        while i < len(args) and not FLAG.match(args[i]):
+        while i < len(args) and not is_flag(args[i]):
             values.append(args[i])
             i += 1
         if key in RENAMED:
@@ -108,7 +117,8 @@ def _value(name: str, values: list[str], hint: Any) -> Any:
             return _yaml(name, values[0])
         return [_scalar(name, v, inner) for v in values]
     if len(values) > 1:
-        raise ConfigError(f"--{name} takes one value, got {len(values)}: {values} (quote a value with spaces)")
+        raise ConfigError(f"--{name} takes one value, got {len(values)}: {values} (quote a value with spaces; "
+                          "CONFIG comes before the flags)")
     return _scalar(name, values[0], hint)
 
 
