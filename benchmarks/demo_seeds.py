@@ -57,7 +57,7 @@ def main() -> None:
             out_dir = Path(tmp) / "run"
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "grpokit", "demo", "--task", args.task, "--seed", str(seed),
-                            "--output-dir", str(out_dir), "--quiet"], env=env, check=True)
+                            "--output_dir", str(out_dir), "--quiet"], env=env, check=True)
             seconds = time.perf_counter() - start
             result = json.loads((out_dir / "demo.json").read_text())
         records.append({"seed": seed, "wall_seconds": seconds, "checks": check(result, seconds), **result})

@@ -93,14 +93,14 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     chat.save_pretrained(model_dir)
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "Q", "answer": "1"}) + "\n")
-    seen = []
+    seen = {}
     real = grpokit.cli.evaluate.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
-        seen.extend(rows)
+        seen.update(kwargs)
         return real(model, tokenizer, rows, **kwargs)
 
     monkeypatch.setattr(grpokit.cli.evaluate, "evaluate", spy)
-    assert main(["eval", str(model_dir), "--data", str(data), "--samples", "1", "--max-new-tokens", "2",
-                 "--system-prompt", "S", "--quiet"]) == 0
-    assert seen[0]["prompt"] == "[system] S\n[user] Q\n[assistant] "
+    assert main(["eval", str(model_dir), "--dataset", str(data), "--num_generations", "1", "--max_completion_length",
+                 "2", "--system_prompt", "S", "--quiet"]) == 0
+    assert seen["prompts"] == ["[system] S\n[user] Q\n[assistant] "]

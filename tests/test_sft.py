@@ -315,6 +315,16 @@ def test_sft_then_grpo_through_the_cli(tmp_path, tiny_model_dir, capsys):
     assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+def test_sft_from_flags_alone_through_the_cli(tmp_path, tiny_model_dir, capsys):
+    """No CONFIG: every key a flag (a positional CONFIG once took --model's value for the config file)."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    assert main(["sft", "--model", str(tiny_model_dir), "--dataset", str(data), "--output_dir", str(tmp_path / "out"),
+                 "--max_steps", "2", "--progress-bar", "false"]) == 0
+    assert "done: 2 steps" in capsys.readouterr().out
+    assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize(
     "rows, extra, message",
     [

@@ -6,15 +6,14 @@ set -euo pipefail
 seed=${1:-0}
 out=runs/smollm2/seed$seed
 gguf=$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
-system_prompt=$(python -c "import yaml; print(yaml.safe_load(open('examples/smollm2/grpo.yaml'))['system_prompt'])")
 mkdir -p "$out"
 start=$(date +%s)
 stamp() { echo "\"$1\": $(( $(date +%s) - start ))," >> "$out/times.part"; }
 : > "$out/times.part"
 
-evaluate() {  # MODEL NAME: greedy accuracy and format rate on the 200 held-out problems
-  grpokit eval "$1" --data runs/smollm2/data/held_out.jsonl --system-prompt "$system_prompt" --samples 0 \
-    --max-new-tokens 64 --quiet --output "$out/eval_$2.json" --completions "$out/completions_$2.jsonl"
+evaluate() {  # MODEL NAME: greedy accuracy and format rate on the 200 held-out problems, prompted as GRPO trains
+  grpokit eval examples/smollm2/grpo.yaml --model "$1" --dataset runs/smollm2/data/held_out.jsonl --num_generations 0 \
+    --max_completion_length 64 --quiet --output "$out/eval_$2.json" --completions "$out/completions_$2.jsonl"
 }
 
 python examples/smollm2/make_data.py runs/smollm2/data

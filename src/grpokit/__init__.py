@@ -9,6 +9,9 @@ learned ones, which ``RewardTrainer`` and ``RewardConfig`` train (docs/reward_mo
 ``docs/architecture.md`` maps the modules.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
+
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, load_config
 from grpokit.core.objective import (
     aggregate_loss,
@@ -28,7 +31,10 @@ from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.trainers.reward import RewardTrainer
 from grpokit.trainers.sft import SFTTrainer
 
-__version__ = "0.1.0"
+try:  # pyproject.toml's version, as installed: the one source
+    __version__ = _installed_version("grpokit")
+except PackageNotFoundError:  # a source tree never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "OutcomeRewardModel", "ProcessRewardModel",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 import yaml
 
 from grpokit.cli.evaluate import evaluate, summarize
+from grpokit.cli.options import recipe_file
 from grpokit.config import GRPOConfig
 from grpokit.models.loading import quiet_unless
 from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_model_and_tokenizer
@@ -35,8 +35,7 @@ _RUN_KEYS = ("model", "dataset", "output_dir", "seed")
 
 def recipe(name: str) -> dict[str, Any]:
     """The settings of a packaged recipe, ``grpokit/tasks/recipes/<name>.yaml``, as a dict."""
-    text = (resources.files("grpokit.tasks") / "recipes" / f"{name}.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return yaml.safe_load(recipe_file(name).read_text(encoding="utf-8"))
 
 
 # The demo's GRPO settings: those of the recipe recipes/arithmetic.yaml (``grpokit train`` runs the same),

@@ -20,10 +20,12 @@ def evaluate(
     tokenizer: Any,
     rows: Sequence[dict[str, Any]],
     *,
+    prompts: Sequence[str] | None = None,
     prompt_column: str = "prompt",
     answer_column: str = "answer",
     samples_per_prompt: int = 4,
     temperature: float = 1.0,
+    top_p: float = 1.0,
     max_new_tokens: int = 64,
     batch_size: int = 64,
     seed: int = 0,
@@ -35,7 +37,9 @@ def evaluate(
     """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
     ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
-    the samples). ``greedy_completions``: a list that receives each row's greedy completion, in order.
+    the samples, at ``temperature`` and ``top_p``). ``prompts``: the text to sample from for each row (the prompt
+    as a run renders it), by default the row's ``prompt_column`` as it is; the scores and the tools' environments
+    see the rows. ``greedy_completions``: a list that receives each row's greedy completion, in order.
     With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
     called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
     completion)."""
@@ -55,14 +59,14 @@ def evaluate(
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
         batch = rows[start : start + batch_size]
-        prompts = [row[prompt_column] for row in batch]
-        encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+        texts = [row[prompt_column] for row in batch] if prompts is None else prompts[start : start + batch_size]
+        encoded = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt").to(device)
         for mode, k in modes:
             tools = None if toolbox is None else toolbox.session(batch, k, max_new_tokens)
             rollout = generate(
                 model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                temperature=temperature, greedy=mode == "greedy", generator=generator, tools=tools,
+                temperature=temperature, top_p=top_p, greedy=mode == "greedy", generator=generator, tools=tools,
             )
             if tools is not None:
                 calls = torch.tensor([[len(c), sum(u.failed for u in c)] for c in tools.calls], dtype=torch.float)
@@ -71,8 +75,9 @@ def evaluate(
                 scores[f"{mode}_tool_errors"] += calls[:, 1].view(-1, k).mean(dim=1).tolist()
             completions = rollout.decode(tokenizer)
             answers = [row[answer_column] for row in batch for _ in range(k)]
-            correct = torch.tensor(accuracy_reward(prompts, completions, answer=answers)).view(-1, k)
-            formatted = torch.tensor(format_reward(prompts, completions)).view(-1, k)
+            asked = [row[prompt_column] for row in batch for _ in range(k)]
+            correct = torch.tensor(accuracy_reward(asked, completions, answer=answers)).view(-1, k)
+            formatted = torch.tensor(format_reward(asked, completions)).view(-1, k)
             scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
             scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
             if mode == "greedy" and greedy_completions is not None:

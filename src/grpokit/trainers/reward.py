@@ -1,6 +1,6 @@
 """``RewardTrainer``: training the reward models of :mod:`grpokit.rewards.learned` (docs/reward_models.md).
 
-    grpokit sample runs/sft/model --data train.jsonl --num-generations 4 --out samples.jsonl
+    grpokit sample runs/sft/model --dataset train.jsonl --num_generations 4 --output samples.jsonl
     grpokit reward train reward.yaml            # writes runs/reward/model
     grpokit train grpo.yaml --reward_funcs "[model:runs/reward/model]"
 

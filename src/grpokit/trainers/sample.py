@@ -41,9 +41,9 @@ def sample_rows(
     does): a completion is the whole trajectory as text, tool results included, as the run's reward functions
     and reward models read it, and a labelled or step row also counts its ``tool_calls``."""
     if num_generations < 1 or (pairs and num_generations < 2):
-        raise ValueError(f"--num-generations must be at least {2 if pairs else 1}, got {num_generations}")
+        raise ValueError(f"num_generations must be at least {2 if pairs else 1}, got {num_generations}")
     extras = ["environments"] if toolbox is not None and toolbox.environment_factory is not None else []
-    check_reward_functions(reward_funcs, [*reward_column_names(rows, prompt_column, answer_column), *extras], "--data")
+    check_reward_functions(reward_funcs, [*reward_column_names(rows, prompt_column, answer_column), *extras], "dataset")
     listed = None if toolbox is None else toolbox.prompt_tools()
     was_training = model.training
     model.eval()

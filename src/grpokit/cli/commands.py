@@ -1,0 +1,235 @@
+"""What each ``grpokit`` command does once its arguments are parsed (:mod:`grpokit.cli.main` parses them):
+the three training commands through one path (:func:`run_training`), ``sample`` and ``eval`` from the keys of a
+GRPOConfig they read (:func:`sampling_config`: a training CONFIG and/or ``--key value``), and the rest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpokit.cli.options import load_run_config, parse_config_args, recipe_names, recipe_summary
+from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig
+from grpokit.data import check_columns
+from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_rows
+
+# The GRPOConfig keys `sample` and `eval` read: what decides how a run samples, so that both sample as it trains.
+SAMPLING_KEYS = ("model", "dataset", "prompt_column", "answer_column", "system_prompt", "chat_template",
+                 "num_generations", "max_completion_length", "temperature", "top_p", "tools", "environment_factory",
+                 "max_tool_calls", "tool_timeout", "seed", "device", "dtype")
+SAMPLE_KEYS = (*SAMPLING_KEYS, "reward_funcs", "reward_weights")
+EVAL_KEYS = SAMPLING_KEYS
+EVAL_GENERATIONS = 4  # eval's samples per prompt without a CONFIG (a run's G is for training, 8 by default)
+
+
+def _last_step(history: list[dict[str, Any]], keys: Sequence[str], digits: int) -> str:
+    last = history[-1] if history else {}
+    return ", ".join(f"{k} {last[k]:.{digits}f}" for k in keys if last.get(k) is not None)
+
+
+def _train(config: GRPOConfig) -> int:
+    from grpokit.trainers.grpo import GRPOTrainer
+
+    trainer = GRPOTrainer(config)
+    history = trainer.train()
+    if not trainer.world.main:  # under torchrun, one process reports
+        return 0
+    summary = _last_step(history, ("reward", "accuracy", "format_rate", "kl"), 3)
+    print(f"done: {len(history)} steps; last step: {summary}; model saved to {Path(config.output_dir) / 'model'}")
+    return 0
+
+
+def _sft(config: SFTConfig) -> int:
+    from grpokit.trainers.sft import SFTTrainer
+
+    history = SFTTrainer(config).train()
+    print(f"done: {len(history)} steps; last step: {_last_step(history, ('loss', 'eval_loss'), 4)}; model saved to "
+          f"{Path(config.output_dir) / 'model'} (grpokit train takes it as `model:`)")
+    return 0
+
+
+def _reward_train(config: RewardConfig) -> int:
+    from grpokit.trainers.reward import RewardTrainer
+
+    trainer = RewardTrainer(config)
+    history = trainer.train()
+    summary = _last_step(history, ("loss", "eval_loss", "eval_accuracy"), 4)
+    prefix = "process_model:" if trainer.form == "steps" else "model:"
+    model = Path(config.output_dir) / "model"
+    print(f"done: {len(history)} steps; last step: {summary}; reward model saved to {model} (grpokit train takes it "
+          f"as `reward_funcs: [{prefix}{model}]`)")
+    return 0
+
+
+# command → its config class and what it runs; every one reads [CONFIG | recipe:NAME] [--resume [PATH]] [--key value]
+TRAINING: dict[str, tuple[type, Callable[[Any], int]]] = {
+    "train": (GRPOConfig, _train), "sft": (SFTConfig, _sft), "reward train": (RewardConfig, _reward_train),
+}
+
+
+def run_training(command: str, args: Sequence[str]) -> int:
+    config_class, run = TRAINING[command]
+    source, overrides = parse_config_args(args, config_class)
+    return run(load_run_config(source, overrides, config_class))
+
+
+def sampling_config(args: argparse.Namespace, extra: Sequence[str], keys: Sequence[str], *,
+                    minimum: int, default: int | None = None) -> tuple[GRPOConfig, int]:
+    """The GRPOConfig of ``[CONFIG] [MODEL] [--key value ...]`` and the completions per prompt: ``num_generations``
+    from the flags, else the CONFIG's, else ``default`` (else GRPOConfig's). It is checked here, against
+    ``minimum``: a run's G of at least 2 is a group's, which sampling for rows or for a score does not need."""
+    source, overrides = parse_config_args(extra, GRPOConfig, keys=keys, model_first=True, others=args.own_flags,
+                                          command=args.command)
+    generations = overrides.pop("num_generations", None)
+    config = load_run_config(source, overrides, GRPOConfig)
+    if generations is None:
+        generations = config.num_generations if source is not None or default is None else default
+    if not isinstance(generations, int) or isinstance(generations, bool) or generations < minimum:
+        raise ConfigError(f"num_generations must be an integer >= {minimum}, got {generations!r}")
+    return config, generations
+
+
+def _model_and_toolbox(config: GRPOConfig, quiet: bool) -> tuple[Any, Any, Any]:
+    """The model (on ``config.device``), its tokenizer and the ToolBox (None without tools), the tools' protocol
+    chosen by ``build_toolbox`` as a run with ``config`` chooses it."""
+    from grpokit.models.loading import resolve_device
+    from grpokit.resolve import load_model_and_tokenizer
+    from grpokit.rollout.tool_templates import build_toolbox
+    from grpokit.rollout.tools import resolve_tools
+
+    tool_functions, environment_factory = resolve_tools(config)
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed, progress=not quiet, dtype=config.dtype)
+    toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
+                            max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+    return model.to(resolve_device(config.device)), tokenizer, toolbox
+
+
+def _first(rows: list[dict[str, Any]], num_prompts: int | None) -> list[dict[str, Any]]:
+    if num_prompts is not None and num_prompts < 1:
+        raise ValueError(f"--num_prompts must be at least 1, got {num_prompts}")
+    return rows[:num_prompts]
+
+
+def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from grpokit.models.loading import resolve_device
+    from grpokit.resolve import resolve_reward_functions
+    from grpokit.rollout.tools import add_environment_reward
+    from grpokit.trainers.sample import sample_rows
+
+    config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1)
+    if args.output is None:
+        raise ConfigError("grpokit sample needs --output FILE: the JSONL file to write")
+    rows = _first(load_rows(config.dataset, config.seed), args.num_prompts)
+    check_columns(rows, [config.prompt_column], source=config.dataset)
+    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights,
+                                                  device=resolve_device(config.device))
+    model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
+    add_environment_reward(functions, weights, None if toolbox is None else toolbox.environment_factory)
+    out, counts = sample_rows(
+        model, tokenizer, rows, functions, weights, num_generations=generations,
+        prompt_column=config.prompt_column, answer_column=config.answer_column,
+        max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+        system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed,
+        batch_size=args.batch_size, pairs=args.pairs, progress=not args.quiet, toolbox=toolbox,
+    )
+    if not out:
+        raise ValueError(f"--dataset {config.dataset}: no row to write ({counts['completions']} completions: "
+                         f"{counts['unscored']} unscored, {counts['no_steps']} without a step"
+                         + (f", {counts['groups_without_pairs']} groups without a pair)" if args.pairs else ")"))
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.output, "w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in out)
+    form = "pairs" if args.pairs else "step rows" if "steps" in out[0] else "labelled rows"
+    left_out = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items() if k not in ("prompts", "completions"))
+    print(f"wrote {len(out)} {form} to {args.output} from {counts['completions']} completions of {counts['prompts']} "
+          f"prompts (left out: {left_out}); train a reward model on them with `grpokit reward train --dataset "
+          f"{args.output} --model ...`")
+    return 0
+
+
+def _eval_rows(dataset: str) -> list[dict[str, Any]]:
+    """The rows to evaluate on: the built-in tasks' held-out sets for their names, else the dataset's rows."""
+    if dataset == BUILTIN:
+        from grpokit.tasks.arithmetic import held_out_rows
+
+        return held_out_rows()
+    if dataset == BUILTIN_TOOLS:
+        from grpokit.tasks.tool_task import held_out_rows
+
+        return held_out_rows()
+    return load_rows(dataset)
+
+
+def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from grpokit.cli.evaluate import evaluate, summarize
+    from grpokit.training.sampling import render_prompt
+
+    config, generations = sampling_config(args, extra, EVAL_KEYS, minimum=0, default=EVAL_GENERATIONS)
+    prompt_column, answer_column = config.prompt_column, config.answer_column
+    rows = _first(_eval_rows(config.dataset), args.num_prompts)
+    check_columns(rows, [prompt_column, answer_column], source=config.dataset)
+    model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
+    listed = None if toolbox is None else toolbox.prompt_tools()
+    # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
+    # with the system prompt and, where the template knows tools, the tools listed
+    prompts = [render_prompt(tokenizer, row[prompt_column], system_prompt=config.system_prompt,
+                             chat_template=config.chat_template, tools=listed) for row in rows]
+    greedy: list[str] = []
+    scores = evaluate(
+        model, tokenizer, rows, prompts=prompts, prompt_column=prompt_column, answer_column=answer_column,
+        samples_per_prompt=generations, temperature=config.temperature, top_p=config.top_p,
+        max_new_tokens=config.max_completion_length, batch_size=args.batch_size, seed=config.seed,
+        progress=not args.quiet, pass_ks=args.pass_k if args.pass_k is not None else sorted({1, generations}),
+        greedy_completions=greedy, toolbox=toolbox,
+    )
+    if args.completions:
+        with open(args.completions, "w") as out:
+            for row, text, correct, formatted in zip(rows, greedy, scores["greedy_correct"], scores["greedy_format"]):
+                out.write(json.dumps({"prompt": row[prompt_column], "answer": row[answer_column],
+                                      "completion": text, "correct": correct, "format": formatted}) + "\n")
+    summary = {"model": config.model, "dataset": config.dataset, "num_prompts": len(rows),
+               "num_generations": generations, **summarize(scores)}
+    for key, value in summary.items():
+        shown = ("_correct", "_format", "_tool_rate", "_tool_calls", "_tool_errors")
+        if key.endswith(shown) or key.startswith("pass@"):
+            print(f"{key:<16} {value:.3f}")
+    if args.output:
+        Path(args.output).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from grpokit.cli.demo import format_table, run_demo
+
+    overrides = {} if args.max_steps is None else {"max_steps": args.max_steps}
+    output_dir = args.output_dir or ("runs/demo-tools" if args.task == "tools" else "runs/demo")
+    result = run_demo(args.seed, output_dir, task=args.task, eval_prompts=args.eval_prompts, progress=not args.quiet,
+                      **overrides)
+    seconds = result["seconds"]
+    print(f"\nGRPO demo ({args.task}), seed {args.seed}: {result['eval_prompts']} held-out prompts, "
+          f"{result['samples_per_prompt']} samples each for the sampled rows")
+    print(format_table(result["table"]))
+    example = result["example"]
+    print(f"\n{example['prompt']} (answer {example['answer']}), greedy:")
+    for when in ("before", "after"):
+        print(f"  {when + ':':<7} {example[when]!r}")
+    print(f"warm start {seconds['warm_start']:.0f} s (cached after the first run), GRPO {seconds['grpo']:.0f} s, "
+          f"total {seconds['total']:.0f} s; run directory: {output_dir}")
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    for name in recipe_names():
+        print(f"recipe:{name:<20} {recipe_summary(name)}")
+    print("run one with `grpokit train recipe:NAME [--key value ...]`")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from grpokit.models.gguf import convert_gguf
+
+    out = convert_gguf(args.gguf_file, args.out_dir)
+    print(f"converted {args.gguf_file} to {out} (float32, safetensors); train it with `model: {out}`")
+    return 0
