@@ -12,8 +12,8 @@ from grpokit.cli.demo import DEMO_CONFIG
 from grpokit.cli.main import main
 from grpokit.config import load_config
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
-RECIPES = Path(__file__).parent.parent / "src" / "grpokit" / "tasks" / "recipes"
+EXAMPLES = Path(__file__).parents[2] / "examples"
+RECIPES = Path(__file__).parents[2] / "src" / "grpokit" / "tasks" / "recipes"
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_console_entry_point_help():
 def test_readme_python_examples_run(tmp_path, tiny_model_dir, monkeypatch):
     """The README's Python examples (outcome, then process supervision), pointed at the tiny model and
     shortened, run as written."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     readme = readme.split("<!-- tools-example -->")[0]  # that one runs as it is (test_examples.py)
     blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
     assert len(blocks) == 2

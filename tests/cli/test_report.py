@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from grpokit.cli.main import main
-from test_cli import data_file, write_config  # noqa: F401 - data_file is a fixture
+from helpers import write_config
 
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 

@@ -9,7 +9,7 @@ import torch
 
 from grpokit.config import ConfigError, GRPOConfig, SFTConfig
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
-from test_trainer import make_trainer
+from helpers import make_trainer
 
 pytest.importorskip("bitsandbytes")
 

@@ -14,6 +14,7 @@ from grpokit import group_advantages, process_advantages
 from grpokit.core.offsets import step_token_ends
 from grpokit.rewards.calling import RewardError, accuracy_reward, score_completions, score_steps
 from grpokit.tasks.arithmetic import arithmetic_steps_reward, worked_solution
+from helpers import brute_force_ends
 
 EPS = 1e-4
 
@@ -155,12 +156,6 @@ def byte_level_tokenizer():
     )
     tokenizer.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
-
-
-def brute_force_ends(tokenizer, ids, text, offsets):
-    """For each offset, the first token whose decoded prefix reaches it; the end of the text → last token."""
-    lengths = [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
-    return [len(ids) - 1 if c == len(text) else next(k for k, n in enumerate(lengths) if n >= c) for c in offsets]
 
 
 TEXTS = [worked_solution(47, 85), worked_solution(12, 30, forget_carry=True) + " Café", "", "  x\n\n y "]

@@ -19,8 +19,7 @@ from grpokit.models.chunked_logprobs import (
 )
 from grpokit.rollout import generate as rollout
 from grpokit.rollout.generate import full_logits_reason, sequence_logprobs
-from test_llama_family import fixed_batch, models
-from test_trainer import make_trainer
+from helpers import fixed_batch, make_trainer, models
 
 K, H, V = 11, 6, 13
 

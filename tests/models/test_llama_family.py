@@ -6,48 +6,14 @@ import copy
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.models.fast import fused_linear, llama_family
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.rollout.generate import generate, sequence_logprobs
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 from grpokit.training.update import UpdateBatch
-from test_trainer import ROWS, loss_and_gradient, make_trainer
-
-SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None)
-
-
-def models(tokenizer) -> dict[str, torch.nn.Module]:
-    """The built-in Llama; Qwen2 with q/k/v biases and grouped queries (2 key/value heads for 4); Mistral."""
-    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    qwen2 = Qwen2ForCausalLM(Qwen2Config(**SHAPE, **ids, num_key_value_heads=2))
-    with torch.no_grad():  # random, not zero, biases
-        for layer in qwen2.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    mistral = MistralForCausalLM(MistralConfig(**SHAPE, **ids, num_key_value_heads=4, sliding_window=None))
-    from conftest import TINY
-
-    return {"llama": build_model(tokenizer, TINY, seed=0), "qwen2-gqa-bias": qwen2, "mistral": mistral}
-
-
-def fixed_batch(tokenizer):
-    """Left-padded prompts of different lengths, each twice (as a group shares its prompt, which the fast
-    path then computes once); completions that stop at different places, with garbage (not padding)
-    after their EOS, which the mask must make irrelevant."""
-    enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think.", "7"], padding=True, padding_side="left",
-                    return_tensors="pt")
-    prompt_ids, prompt_mask = (t.repeat_interleave(2, dim=0) for t in (enc["input_ids"], enc["attention_mask"]))
-    gen = torch.Generator().manual_seed(1)
-    completions = torch.randint(3, 90, (8, 9), generator=gen)
-    lengths = torch.tensor([9, 3, 1, 6, 5, 5, 7, 2])
-    completions[torch.arange(8), lengths - 1] = tokenizer.eos_token_id
-    completions[0, -1] = 50  # truncated: no EOS
-    mask = (torch.arange(9) < lengths.unsqueeze(1)).long()
-    return prompt_ids, prompt_mask, completions, mask
+from helpers import FAMILY_SHAPE, ROWS, fixed_batch, loss_and_gradient, make_trainer, models
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias", "mistral"])
@@ -270,7 +236,7 @@ def test_what_it_cannot_run_exactly_is_refused_with_the_reason(tokenizer):
     ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, **ids))
     assert "model_type 'gpt2'" in unsupported(gpt2)
-    windowed = Qwen2ForCausalLM(Qwen2Config(**SHAPE, **ids, use_sliding_window=True, sliding_window=8))
+    windowed = Qwen2ForCausalLM(Qwen2Config(**FAMILY_SHAPE, **ids, use_sliding_window=True, sliding_window=8))
     assert "sliding" in unsupported(windowed)
     # the model's own forward takes over: sampling and log-probs still work
     enc = tokenizer(["Hi"], return_tensors="pt")

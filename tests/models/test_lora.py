@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpokit.training.checkpoint import find_checkpoint
-from test_trainer import make_trainer
+from helpers import make_trainer
 
 peft = pytest.importorskip("peft")
 
@@ -45,8 +45,8 @@ def test_adapter_saves_loads_and_merges(tokenizer, tiny_model, tiny_model_dir, t
 
 
 def test_checkpoint_restores_the_adapter(tokenizer, tiny_model, tmp_path):
-    from conftest import TINY
     from grpokit.tasks.tiny_model import build_model
+    from helpers import TINY
 
     trainer = lora_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, save_every=1)
     trainer.train()

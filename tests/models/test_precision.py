@@ -10,7 +10,7 @@ import grpokit.trainers.grpo
 import grpokit.training.sampling
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.models.loading import cpu_flags, describe_precision, native_bf16, resolve_precision
-from test_trainer import make_trainer
+from helpers import make_trainer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -148,7 +148,7 @@ def test_a_bf16_run_stores_the_references_linear_layers_in_bf16_and_computes_the
     from grpokit.models.loading import build_reference
     from grpokit.rollout.generate import sequence_logprobs
     from grpokit.tasks.tiny_model import build_tokenizer
-    from test_llama_family import models
+    from helpers import models
 
     policy = models(build_tokenizer())[name].eval()
     stored = build_reference(policy, 0.04, "bf16").model

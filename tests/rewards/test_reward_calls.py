@@ -17,8 +17,7 @@ from grpokit.rewards.calling import (
     score_completions,
     score_steps,
 )
-from test_chat import TEMPLATE
-from test_trainer import make_trainer
+from helpers import CHAT_TEMPLATE, make_trainer
 
 
 def recording(name, signature="completions, **kwargs"):
@@ -93,7 +92,7 @@ def test_the_trainer_passes_raw_prompts_named_columns_ids_and_the_step(tokenizer
 
 
 def test_conversational_training_rewards_read_the_assistant_message(tokenizer, tiny_model, tmp_path):
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = CHAT_TEMPLATE
     fn, calls = recording("seen")
     rows = [{"prompt": [{"role": "user", "content": f"Count {i}"}]} for i in range(4)]
     make_trainer(tokenizer, tiny_model, tmp_path, rows=rows, reward_funcs=[fn], prompts_per_step=2,

@@ -12,9 +12,6 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForSequenceClassification,
-    LlamaForTokenClassification,
     PreTrainedTokenizerFast,
 )
 
@@ -22,7 +19,7 @@ import grpokit
 from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
 from grpokit.rewards.calling import resolve_reward_functions, score_steps
 from grpokit.tasks.tiny_model import build_tokenizer
-from test_trainer import documented_metrics, logged_keys
+from helpers import documented_metrics, logged_keys, save_classifier
 
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 MERGES = [("1", "2"), ("a", "b"), ("ab", "c"), (" ", "="), ("=", " "), ("\n", "["), ("5", "\n")]
@@ -45,20 +42,6 @@ def bpe_tokenizer(chat: bool) -> PreTrainedTokenizerFast:
     if chat:
         fast.chat_template = CHAT
     return fast
-
-
-def save_classifier(path, tokenizer, head="sequence", num_labels=1, max_positions=64, seed=0):
-    """A randomly initialised 2-layer Llama classifier (large initial weights, so that texts score apart). Llama:
-    transformers 5 loads the tokenizer of a Qwen2 directory as Qwen2's own, whatever was saved."""
-    classes = {"sequence": LlamaForSequenceClassification, "token": LlamaForTokenClassification}
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=max_positions,
-                          num_labels=num_labels, initializer_range=0.2, pad_token_id=tokenizer.pad_token_id,
-                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
-    torch.manual_seed(seed)
-    classes[head](config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -398,7 +381,7 @@ def test_ppo_trains_with_a_reward_model(dirs, tokenizer, tiny_model, tmp_path, s
 def test_the_reward_model_examples_in_the_docs_run(tmp_path, monkeypatch):
     import yaml
 
-    doc = (Path(__file__).parent.parent / "docs" / "data_and_rewards.md").read_text().split("## Reward models")[1]
+    doc = (Path(__file__).parents[2] / "docs" / "data_and_rewards.md").read_text().split("## Reward models")[1]
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(doc.split("```python\n")[1].split("```")[0], namespace)

@@ -155,7 +155,7 @@ def test_unknown_reward_name():
 def test_the_reward_examples_in_the_docs_run():
     from pathlib import Path
 
-    doc = (Path(__file__).parent.parent / "docs" / "data_and_rewards.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "data_and_rewards.md").read_text()
     namespace: dict = {}
     exec(doc.split("```python\n")[1].split("```")[0], namespace)
     total, per_fn = score_completions(

@@ -8,8 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpokit.rollout import generate as rollout
 from grpokit.rollout.generate import checkpointed_layers, sequence_logprobs
-from test_llama_family import fixed_batch, models
-from test_trainer import make_trainer
+from helpers import fixed_batch, make_trainer, models
 
 
 def gpt2(tokenizer):

@@ -10,11 +10,11 @@ import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.generate import generate, sequence_logprobs
-from grpokit.rollout.tools import ToolBox, ToolSession, calculator, tool_messages
-from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from grpokit.rollout.tools import ToolBox, calculator, tool_messages
+from grpokit.tasks.tiny_model import build_model, build_tokenizer
 from grpokit.trainers.ppo import gae
+from helpers import TOOL_ROWS, TOOL_SPEC, Scripted
 
-SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=320)
 CALL = '<tool>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool>'
 
 
@@ -25,27 +25,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    return build_model(tok, SPEC, seed=0).eval()
-
-
-class Scripted(ToolSession):
-    """A session whose completions write the given texts (then EOS), whatever the model samples."""
-
-    def __init__(self, box, texts, max_new_tokens):
-        super().__init__(box, len(texts), max_new_tokens, None)
-        self.script = [box.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        self.written = [0] * len(texts)
-
-    def intervene(self, t, rows, chosen, stopped, logp):
-        chosen, stopped = chosen.clone(), stopped.clone()
-        for k, row in enumerate(rows.tolist()):
-            if row in self.pending:
-                continue  # the result goes in first
-            script, at = self.script[row], self.written[row]
-            chosen[k] = script[at] if at < len(script) else self.box.tokenizer.eos_token_id
-            stopped[k] = at >= len(script)
-            self.written[row] += 1
-        return super().intervene(t, rows, chosen, stopped, logp)
+    return build_model(tok, TOOL_SPEC, seed=0).eval()
 
 
 def scripted_rollout(model, tok, texts, tools=(calculator,), max_new_tokens=240, fast=True, **options):
@@ -91,7 +71,7 @@ def test_model_token_logprobs_equal_a_full_forward_of_the_interleaved_sequence(t
     """Sampling from a random model, some completions close calls (malformed ones: their error texts are
     inserted) and others do not. The log-probs recorded while decoding through the KV cache across the
     insertions, and those of the training pass, equal a plain forward over the whole interleaved sequence."""
-    model = build_model(tok, SPEC, seed=3).double().eval()
+    model = build_model(tok, TOOL_SPEC, seed=3).double().eval()
     box = ToolBox(tok, [calculator])
     encoded = tok(["What is 6*7?", "Hi"], return_tensors="pt", padding=True, padding_side="left")
     for fast in (True, False):
@@ -200,14 +180,11 @@ def test_gae_carries_the_value_across_inserted_tokens():
     assert adv[0, [1, 2, 5]].eq(0).all() and ret[0, [1, 2, 5]].eq(0).all()
 
 
-ROWS = [{"prompt": f"What is {a} * 7?", "answer": str(a * 7)} for a in range(10, 30)]
-
-
 def trainer_for(tok, tmp_path, **overrides):
     settings = dict(output_dir=str(tmp_path), prompts_per_step=4, num_generations=4, max_completion_length=40,
                     max_steps=2, progress_bar=False, learning_rate=1e-3, tools=["calculator"])
     config = GRPOConfig(**{**settings, **overrides})
-    return GRPOTrainer(config, model=build_model(tok, SPEC, seed=0), tokenizer=tok, train_dataset=ROWS)
+    return GRPOTrainer(config, model=build_model(tok, TOOL_SPEC, seed=0), tokenizer=tok, train_dataset=TOOL_ROWS)
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
@@ -279,11 +256,11 @@ def test_an_environment_per_completion_offers_tools_and_its_reward(tok, tmp_path
 
     config = GRPOConfig(output_dir=str(tmp_path), prompts_per_step=2, num_generations=2, max_completion_length=8,
                         max_steps=1, progress_bar=False)
-    trainer = GRPOTrainer(config, model=build_model(tok, SPEC, seed=0), tokenizer=tok, train_dataset=ROWS,
+    trainer = GRPOTrainer(config, model=build_model(tok, TOOL_SPEC, seed=0), tokenizer=tok, train_dataset=TOOL_ROWS,
                           reward_funcs=[sees_environments], environment_factory=Guess)
     assert Guess.made == 1  # start-up made one probe (the ToolBox's); its reward was read off the class
     box = trainer.sampler.toolbox
-    session = box.session(ROWS[:2], 2, 60)
+    session = box.session(TOOL_ROWS[:2], 2, 60)
     assert [e.answer for e in session.environments] == ["70", "70", "77", "77"]
     assert sorted(session.tools_of(0)) == ["check"]
     history = trainer.train()
@@ -386,13 +363,13 @@ def test_sampled_rows_call_the_tools_as_training_does(model, tok):
         seen.extend(completions)
         return [0.0] * len(completions)
 
-    rows, _ = sample_rows(model, tok, ROWS[:8], [sees], [1.0], num_generations=4, max_new_tokens=40, seed=0,
+    rows, _ = sample_rows(model, tok, TOOL_ROWS[:8], [sees], [1.0], num_generations=4, max_new_tokens=40, seed=0,
                           batch_size=4, progress=False, toolbox=ToolBox(tok, [calculator]))
     assert len(rows) == 32 and [r["completion"] for r in rows] == seen
     # Each call (the random model's are malformed) got an error text back, inside the completion's text.
     assert any(r["tool_calls"] for r in rows)
     assert all(r["completion"].count("<result>") >= r["tool_calls"] for r in rows)
-    plain, _ = sample_rows(model, tok, ROWS[:8], [sees], [1.0], num_generations=4, max_new_tokens=40, seed=0,
+    plain, _ = sample_rows(model, tok, TOOL_ROWS[:8], [sees], [1.0], num_generations=4, max_new_tokens=40, seed=0,
                            batch_size=4, progress=False)
     assert all("tool_calls" not in r for r in plain) and plain != rows
 

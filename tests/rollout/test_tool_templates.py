@@ -10,7 +10,7 @@ from grpokit.rollout.tool_templates import TemplateProtocol, supports_tools, tem
 from grpokit.rollout.tools import ToolBox, ToolCall, calculator
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 from grpokit.training.sampling import render_prompt
-from test_tool_rollout import Scripted
+from helpers import Scripted
 
 # A small Hermes / Qwen2.5-style template: tools in the system turn, calls as <tool_call>\n{json}\n</tool_call>,
 # tool messages as a user turn of <tool_response> blocks.

@@ -11,7 +11,7 @@ import yaml
 from grpokit.config import GRPOConfig, SFTConfig
 from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, has_carry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml"]
 TRAIN_CONFIGS = ["examples/jsonl_dataset.yaml", "examples/smollm2/grpo.yaml",
                  "src/grpokit/tasks/recipes/arithmetic.yaml",

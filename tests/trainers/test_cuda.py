@@ -1,12 +1,11 @@
 """The same paths on a CUDA device: skipped where there is none (CI), run on a GPU machine with
-``pytest tests/test_cuda.py``."""
+``pytest tests/trainers/test_cuda.py``."""
 
 import pytest
 import torch
 
 from grpokit.rollout.generate import generate, sequence_logprobs
-from test_options import each_one
-from test_trainer import make_trainer, ones
+from helpers import each_one, make_trainer, ones
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 

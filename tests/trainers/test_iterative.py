@@ -9,11 +9,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import TINY
 from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel
 from grpokit.config import ConfigError
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
-from test_reward_models import save_classifier
+from helpers import TINY, save_classifier
 
 ROWS = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(16)]
 
@@ -183,7 +182,7 @@ def test_a_label_the_rows_cannot_feed_fails_at_start_up(reward_dirs, tmp_path):
 def test_with_tools_the_reward_models_rows_are_sampled_with_them(reward_dirs, tmp_path, monkeypatch):
     """The reward model retrains on trajectories like those it scores in training: tool results included."""
     import grpokit.trainers.sample
-    from test_tool_rollout import SPEC
+    from helpers import TOOL_SPEC as SPEC
 
     boxes, real = [], grpokit.trainers.sample.sample_rows
     monkeypatch.setattr(grpokit.trainers.sample, "sample_rows", lambda *a, toolbox=None, **k: boxes.append(toolbox)

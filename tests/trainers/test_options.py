@@ -8,19 +8,11 @@ import pytest
 import torch
 
 from grpokit import group_advantages, grpo_loss, process_advantages
-from grpokit.rollout.generate import Rollout, generate, sequence_logprobs
+from grpokit.rollout.generate import sequence_logprobs
 from grpokit.trainers import grpo as grpokit_trainer
 from grpokit.training.sampling import group_relative_advantages
 from grpokit.training.update import UpdateBatch
-from test_process import brute_force_ends
-from test_trainer import ROWS, loss_and_gradient, make_trainer, ones
-
-
-def fixed_rollout(trainer, tokenizer, max_new_tokens=8) -> Rollout:
-    prompt_ids, prompt_mask = trainer.sampler.tokenize_prompts([row["prompt"] for row in ROWS[:4]])
-    return generate(trainer.model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=max_new_tokens,
-                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                    generator=torch.Generator().manual_seed(0))
+from helpers import brute_force_ends, each_one, fixed_rollout, loss_and_gradient, make_trainer, ones
 
 
 @pytest.mark.parametrize(
@@ -168,11 +160,6 @@ def test_without_dynamic_sampling_one_round(tokenizer, tiny_model, tmp_path):
 
 
 # ---- process supervision in the trainer ----------------------------------------------------------
-
-
-def each_one(prompts, completions, **kw):
-    """A step after every character: reward 1 for a '1', else 0."""
-    return [[(k + 1, float(ch == "1")) for k, ch in enumerate(c)] for c in completions]
 
 
 def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny_model, tmp_path):

@@ -13,9 +13,17 @@ from grpokit.cli.main import main
 from grpokit.config import ConfigError
 from grpokit.trainers.ppo import ValueModel, explained_variance, token_rewards, value_loss, whiten
 from grpokit.training.update import UpdateBatch
-from test_cli import data_file, write_config  # noqa: F401 - data_file is a fixture
-from test_options import fixed_rollout
-from test_trainer import ROWS, documented_metrics, logged_keys, loss_and_gradient, make_trainer, ones
+from helpers import (
+    ROWS,
+    documented_metrics,
+    each_one,
+    fixed_rollout,
+    logged_keys,
+    loss_and_gradient,
+    make_trainer,
+    ones,
+    write_config,
+)
 
 # ---- GAE -----------------------------------------------------------------------------------------
 
@@ -157,7 +165,6 @@ def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
 
 
 def test_token_rewards_process_steps(tokenizer, tiny_model, tmp_path):
-    from test_options import each_one
 
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.0, supervision="process", reward_funcs=(each_one,))
     batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])

@@ -7,12 +7,12 @@ import json
 import pytest
 import yaml
 
-from conftest import TINY
 from grpokit import OutcomeRewardModel, ProcessRewardModel
 from grpokit.cli.main import main
 from grpokit.rewards.calling import resolve_reward_functions
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
 from grpokit.trainers.sample import sample_rows
+from helpers import TINY
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(12, 30), (47, 85), (20, 21), (33, 44)]]
 REWARDS = '''
@@ -183,7 +183,7 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
     """--tools and --environment-factory: the model calls them as in a run with those tools; a label may read
     each completion's environment, as a run's reward functions do."""
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
-    from test_tool_rollout import SPEC
+    from helpers import TOOL_SPEC as SPEC
 
     model_dir, tokenizer = tmp_path / "model", build_tokenizer(tool_tags=True)
     build_model(tokenizer, SPEC, seed=0).save_pretrained(model_dir)
@@ -209,7 +209,7 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
 def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path, monkeypatch):
     import grpokit.trainers.sample
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
-    from test_chat import TEMPLATE
+    from helpers import CHAT_TEMPLATE as TEMPLATE
 
     model_dir, tokenizer = tmp_path / "model", build_tokenizer()
     tokenizer.chat_template = TEMPLATE

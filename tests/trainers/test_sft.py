@@ -15,7 +15,7 @@ from grpokit.rollout.generate import stop_token_ids
 from grpokit.trainers.sft import Example, SFTTrainer, collate, tokenize_rows
 from grpokit.training.update import LossCounts, UpdateBatch
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a, b in [(1, 2), (12, 30), (7, 8), (40, 2), (5, 5),
                                                                       (9, 9), (23, 4), (6, 1)]]
 # A ChatML-like template: every message ends with the end-of-turn token (here the tokenizer's EOS) and a newline.

@@ -1,72 +1,20 @@
 """The trainer end to end on a tiny model, its invariances, its outputs, and its errors on bad input."""
 
-import dataclasses
 import json
 import platform
-import re
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.data import DataError
 from grpokit.models import loading as grpokit_models
 from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward
 from grpokit.rollout.generate import generate
 from grpokit.trainers import grpo as grpokit_trainer
-from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
-
-
-def ones(prompts, completions, **kw):
-    """Share of the completion's characters that are '1': easy to learn, smooth to score."""
-    return [c.count("1") / max(1, len(c)) for c in completions]
-
-
-METRICS_DOC = Path(__file__).parent.parent / "docs" / "metrics.md"
-ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
-
-
-def documented_metrics(reward_models: bool = False) -> tuple[set[str], set[str]]:
-    """The keys in docs/metrics.md's tables: every run's (with ``reward_models``: and those reward models add),
-    and the ones PPO adds."""
-    common, *sections = re.split(r"^## ", METRICS_DOC.read_text(), flags=re.M)
-    section = lambda title: next(s for s in sections if s.startswith(title))  # noqa: E731
-    keys = lambda text: set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.M))  # noqa: E731
-    return keys(common) | (keys(section("Reward models add")) if reward_models else set()), keys(section("PPO adds"))
-
-
-def logged_keys(metrics: dict) -> set[str]:
-    return {re.sub(r"^(rewards|reward_truncated)/.*", r"\1/<name>", key) for key in metrics}
-
-
-def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **overrides):
-    values = dict(output_dir=str(tmp_path / "run"), prompts_per_step=4, num_generations=8, max_completion_length=8,
-                  learning_rate=1e-2, max_steps=20, micro_batch_size=12, progress_bar=False, lr_schedule="constant",
-                  mixed_precision="no")  # float32 on any machine: tests compare values at float32's precision
-    values.update(overrides)
-    return GRPOTrainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
-                       reward_funcs=list(reward_funcs))
-
-
-def loss_and_gradient(trainer, batch: UpdateBatch, learner=None) -> tuple[dict[str, float], torch.Tensor]:
-    """The trainer's update of ``learner`` (default: the policy) on ``batch``, with an optimizer that moves
-    nothing: the update's diagnostics and the gradient it accumulated (before clipping), over every parameter."""
-    learner = learner or trainer.policy
-    params = list(learner.module.parameters())
-    grads = {}
-    hooks = [p.register_post_accumulate_grad_hook(lambda p, i=i: grads.__setitem__(i, p.grad.clone()))
-             for i, p in enumerate(params)]
-    optimizer = torch.optim.SGD(params, lr=0.0)
-    still = dataclasses.replace(learner, optimizer=optimizer,
-                                scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
-    (stats,) = update([still], batch, micro_batch_size=trainer.config.micro_batch_size, max_grad_norm=0,
-                      guard=NonfiniteGuard(1))
-    for hook in hooks:
-        hook.remove()
-    return stats, torch.cat([grads.get(i, torch.zeros_like(p)).flatten() for i, p in enumerate(params)])
+from grpokit.training.update import UpdateBatch
+from helpers import ROWS, documented_metrics, logged_keys, loss_and_gradient, make_trainer, ones
 
 
 def test_cpu_training_keeps_freed_memory_for_the_next_step(tokenizer, tiny_model, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """The bad-input battery: each case gets a clear error naming the culprit, or a documented outcome —
-never a deep traceback or a silent NaN. (Checkpoint cases: tests/test_checkpoint.py.)"""
+never a deep traceback or a silent NaN. (Checkpoint cases: tests/training/test_checkpoint.py.)"""
 
 import json
 import time
@@ -12,7 +12,7 @@ from grpokit.config import ConfigError, load_config
 from grpokit.data import DataError, check_columns, load_jsonl
 from grpokit.rewards.calling import RewardError, accuracy_reward, format_reward, score_completions, score_steps
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
-from test_trainer import make_trainer
+from helpers import make_trainer
 
 # ---- data files ------------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import torch
 from grpokit.data import DataError, check_columns
 from grpokit.models.loading import load_model_and_tokenizer
 from grpokit.training.sampling import render_prompt
-from test_trainer import make_trainer, ones
+from helpers import make_trainer, ones
 
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}[assistant] {% endif %}")

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.training.checkpoint import CheckpointError, find_checkpoint, verify
-from test_trainer import make_trainer
+from helpers import make_trainer
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 STEPS = 8
 
 # One training run in its own process, so that it can be killed. KILL=step:N kills it as step N+1
@@ -29,10 +29,10 @@ SCRIPT = textwrap.dedent(f"""
     import torch
     torch.set_num_threads(1)
     import grpokit.training.checkpoint
-    from conftest import TINY
+    from helpers import TINY
     from grpokit import GRPOConfig, GRPOTrainer
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
-    from test_trainer import ROWS, ones
+    from helpers import ROWS, ones
 
     out, resume, kill = sys.argv[1], sys.argv[2] or None, os.environ.get("KILL", "")
     tokenizer = build_tokenizer()
@@ -147,8 +147,8 @@ def checkpoint(tokenizer, tiny_model, tmp_path):
 
 
 def fresh_trainer(tokenizer, tmp_path, **overrides):
-    from conftest import TINY
     from grpokit.tasks.tiny_model import build_model
+    from helpers import TINY
 
     return make_trainer(tokenizer, build_model(tokenizer, TINY, seed=0), tmp_path, **{"max_steps": 2, **overrides})
 

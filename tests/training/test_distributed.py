@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from grpokit.config import ConfigError
 from grpokit.training.distributed import init_world
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 STEPS = 3
 VARIANTS = {"sequence": {}, "fast-path": {"fast_path": True},
             "token": {"aggregation": "token", "scale_rewards": "batch"},
@@ -45,12 +45,12 @@ SCRIPT = textwrap.dedent(f"""
     import torch
     torch.set_num_threads(1)
     import grpokit.trainers.sample, grpokit.training.sampling, grpokit.training.runlog
-    from conftest import TINY
+    from helpers import TINY
     from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from grpokit.rollout.generate import Rollout
     from grpokit.rollout.tools import ToolUse
-    from test_trainer import ROWS, ones
+    from helpers import ROWS, ones
 
     def fake_generate(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, eos_token_id,
                       pad_token_id, **kw):
@@ -152,7 +152,7 @@ def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600) 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from grpokit.tasks.tiny_model import build_tokenizer
-    from test_reward_models import save_classifier
+    from helpers import save_classifier
 
     tmp = tmp_path_factory.mktemp("dp")
     # Tiny random classifiers over the policy's characters, reading 12 tokens: prompts of 8 or 9 characters with
@@ -166,8 +166,8 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_and_two_processes_end_with_the_same_parameters(runs, variant):
-    from conftest import TINY
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
+    from helpers import TINY
 
     one, two = (load_file(str(run / variant / "model" / "model.safetensors")) for run in runs)
     start = build_model(build_tokenizer(), TINY, seed=0).state_dict()
@@ -276,10 +276,10 @@ RESUME_SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {str(TESTS)!r})
     import torch
     torch.set_num_threads(1)
-    from conftest import TINY
+    from helpers import TINY
     from grpokit import GRPOConfig, GRPOTrainer
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
-    from test_trainer import ROWS, ones
+    from helpers import ROWS, ones
 
     out, steps, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None
     tokenizer = build_tokenizer()
@@ -318,7 +318,7 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     torch.set_num_threads(1)
-    from conftest import TINY
+    from helpers import TINY
     from grpokit.rollout import generate as rollout
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
 
@@ -376,7 +376,7 @@ TOOLS_SCRIPT = textwrap.dedent(f"""
     torch.set_num_threads(1)
     from grpokit import GRPOConfig, GRPOTrainer
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-    from test_tool_rollout import ROWS, SPEC
+    from helpers import TOOL_ROWS as ROWS, TOOL_SPEC as SPEC
 
     tokenizer = build_tokenizer(tool_tags=True)
     config = GRPOConfig(output_dir=sys.argv[1], prompts_per_step=4, num_generations=4, max_completion_length=40,

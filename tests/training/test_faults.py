@@ -5,7 +5,7 @@ import torch
 
 from grpokit.rewards.calling import RewardError
 from grpokit.trainers.grpo import TrainingError
-from test_trainer import make_trainer, ones
+from helpers import make_trainer, ones
 
 
 def poison_training_passes(model):

@@ -10,7 +10,7 @@ import pytest
 import grpokit.training.runlog
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.trainers.grpo import GRPOTrainer
-from test_trainer import ROWS, make_trainer, ones
+from helpers import ROWS, make_trainer, ones
 
 
 def test_report_to_and_the_tensorboard_alias_are_one_list():
