@@ -11,7 +11,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/trainers/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
 # the whole suite, on this machine's library versions (CPU: the tests build CPU generators)
 CUDA_VISIBLE_DEVICES="" python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/suite.log"
 python3 benchmarks/grpo_vs_ppo.py --device cuda --sizes medium large --seeds 0 --threads 8 \

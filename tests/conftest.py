@@ -1,9 +1,13 @@
+"""Fixtures for every test folder: the tiny model and tokenizer (fresh, or saved as a checkpoint), a data file,
+the default dtype. Shared builders that are not fixtures are in helpers.py."""
+
+import json
+
 import pytest
 import torch
 
-from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-
-TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64)
+from grpokit.tasks.tiny_model import build_model, build_tokenizer
+from helpers import TINY
 
 
 @pytest.fixture(autouse=True)
@@ -39,3 +43,12 @@ def float64_default():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(torch.float32)
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    """A JSONL file of 10 arithmetic rows, for `grpokit train` configs (``helpers.write_config``)."""
+    path = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(10, 20)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from conftest import TINY
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
 from grpokit.models import logprobs as grpokit_rollout
@@ -21,6 +20,7 @@ from grpokit.trainers import grpo as grpokit_trainer
 from grpokit.trainers import sample as grpokit_sample
 from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.training import sampling as grpokit_sampling
+from helpers import TINY
 
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from grpokit import __version__
 from grpokit.cli import commands
 from grpokit.cli.options import config_keys_epilog, normalize_flags
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig
@@ -62,10 +62,18 @@ def _sampling_parser(commands_: argparse._SubParsersAction, name: str, help: str
     return parser
 
 
+def installed_version() -> str:
+    """pyproject.toml's version, as installed (``grpokit.__version__`` is the same)."""
+    try:
+        return version("grpokit")
+    except PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO training for causal language models.",
                                      allow_abbrev=False)
-    parser.add_argument("--version", action="version", version=f"grpokit {__version__}")
+    parser.add_argument("--version", action="version", version=f"grpokit {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after",

@@ -1,0 +1,231 @@
+"""Builders and constants that test modules in several folders share: the tiny models and their rows, a trainer
+with the suite's defaults, its loss and gradient on a fixed batch, reward functions, and the documented metrics.
+
+Test modules import them with ``from helpers import ...``: ``tests/`` is on ``sys.path`` (pyproject's
+``pythonpath``; scripts that tests run in subprocesses insert it themselves). Fixtures live in ``conftest.py``;
+no test module imports another."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import (
+    LlamaConfig,
+    LlamaForSequenceClassification,
+    LlamaForTokenClassification,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.rollout.generate import Rollout, generate
+from grpokit.rollout.tools import ToolSession
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
+
+TINY = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64)
+
+# ---- the trainer on the tiny model ---------------------------------------------------------------
+
+
+def ones(prompts, completions, **kw):
+    """Share of the completion's characters that are '1': easy to learn, smooth to score."""
+    return [c.count("1") / max(1, len(c)) for c in completions]
+
+
+def each_one(prompts, completions, **kw):
+    """A step after every character: reward 1 for a '1', else 0."""
+    return [[(k + 1, float(ch == "1")) for k, ch in enumerate(c)] for c in completions]
+
+
+METRICS_DOC = Path(__file__).parent.parent / "docs" / "metrics.md"
+ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
+
+
+def documented_metrics(reward_models: bool = False) -> tuple[set[str], set[str]]:
+    """The keys in docs/metrics.md's tables: every run's (with ``reward_models``: and those reward models add),
+    and the ones PPO adds."""
+    common, *sections = re.split(r"^## ", METRICS_DOC.read_text(), flags=re.M)
+    section = lambda title: next(s for s in sections if s.startswith(title))  # noqa: E731
+    keys = lambda text: set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.M))  # noqa: E731
+    return keys(common) | (keys(section("Reward models add")) if reward_models else set()), keys(section("PPO adds"))
+
+
+def logged_keys(metrics: dict) -> set[str]:
+    return {re.sub(r"^(rewards|reward_truncated)/.*", r"\1/<name>", key) for key in metrics}
+
+
+def make_trainer(tokenizer, model, tmp_path, rows=ROWS, reward_funcs=(ones,), **overrides):
+    values = dict(output_dir=str(tmp_path / "run"), prompts_per_step=4, num_generations=8, max_completion_length=8,
+                  learning_rate=1e-2, max_steps=20, micro_batch_size=12, progress_bar=False, lr_schedule="constant",
+                  mixed_precision="no")  # float32 on any machine: tests compare values at float32's precision
+    values.update(overrides)
+    return GRPOTrainer(GRPOConfig(**values), model=model, tokenizer=tokenizer, train_dataset=rows,
+                       reward_funcs=list(reward_funcs))
+
+
+def loss_and_gradient(trainer, batch: UpdateBatch, learner=None) -> tuple[dict[str, float], torch.Tensor]:
+    """The trainer's update of ``learner`` (default: the policy) on ``batch``, with an optimizer that moves
+    nothing: the update's diagnostics and the gradient it accumulated (before clipping), over every parameter."""
+    learner = learner or trainer.policy
+    params = list(learner.module.parameters())
+    grads = {}
+    hooks = [p.register_post_accumulate_grad_hook(lambda p, i=i: grads.__setitem__(i, p.grad.clone()))
+             for i, p in enumerate(params)]
+    optimizer = torch.optim.SGD(params, lr=0.0)
+    still = dataclasses.replace(learner, optimizer=optimizer,
+                                scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+    (stats,) = update([still], batch, micro_batch_size=trainer.config.micro_batch_size, max_grad_norm=0,
+                      guard=NonfiniteGuard(1))
+    for hook in hooks:
+        hook.remove()
+    return stats, torch.cat([grads.get(i, torch.zeros_like(p)).flatten() for i, p in enumerate(params)])
+
+
+def fixed_rollout(trainer, tokenizer, max_new_tokens=8) -> Rollout:
+    prompt_ids, prompt_mask = trainer.sampler.tokenize_prompts([row["prompt"] for row in ROWS[:4]])
+    return generate(trainer.model, prompt_ids, prompt_mask, num_generations=8, max_new_tokens=max_new_tokens,
+                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                    generator=torch.Generator().manual_seed(0))
+
+
+# ---- models of the Llama family and a fixed batch for them ---------------------------------------
+
+FAMILY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None)
+
+
+def models(tokenizer) -> dict[str, torch.nn.Module]:
+    """The built-in Llama; Qwen2 with q/k/v biases and grouped queries (2 key/value heads for 4); Mistral."""
+    ids = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    qwen2 = Qwen2ForCausalLM(Qwen2Config(**FAMILY_SHAPE, **ids, num_key_value_heads=2))
+    with torch.no_grad():  # random, not zero, biases
+        for layer in qwen2.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    mistral = MistralForCausalLM(MistralConfig(**FAMILY_SHAPE, **ids, num_key_value_heads=4, sliding_window=None))
+    return {"llama": build_model(tokenizer, TINY, seed=0), "qwen2-gqa-bias": qwen2, "mistral": mistral}
+
+
+def fixed_batch(tokenizer):
+    """Left-padded prompts of different lengths, each twice (as a group shares its prompt, which the fast
+    path then computes once); completions that stop at different places, with garbage (not padding)
+    after their EOS, which the mask must make irrelevant."""
+    enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think.", "7"], padding=True, padding_side="left",
+                    return_tensors="pt")
+    prompt_ids, prompt_mask = (t.repeat_interleave(2, dim=0) for t in (enc["input_ids"], enc["attention_mask"]))
+    gen = torch.Generator().manual_seed(1)
+    completions = torch.randint(3, 90, (8, 9), generator=gen)
+    lengths = torch.tensor([9, 3, 1, 6, 5, 5, 7, 2])
+    completions[torch.arange(8), lengths - 1] = tokenizer.eos_token_id
+    completions[0, -1] = 50  # truncated: no EOS
+    mask = (torch.arange(9) < lengths.unsqueeze(1)).long()
+    return prompt_ids, prompt_mask, completions, mask
+
+
+def brute_force_ends(tokenizer, ids, text, offsets):
+    """For each offset, the first token whose decoded prefix reaches it; the end of the text → last token."""
+    lengths = [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
+    return [len(ids) - 1 if c == len(text) else next(k for k, n in enumerate(lengths) if n >= c) for c in offsets]
+
+
+# ---- chat templates, reward models, tools --------------------------------------------------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+def save_classifier(path, tokenizer, head="sequence", num_labels=1, max_positions=64, seed=0):
+    """A randomly initialised 2-layer Llama classifier (large initial weights, so that texts score apart). Llama:
+    transformers 5 loads the tokenizer of a Qwen2 directory as Qwen2's own, whatever was saved."""
+    classes = {"sequence": LlamaForSequenceClassification, "token": LlamaForTokenClassification}
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=max_positions,
+                          num_labels=num_labels, initializer_range=0.2, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(seed)
+    classes[head](config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# A context long enough for tool results, and rows whose answers need the calculator.
+TOOL_SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=320)
+TOOL_ROWS = [{"prompt": f"What is {a} * 7?", "answer": str(a * 7)} for a in range(10, 30)]
+
+
+class Scripted(ToolSession):
+    """A session whose completions write the given texts (then EOS), whatever the model samples."""
+
+    def __init__(self, box, texts, max_new_tokens):
+        super().__init__(box, len(texts), max_new_tokens, None)
+        self.script = [box.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        self.written = [0] * len(texts)
+
+    def intervene(self, t, rows, chosen, stopped, logp):
+        chosen, stopped = chosen.clone(), stopped.clone()
+        for k, row in enumerate(rows.tolist()):
+            if row in self.pending:
+                continue  # the result goes in first
+            script, at = self.script[row], self.written[row]
+            chosen[k] = script[at] if at < len(script) else self.box.tokenizer.eos_token_id
+            stopped[k] = at >= len(script)
+            self.written[row] += 1
+        return super().intervene(t, rows, chosen, stopped, logp)
+
+
+def write_config(tmp_path, tiny_model_dir, data_file, **extra):
+    """A `grpokit train` YAML file: the tiny model on ``data_file`` (conftest's fixture of that name), 2 steps."""
+    config = dict(model=str(tiny_model_dir), dataset=str(data_file), output_dir=str(tmp_path / "run"),
+                  prompts_per_step=2, num_generations=4, max_completion_length=8, max_steps=2, progress_bar=False)
+    config.update(extra)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+# ---- chat templates that know tools (tests/rollout/test_tool_templates.py, tests/cli/test_cli.py) ----
+
+HERMES = r"""
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou may call functions. Their signatures, within <tools></tools>:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nFor each call, write a JSON object with its name and arguments within <tool_call></tool_call>:\n' }}
+{{- '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant' }}
+{%- if message.content %}{{- '\n' + message.content }}{%- endif %}
+{%- for call in message.tool_calls %}
+{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}
+{{- '\n<tool_call>\n{"name": "' + call.name + '", "arguments": ' + (call.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+TEMPLATE_SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=1536)
+
+
+def tokenizer_with(template, specials=("<|im_start|>", "<|im_end|>")):
+    tok = build_tokenizer(tool_tags=True)
+    tok.add_special_tokens({"additional_special_tokens": list(specials)})
+    tok.chat_template = template
+    return tok

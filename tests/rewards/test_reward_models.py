@@ -1,0 +1,393 @@
+"""Learned reward models as reward functions: outcome (a sequence classifier's logit) and process (a token
+classifier's probability at each step's last token), on tiny classifiers built locally, checked against
+scoring the same texts directly with transformers."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, processors
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+)
+
+import grpokit
+from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
+from grpokit.resolve import resolve_reward_functions
+from grpokit.rewards.calling import score_steps
+from grpokit.tasks.tiny_model import build_tokenizer
+from helpers import documented_metrics, logged_keys, save_classifier
+
+CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+MERGES = [("1", "2"), ("a", "b"), ("ab", "c"), (" ", "="), ("=", " "), ("\n", "["), ("5", "\n")]
+PROMPTS = ["What is 12 + 30?", "abc", "Say 7.", "What is 1 + 1?"]
+COMPLETIONS = ["<think>2+0=2\n1+3=4</think><answer>42</answer>", "abcabc =", "", "2"]
+
+
+def bpe_tokenizer(chat: bool) -> PreTrainedTokenizerFast:
+    """Unlike the policy's character tokenizer: other ids, merged tokens, a BOS, and (``chat``) a template."""
+    characters = [chr(i) for i in range(32, 127)] + ["\n"]
+    tokens = ["<pad>", "<eos>", "<unk>", "<bos>", *characters, *dict.fromkeys(a + b for a, b in MERGES)]
+    vocab = {token: i for i, token in enumerate(reversed(tokens))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=MERGES, unk_token="<unk>"))
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens(["<pad>", "<eos>", "<unk>", "<bos>"])
+    bos = [("<bos>", vocab["<bos>"])]
+    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=bos)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                   bos_token="<bos>", model_input_names=["input_ids", "attention_mask"])
+    if chat:
+        fast.chat_template = CHAT
+    return fast
+
+
+@pytest.fixture(scope="session")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reward-models")
+    char, chat, plain = build_tokenizer(), bpe_tokenizer(chat=True), bpe_tokenizer(chat=False)
+    return {
+        "orm_char": save_classifier(root / "orm_char", char),
+        "orm_chat": save_classifier(root / "orm_chat", chat, max_positions=128, seed=1),
+        "orm_bos": save_classifier(root / "orm_bos", plain, max_positions=128, seed=2),
+        "orm_2_labels": save_classifier(root / "orm_2_labels", char, num_labels=2),
+        "prm_1": save_classifier(root / "prm_1", char, head="token", num_labels=1, max_positions=48),
+        "prm_2": save_classifier(root / "prm_2", chat, head="token", num_labels=2, max_positions=128),
+        "prm_3": save_classifier(root / "prm_3", char, head="token", num_labels=3),
+    }
+
+
+def direct_text(tokenizer, prompt, completion):
+    """The text scored, built here from the definition: the rendered turns, or prompt + completion."""
+    if tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+        return tokenizer.apply_chat_template(messages, tokenize=False), False
+    return prompt + completion, True
+
+
+def direct_outcome(path, prompts, completions, keep=None):
+    """Each text alone, through plain transformers: the logit (of its last ``keep`` tokens)."""
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    scores = []
+    for prompt, completion in zip(prompts, completions):
+        text, special = direct_text(tokenizer, prompt, completion)
+        ids = tokenizer(text, add_special_tokens=special)["input_ids"][-keep if keep else 0:]
+        with torch.no_grad():
+            scores.append(model(input_ids=torch.tensor([ids])).logits[0, 0].item())
+    return scores
+
+
+@pytest.mark.parametrize("name", ["orm_char", "orm_chat", "orm_bos"])
+def test_outcome_scores_equal_transformers_on_the_same_text(dirs, name):
+    reward = OutcomeRewardModel(dirs[name], batch_size=16)
+    scores = reward(prompts=PROMPTS, completions=COMPLETIONS)
+    assert scores == pytest.approx(direct_outcome(dirs[name], PROMPTS, COMPLETIONS), abs=1e-5)
+    assert len(set(scores)) == len(scores) and reward.truncated == 0
+    assert reward.__name__ == name  # reward_name() in the logs: the directory's name
+    if name == "orm_chat":  # the template is used: not the plain concatenation
+        model = AutoModelForSequenceClassification.from_pretrained(dirs[name]).eval()
+        with torch.no_grad():
+            plain = [model(**reward.tokenizer(p + c, return_tensors="pt")).logits[0, 0].item()
+                     for p, c in zip(PROMPTS, COMPLETIONS)]
+        assert all(abs(a - b) > 1e-4 for a, b in zip(scores, plain))
+
+
+def test_without_a_pad_token_it_pads_with_eos(tmp_path):
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = None
+    path = save_classifier(tmp_path / "no_pad", tokenizer, seed=3)  # config.pad_token_id None too
+    reward = OutcomeRewardModel(path)
+    assert reward.pad_id == tokenizer.eos_token_id == reward.model.config.pad_token_id
+    # One text at a time, transformers reads the last token; in a padded batch, the last before the padding.
+    assert reward(prompts=PROMPTS, completions=COMPLETIONS) == pytest.approx(
+        direct_outcome(path, PROMPTS, COMPLETIONS), abs=1e-5)
+
+
+def test_the_reward_tokenizer_need_not_be_the_policys(dirs):
+    """The decoded text is re-tokenized by the reward model's own tokenizer (other ids, merged tokens)."""
+    policy, reward = build_tokenizer(), OutcomeRewardModel(dirs["orm_bos"])
+    text = PROMPTS[1] + COMPLETIONS[1]
+    assert reward.tokenizer(text)["input_ids"] != policy(text)["input_ids"]
+    assert len(reward.tokenizer(text)["input_ids"]) < len(text)  # merges: fewer tokens than characters
+    assert reward(prompts=[PROMPTS[1]], completions=[COMPLETIONS[1]]) == pytest.approx(
+        direct_outcome(dirs["orm_bos"], [PROMPTS[1]], [COMPLETIONS[1]]), abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["orm_char", "orm_chat"])
+def test_small_batches_give_the_same_scores(dirs, name):
+    prompts, completions = PROMPTS * 3, COMPLETIONS[::-1] * 3  # lengths vary within every batch: padding
+    whole = OutcomeRewardModel(dirs[name], batch_size=64)(prompts=prompts, completions=completions)
+    assert OutcomeRewardModel(dirs[name], batch_size=1)(prompts=prompts, completions=completions) == pytest.approx(
+        whole, abs=1e-5)
+    assert OutcomeRewardModel(dirs[name], batch_size=5)(prompts=prompts, completions=completions) == pytest.approx(
+        whole, abs=1e-5)
+
+
+def test_conversational_prompts_and_completions(dirs):
+    chat, plain = OutcomeRewardModel(dirs["orm_chat"]), OutcomeRewardModel(dirs["orm_char"])
+    messages = [[{"role": "user", "content": p}] for p in PROMPTS]
+    replies = [[{"role": "assistant", "content": c}] for c in COMPLETIONS]
+    # A user turn and an assistant turn, whichever form they come in.
+    assert chat(prompts=messages, completions=replies) == pytest.approx(
+        chat(prompts=PROMPTS, completions=COMPLETIONS), abs=1e-6)
+    # A system turn is rendered too.
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPTS[0]}]
+    model = AutoModelForSequenceClassification.from_pretrained(dirs["orm_chat"]).eval()
+    text = chat.tokenizer.apply_chat_template([*system, *replies[0]], tokenize=False)
+    assert text.startswith("[system] Be brief.\n[user] What is 12 + 30?\n[assistant] <think>")
+    with torch.no_grad():
+        expected = model(**chat.tokenizer(text, add_special_tokens=False, return_tensors="pt")).logits[0, 0].item()
+    assert chat(prompts=[system], completions=replies[:1]) == pytest.approx([expected], abs=1e-5)
+    # Without a template: the messages' contents, one per line, then the completion's text.
+    assert plain(prompts=[system], completions=replies[:1]) == pytest.approx(
+        direct_outcome(dirs["orm_char"], ["Be brief.\n" + PROMPTS[0]], [COMPLETIONS[0]]), abs=1e-5)
+
+
+def test_texts_longer_than_the_context_are_cut_at_the_start_and_counted(dirs):
+    reward = OutcomeRewardModel(dirs["orm_char"])
+    assert reward.context == 64
+    long = ["x" * 50 + "1" * 30, "y" * 70]
+    with pytest.warns(UserWarning, match=r"'orm_char': 2 of 3 texts are longer than its context of 64 tokens"):
+        scores = reward(prompts=["p", "p", "q"], completions=[*long, "short"])
+    assert reward.truncated == 2
+    assert scores[:2] == pytest.approx(direct_outcome(dirs["orm_char"], ["p", "p"], long, keep=64), abs=1e-5)
+    reward(prompts=["p"], completions=long[:1])
+    assert reward.truncated == 3
+
+
+def assert_same_steps(got, expected, tolerance=1e-5):
+    assert [end for end, _ in got] == [end for end, _ in expected]
+    assert [r for _, r in got] == pytest.approx([r for _, r in expected], abs=tolerance)
+
+
+def direct_steps(path, prompt, completion, ends):
+    """The token classifier's probability at the token holding each step's last character, from one
+    forward of the whole text through plain transformers."""
+    model = AutoModelForTokenClassification.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text, special = direct_text(tokenizer, prompt, completion)
+    start = text.index(completion)
+    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([encoded["input_ids"]])).logits[0]
+    probabilities = logits[:, 0].sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)[:, 1]
+    last = [next(j for j, (a, b) in enumerate(encoded["offset_mapping"]) if a <= start + end - 1 < b) for end in ends]
+    return [(end, probabilities[j].item()) for end, j in zip(ends, last)]
+
+
+@pytest.mark.parametrize("name", ["prm_1", "prm_2"])  # one label (sigmoid), two (softmax; a chat template)
+def test_process_rewards_equal_a_direct_forward_at_the_step_ends(dirs, name):
+    reward = ProcessRewardModel(dirs[name])
+    completions = ["12+30\n\n2+0=2 \nabc=42", "ab\n"]
+    (first, second) = reward(prompts=PROMPTS[:2], completions=completions)
+    assert [end for end, _ in first] == [5, 12, 20]  # blank steps skipped; trailing spaces not part of a step
+    assert [completions[0][a:b] for a, b in [(0, 5), (7, 12), (14, 20)]] == ["12+30", "2+0=2", "abc=42"]
+    assert_same_steps(first, direct_steps(dirs[name], PROMPTS[0], completions[0], [5, 12, 20]))
+    assert_same_steps(second, direct_steps(dirs[name], PROMPTS[1], completions[1], [2]))
+    # A token across a step's end ('5\n' for the chat model's tokenizer) belongs to the step it starts in.
+    (third,) = reward(prompts=["q"], completions=["1+4=5\n2"])
+    assert_same_steps(third, direct_steps(dirs[name], "q", "1+4=5\n2", [5, 7]))
+    if name == "prm_2":
+        assert "5\n" in reward.tokenizer.convert_ids_to_tokens(reward.tokenizer("1+4=5\n2")["input_ids"])
+    assert all(0 < r < 1 for _, r in first) and len({r for _, r in first}) == 3
+
+
+def test_process_steps_feed_process_supervision_and_any_separator(dirs):
+    reward = ProcessRewardModel(dirs["prm_1"], step_separator="; ", batch_size=1)
+    assert reward.step_ends("a; bb; ; c") == [1, 5, 10]
+    completions = ["1+1=2; 2", "x"]
+    steps = reward(prompts=["q", "q"], completions=completions)
+    total, per_function, combined = score_steps([reward], [1.0], ["q", "q"], completions, {})
+    assert [[end for end, _ in s] for s in combined] == [[5, 8], [1]]
+    for got, expected in zip(combined, steps):
+        assert_same_steps(got, expected, 1e-6)
+    assert per_function["prm_1"][0].item() == pytest.approx((steps[0][0][1] + steps[0][1][1]) / 2, abs=1e-6)
+    assert total.shape == (2,)
+
+
+def test_process_steps_past_the_context_get_no_reward(dirs):
+    reward = ProcessRewardModel(dirs["prm_1"])  # 48 positions
+    completion = "\n".join(["abcdefghi"] * 8)  # steps end at 9, 19, ..., 79: past token 48 from the fifth on
+    with pytest.warns(UserWarning, match="keeping their start"):
+        (steps,) = reward(prompts=["q"], completions=[completion])
+    assert [end for end, _ in steps] == [9, 19, 29, 39]  # ends at tokens 9, ..., 39 ('q' first); 49 is cut
+    assert reward.truncated == 1
+    # A causal model's earlier tokens do not see the later ones: the kept steps score as without a cut.
+    assert_same_steps(steps, direct_steps(dirs["prm_1"], "q", completion[:45], [9, 19, 29, 39]))
+
+
+def test_process_model_reads_message_completions(dirs):
+    reward = ProcessRewardModel(dirs["prm_2"])
+    messages = [[{"role": "user", "content": "Add."}]]
+    replies = [[{"role": "assistant", "content": "1+1=2\n2"}]]
+    (steps,) = reward(prompts=messages, completions=replies)
+    assert_same_steps(steps, reward(prompts=["Add."], completions=["1+1=2\n2"])[0], 1e-6)
+    assert_same_steps(steps, direct_steps(dirs["prm_2"], "Add.", "1+1=2\n2", [5, 7]))
+
+
+def test_config_entries_resolve_to_reward_models(dirs):
+    specs = [f"model:{dirs['orm_chat']}", f"process_model:{dirs['prm_1']}", str(dirs["orm_char"]), "accuracy"]
+    functions, weights = resolve_reward_functions(specs, [1.0, 0.5, 2.0, 1.0], device="cpu", batch_size=3)
+    assert [type(f) for f in functions[:3]] == [OutcomeRewardModel, ProcessRewardModel, OutcomeRewardModel]
+    assert [f.__name__ for f in functions[:3]] == ["orm_chat", "prm_1", "orm_char"] and weights == [1.0, 0.5, 2.0, 1.0]
+    assert functions[0].batch_size == 3 and functions[0].device == torch.device("cpu")
+    assert grpokit.OutcomeRewardModel is OutcomeRewardModel and "ProcessRewardModel" in grpokit.__all__
+    config = GRPOConfig(reward_funcs=[f"model:{dirs['orm_chat']}"], output_dir="unused")
+    (loaded,), _ = resolve_reward_functions(config.reward_funcs)
+    assert loaded(prompts=PROMPTS, completions=COMPLETIONS) == pytest.approx(
+        direct_outcome(dirs["orm_chat"], PROMPTS, COMPLETIONS), abs=1e-5)
+
+
+def test_precision_options(dirs):
+    reward = OutcomeRewardModel(dirs["orm_char"], dtype="bfloat16", device="cpu", mixed_precision="no")
+    assert next(reward.model.parameters()).dtype == torch.bfloat16
+    assert reward(prompts=PROMPTS, completions=COMPLETIONS) == pytest.approx(
+        direct_outcome(dirs["orm_char"], PROMPTS, COMPLETIONS), abs=0.1)
+    with pytest.raises(ValueError, match="mixed_precision='fp8' is not valid"):
+        OutcomeRewardModel(dirs["orm_char"], mixed_precision="fp8")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("model:{tiny}", "holds a LlamaForCausalLM, not an AutoModelForSequenceClassification (architectures ending in "
+                     "'ForSequenceClassification'); a causal LM predicts tokens, not rewards"),
+    ("{tiny}", "holds a LlamaForCausalLM"),  # a bare directory is taken for an outcome model, and checked
+    ("process_model:{tiny}", "holds a LlamaForCausalLM, not an AutoModelForTokenClassification"),
+    ("model:{prm_1}", "holds a LlamaForTokenClassification, not an AutoModelForSequenceClassification "
+                      "(architectures ending in 'ForSequenceClassification'); a token classifier is a process reward "
+                      "model: use process_model:"),
+    ("process_model:{prm_3}", "has 3 labels; a process reward model has 1 (sigmoid of the logit) or 2"),
+    ("model:{orm_2_labels}", "has 2 labels; an outcome reward model has exactly one (num_labels=1)"),
+    ("model:{missing}", "no such directory"),
+    ("process_model:{missing}", "no such directory"),
+    ("model:{file}", "is a file, not a model directory"),
+    ("model:{empty}", "not a Hugging Face model directory"),
+])
+def test_bad_reward_models_fail_naming_the_path(dirs, tiny_model_dir, tmp_path, spec, message):
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    paths = {**dirs, "tiny": tiny_model_dir, "missing": tmp_path / "nowhere", "file": tmp_path / "file.txt",
+             "empty": tmp_path / "empty"}
+    spec = spec.format(**paths)
+    with pytest.raises(ValueError) as error:
+        resolve_reward_functions([spec])
+    shown = spec if ":" in spec.split("/")[0] else f"model:{spec}"
+    assert str(error.value).startswith(f"reward_funcs: {shown}: ") and message in str(error.value)
+
+
+def test_trains_with_a_reward_model_named_in_the_config(dirs, tokenizer, tiny_model, tmp_path):
+    """GRPO end to end on the policy's character tokenizer, rewarded by a model with its own (chat) tokenizer;
+    every logged reward is the model's score of the logged completion."""
+    rows = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(8)]
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), reward_funcs=[f"model:{dirs['orm_chat']}"],
+                        prompts_per_step=2, num_generations=4, max_completion_length=8, learning_rate=1e-2,
+                        max_steps=2, progress_bar=False, mixed_precision="no", device="cpu")
+    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=rows)
+    trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all("rewards/orm_chat" in m for m in metrics)
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    reward = OutcomeRewardModel(dirs["orm_chat"])
+    expected = reward(prompts=[r["prompt"] for r in records], completions=[r["completion"] for r in records])
+    assert [r["orm_chat"] for r in records] == pytest.approx(expected, abs=1e-4)
+    assert [r["reward"] for r in records] == pytest.approx(expected, abs=1e-4)
+
+
+def test_process_supervision_with_a_process_reward_model(dirs, tokenizer, tiny_model, tmp_path):
+    rows = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(8)]
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), reward_funcs=[f"process_model:{dirs['prm_2']}"],
+                        supervision="process", prompts_per_step=2, num_generations=4, max_completion_length=8,
+                        max_steps=1, progress_bar=False, mixed_precision="no", device="cpu")
+    GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=rows).train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    reward = ProcessRewardModel(dirs["prm_2"])
+    for record in records:
+        (steps,) = reward(prompts=[record["prompt"]], completions=[record["completion"]])
+        expected = sum(r for _, r in steps) / len(steps) if steps else None
+        assert record["prm_2"] == (pytest.approx(expected, abs=1e-4) if steps else None)
+    assert any(record["prm_2"] is not None for record in records)
+
+
+@pytest.mark.parametrize("supervision", ["outcome", "process"])
+def test_each_step_logs_how_many_completions_a_reward_model_cut(tokenizer, tiny_model, tmp_path, supervision):
+    """A reward model of 15 positions reads prompts of 8 characters with completions of up to 8 tokens: each step
+    logs how many of its completions it cut, those whose text is longer than 15 of its tokens; rule rewards log
+    no count."""
+    head, prefix = {"outcome": ("sequence", "model:"), "process": ("token", "process_model:")}[supervision]
+    path = save_classifier(tmp_path / "short_rm", build_tokenizer(), head=head, max_positions=15, seed=4)
+    rows = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(8)]
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), reward_funcs=["accuracy", "format", f"{prefix}{path}"],
+                        supervision=supervision, prompts_per_step=2, num_generations=4, max_completion_length=8,
+                        max_steps=3, log_completions=8, progress_bar=False, mixed_precision="no", device="cpu")
+    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=rows)
+    with pytest.warns(UserWarning, match="'short_rm': .* longer than its context of 15 tokens"):
+        trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 8  # every completion of every step
+    reader = AutoTokenizer.from_pretrained(path)
+    cut = [sum(len(reader(r["prompt"] + r["completion"])["input_ids"]) > 15 for r in records if r["step"] == step)
+           for step in (1, 2, 3)]
+    assert [m["reward_truncated/short_rm"] for m in metrics] == cut
+    assert 0 < sum(cut) < 24 and trainer.reward_funcs[2].truncated == sum(cut)  # some cut, not all
+    assert logged_keys(metrics[0]) == documented_metrics(reward_models=True)[0]
+    assert not any(key.startswith("reward_truncated/") and key != "reward_truncated/short_rm" for key in metrics[0])
+
+
+@pytest.mark.parametrize("supervision", ["outcome", "process"])
+def test_ppo_trains_with_a_reward_model(dirs, tokenizer, tiny_model, tmp_path, supervision):
+    """algorithm: ppo rewarded by an outcome model (one reward at the last token) or a process model (a reward at
+    each step's last token): the logged rewards are the model's scores of the logged completions, and the policy
+    and the value model move."""
+    name = {"outcome": "orm_chat", "process": "prm_2"}[supervision]
+    prefix = {"outcome": "model:", "process": "process_model:"}[supervision]
+    rows = [{"prompt": f"Count {i}:"} for i in range(8)]
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), algorithm="ppo", reward_funcs=[f"{prefix}{dirs[name]}"],
+                        supervision=supervision, prompts_per_step=2, num_generations=4, max_completion_length=8,
+                        learning_rate=1e-2, max_steps=2, log_completions=8, progress_bar=False, mixed_precision="no",
+                        device="cpu")
+    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, train_dataset=rows)
+    policy = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    values = {n: p.detach().clone() for n, p in trainer.critic.value_model.named_parameters()}
+    trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and len(records) == 2 * 8  # every completion of every step
+    prompts, completions = [r["prompt"] for r in records], [r["completion"] for r in records]
+    if supervision == "outcome":
+        expected = OutcomeRewardModel(dirs[name])(prompts=prompts, completions=completions)
+        assert [[reward for _, reward in r["steps"]] for r in records] == [pytest.approx([e], abs=1e-4)
+                                                                          for e in expected]  # one step each
+    else:
+        steps = ProcessRewardModel(dirs[name])(prompts=prompts, completions=completions)
+        assert [[reward for _, reward in r["steps"]] for r in records] == [
+            pytest.approx([reward for _, reward in s], abs=1e-4) for s in steps]
+        assert sum(len(s) > 1 for s in steps) >= 2  # completions of several steps among them
+        expected = [sum(reward for _, reward in s) / len(s) if s else None for s in steps]
+        assert all(e is not None for e in expected)  # every completion has a step to score
+    assert [r[name] for r in records] == pytest.approx(expected, abs=1e-4)
+    assert [r["reward"] for r in records] == pytest.approx(expected, abs=1e-4)
+    for step, m in zip((1, 2), metrics):
+        scores = [e for r, e in zip(records, expected) if r["step"] == step]
+        assert m["reward"] == pytest.approx(sum(scores) / 8, abs=1e-5) == m[f"rewards/{name}"]
+        assert m[f"reward_truncated/{name}"] == 0 and "value_loss" in m
+    assert all(not torch.equal(p, policy[n]) for n, p in trainer.model.named_parameters() if n.endswith("proj.weight"))
+    assert all(not torch.equal(p, values[n]) for n, p in trainer.critic.value_model.named_parameters()
+               if n.endswith("proj.weight") or n.startswith("head."))
+
+
+def test_the_reward_model_examples_in_the_docs_run(tmp_path, monkeypatch):
+    import yaml
+
+    doc = (Path(__file__).parents[2] / "docs" / "data_and_rewards.md").read_text().split("## Reward models")[1]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(doc.split("```python\n")[1].split("```")[0], namespace)
+    assert len(namespace["scores"]) == 2 and namespace["reward"].__name__ == "my-rm"
+    config = yaml.safe_load(doc.split("```yaml\n")[1].split("```")[0])
+    functions, weights = resolve_reward_functions(config["reward_funcs"], config["reward_weights"])
+    assert functions[0](prompts=["q"], completions=["c"]) == namespace["reward"](prompts=["q"], completions=["c"])
+    assert isinstance(resolve_reward_functions(["runs/my-rm"])[0][0], OutcomeRewardModel)

@@ -1,0 +1,42 @@
+"""The same paths on a CUDA device: skipped where there is none (CI), run on a GPU machine with
+``pytest tests/trainers/test_cuda.py``."""
+
+import pytest
+import torch
+
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.generate import generate
+from helpers import each_one, make_trainer, ones
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+def test_generation_logprobs_match_a_full_forward_pass_on_cuda(tiny_model, tokenizer):
+    model = tiny_model.cuda().eval()
+    encoded = tokenizer(["Count 1:", "Count 100:"], padding=True, padding_side="left", return_tensors="pt").to("cuda")
+    rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=4, max_new_tokens=12,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       generator=torch.Generator(device="cuda").manual_seed(0))
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                    rollout.completion_mask)
+    mask = rollout.completion_mask.bool()
+    assert rollout.completion_ids.is_cuda
+    assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(supervision="process", reward_funcs=(each_one, ones)), dict(dynamic_sampling=True),
+     dict(algorithm="ppo", num_minibatches=2), dict(num_iterations=2, mask_truncated_completions=True)],
+    ids=["grpo", "process", "dynamic", "ppo", "mu2-mask"],
+)
+def test_training_steps_on_cuda(tokenizer, tiny_model, tmp_path, options):
+    options = dict(options)
+    funcs = options.pop("reward_funcs", (ones,))
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=funcs, device="cuda", max_steps=3, **options)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    history = trainer.train()
+    assert next(trainer.model.parameters()).is_cuda
+    assert all(torch.isfinite(torch.tensor([m["loss"], m["grad_norm"]])).all() for m in history)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
