@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rollout.generate import generate, stop_token_ids
-from grpokit.rollout.tools import ToolBox
+from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
 
 
 @torch.no_grad()
@@ -36,16 +36,17 @@ def evaluate(
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
     ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
     the samples). ``greedy_completions``: a list that receives each row's greedy completion, in order.
-    With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
-    called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
-    completion)."""
+    With a ``toolbox`` that has tools the model may call them, and each mode also gets ``_tool_rate`` (completions
+    that called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
+    completion); None is the empty box (``grpokit eval`` without ``--tools``)."""
+    toolbox = toolbox or ToolBox.NONE
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = stop_token_ids(model, tokenizer)
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
-    keys = ("correct", "format") + (("tool_rate", "tool_calls", "tool_errors") if toolbox is not None else ())
+    keys = ("correct", "format", *(TOOL_COUNTS if toolbox else ()))
     scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in keys}
     pass_ks = [k for k in (pass_ks or []) if samples_per_prompt]
     for k in pass_ks:
@@ -58,17 +59,14 @@ def evaluate(
         prompts = [row[prompt_column] for row in batch]
         encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
         for mode, k in modes:
-            tools = None if toolbox is None else toolbox.session(batch, k, max_new_tokens)
+            tools = toolbox.session(batch, k, max_new_tokens)
             rollout = generate(
                 model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                 temperature=temperature, greedy=mode == "greedy", generator=generator, tools=tools,
             )
-            if tools is not None:
-                calls = torch.tensor([[len(c), sum(u.failed for u in c)] for c in tools.calls], dtype=torch.float)
-                scores[f"{mode}_tool_rate"] += (calls[:, 0] > 0).float().view(-1, k).mean(dim=1).tolist()
-                scores[f"{mode}_tool_calls"] += calls[:, 0].view(-1, k).mean(dim=1).tolist()
-                scores[f"{mode}_tool_errors"] += calls[:, 1].view(-1, k).mean(dim=1).tolist()
+            for key, per_completion in tools.counts().items():  # none without tools
+                scores[f"{mode}_{key}"] += per_completion.view(-1, k).mean(dim=1).tolist()
             completions = rollout.decode(tokenizer)
             answers = [row[answer_column] for row in batch for _ in range(k)]
             correct = torch.tensor(accuracy_reward(prompts, completions, answer=answers)).view(-1, k)
