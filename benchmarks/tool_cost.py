@@ -4,10 +4,10 @@
 
 The model is the tools demo's (seed 0): warm-started, and with ``--model DIR`` any other (e.g. the trained
 ``runs/demo-tools/model`` that ``grpokit demo --task tools --seed 0`` leaves, which calls far more often).
-Both settings decode the same prompts with the same sampling stream; "off" means the same model with no tools,
-so a completion that writes a call just goes on writing. Timings alternate on/off, ``--repeats`` times each,
-and report medians: per decode step, per token (inserted result tokens included, as the model reads them), and
-per GRPO step. Run it alone.
+Both settings decode the same prompts with the same sampling stream; "off" means the same model with the empty
+ToolBox (no tools), so a completion that writes a call just goes on writing. Timings alternate on/off,
+``--repeats`` times each, and report medians: per decode step, per token (inserted result tokens included, as the
+model reads them), and per GRPO step. Run it alone.
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ from grpokit.tasks.warm_start import warm_started_model_path
 def generation(model, tokenizer, rows, toolbox, group_size: int, max_new_tokens: int, seed: int) -> dict:
     prompts = [row["prompt"] for row in rows]
     encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
-    session = None if toolbox is None else toolbox.session(rows, group_size, max_new_tokens)
+    session = toolbox.session(rows, group_size, max_new_tokens)
     start = time.perf_counter()
     rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=group_size,
                        max_new_tokens=max_new_tokens, eos_token_id=stop_token_ids(model, tokenizer),
                        pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
                        tools=session)
     seconds = time.perf_counter() - start
-    calls = [] if session is None else [c for row in session.calls for c in row]
+    calls = session.metrics()  # none from the empty box's session
     tokens = int(rollout.completion_mask.sum())
     return {"seconds": seconds, "decode_steps": rollout.completion_ids.shape[1], "tokens": tokens,
             "inserted_tokens": 0 if rollout.tool_mask is None else int(rollout.tool_mask.sum()),
-            "calls": len(calls), "tool_seconds": sum(c.seconds for c in calls),
+            "calls": calls.get("tool_calls", 0), "tool_seconds": calls.get("time_tools", 0.0),
             "ms_per_token": 1000 * seconds / tokens,
             "ms_per_decode_step": 1000 * seconds / rollout.completion_ids.shape[1]}
 
@@ -85,7 +85,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for repeat in range(args.repeats):
         for name in ("on", "off"):
-            runs[name].append(generation(model, tokenizer, rows, toolbox if name == "on" else None, g, width, repeat))
+            box = toolbox if name == "on" else ToolBox.NONE
+            runs[name].append(generation(model, tokenizer, rows, box, g, width, repeat))
     steps: dict[str, list[dict]] = {"on": [], "off": []}
     for repeat in range(max(1, args.repeats // 2)):
         for name in ("on", "off"):

@@ -330,16 +330,15 @@ def test_conversational_rewards_get_the_messages_with_the_tool_turns(model, tok)
     from grpokit.rewards.calling import score_completions
 
     rollout, session = scripted_rollout(model, tok, [f"x{CALL}y", "plain"])
-    texts = rollout.decode(tok)
-    messages = [tool_messages(tok, rollout.completion_ids[i, : int(n)].tolist(), session.calls[i])
-                for i, n in enumerate(rollout.lengths.tolist())]
+    texts, chat = rollout.decode(tok), [{"role": "user", "content": "Q?"}]
+    assert session.reward_inputs(rollout, ["Q?", "Q?"], {}) is None  # text prompts: the text is the trajectory
+    messages = session.reward_inputs(rollout, [chat, "Q?"], {})
     seen = []
 
     def sees(completions, **kwargs):
         seen.extend(completions)
         return [0.0] * len(completions)
 
-    chat = [{"role": "user", "content": "Q?"}]
     score_completions([sees], [1.0], [chat, "Q?"], texts, {}, messages=messages)
     assert [m["role"] for m in seen[0]] == ["assistant", "tool", "assistant"]
     assert seen[0][1] == {"role": "tool", "name": "calculator", "content": "42"} and seen[1] == "plain"

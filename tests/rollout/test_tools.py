@@ -1,11 +1,17 @@
-"""grpokit.rollout.tools: the calculator (arithmetic parsed by hand; a hostile battery gets text back, never an
-evaluation) and the plain-text protocol (every malformed call gets a defined error text)."""
+"""grpokit.rollout.tools and tool_calls: the calculator (arithmetic parsed by hand; a hostile battery gets text back,
+never an evaluation), the plain-text protocol (every malformed call gets a defined error text), and the empty
+ToolBox of a run without tools."""
 
 import builtins
 
 import pytest
+import torch
 
-from grpokit.rollout.tools import MAX_RESULT, ToolCall, calculator, parse_tool_call, run_tool
+from grpokit.rollout.generate import generate
+from grpokit.rollout.tool_calls import MAX_RESULT, ToolCall, parse_tool_call, run_tool
+from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tools import ToolBox, calculator
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
 
 @pytest.mark.parametrize("expression, expected", [
@@ -136,3 +142,21 @@ def test_running_a_call_answers_text(call, expected):
 def test_a_long_result_is_cut():
     text, failed = run_tool(ToolCall("long", {}), {"long": lambda: "x" * 10**6})
     assert text == "x" * MAX_RESULT and not failed
+
+
+def test_without_tools_the_empty_box_does_nothing():
+    """The empty box (a run without tools) scans no vocabulary, and its session is never handed a decode step:
+    the same tokens as no session, no tool mask, nothing more for reward functions, no metrics."""
+    tok = build_tokenizer(tool_tags=True)
+    model = build_model(tok, TinyModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), seed=0)
+    assert not ToolBox.NONE and not ToolBox(object()) and ToolBox(tok, [calculator])  # object(): never read
+    assert build_toolbox(tok, [], None, chat_template=None, max_calls=4, timeout=None) is ToolBox.NONE
+    session, encoded = ToolBox.NONE.session([{}], 4, 12), tok(["Q?"], return_tensors="pt")
+    plain, inert = (generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=4,
+                             max_new_tokens=12, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                             generator=torch.Generator().manual_seed(0), tools=tools) for tools in (None, session))
+    assert torch.equal(plain.completion_ids, inert.completion_ids) and inert.tool_mask is None
+    columns, steps = {}, [[(0, 1.0)]] * 4
+    assert session.reward_inputs(inert, [[{"role": "user", "content": "Q?"}]] * 4, columns) is None and not columns
+    assert session.own_steps(steps, inert) is steps and session.calls is None
+    assert session.metrics() == {} and session.counts() == {}

@@ -70,7 +70,7 @@ SCRIPT = textwrap.dedent(f"""
         mask = (torch.arange(max_new_tokens) < lengths.unsqueeze(1)).long()
         repeat = lambda t: t.repeat_interleave(num_generations, 0)
         tool_mask, tools = None, kw.get("tools")
-        if tools is not None:  # a "result" of two tokens after the first in every other completion that has room
+        if tools:  # a "result" of two tokens after the first in every other completion that has room (not inert)
             tool_mask = torch.zeros_like(mask)
             for i, n in enumerate(lengths.tolist()):
                 if n >= 4 and int(ids[i, 0]) % 2:

@@ -126,7 +126,7 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
     functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights,
                                                   device=resolve_device(config.device))
     model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
-    add_environment_reward(functions, weights, None if toolbox is None else toolbox.environment_factory)
+    add_environment_reward(functions, weights, toolbox.environment_factory)
     out, counts = sample_rows(
         model, tokenizer, rows, functions, weights, num_generations=generations,
         prompt_column=config.prompt_column, answer_column=config.answer_column,
@@ -171,7 +171,7 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
     rows = _first(_eval_rows(config.dataset), args.num_prompts)
     check_columns(rows, [prompt_column, answer_column], source=config.dataset)
     model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
-    listed = None if toolbox is None else toolbox.prompt_tools()
+    listed = toolbox.prompt_tools()
     # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
     # with the system prompt and, where the template knows tools, the tools listed
     prompts = [render_prompt(tokenizer, row[prompt_column], system_prompt=config.system_prompt,

@@ -23,6 +23,7 @@ from grpokit.config import GRPOConfig
 from grpokit.models.loading import quiet_unless
 from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import ToolBox, resolve_tools
 from grpokit.tasks import tool_task
 from grpokit.tasks.arithmetic import held_out_rows
@@ -87,14 +88,14 @@ def format_table(rows: list[list[str]]) -> str:
 
 
 def greedy_completion(model: torch.nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int | None = None,
-                      toolbox: ToolBox | None = None) -> str:
-    """The model's most likely completion of one prompt (calling ``toolbox``'s tools, if given)."""
+                      toolbox: ToolBox = ToolBox.NONE) -> str:
+    """The model's most likely completion of one prompt (calling ``toolbox``'s tools, if it has any)."""
     encoded = tokenizer([prompt], return_tensors="pt")
     max_new_tokens = max_new_tokens or DEMO_CONFIG["max_completion_length"]
     rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=1,
                        max_new_tokens=max_new_tokens, greedy=True,
                        eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
-                       tools=None if toolbox is None else toolbox.session([{}], 1, max_new_tokens))
+                       tools=toolbox.session([{}], 1, max_new_tokens))
     return rollout.decode(tokenizer)[0]
 
 
@@ -123,10 +124,13 @@ def _run_demo(seed: int, output_dir: str | Path, task: str, eval_prompts: int, s
     warm_path = warm_started_model_path(seed=seed, progress=progress, task=task)
     warm_seconds = time.perf_counter() - started
     model, tokenizer = load_model_and_tokenizer(str(warm_path), progress=progress)
-    toolbox = None
+    # The run's tools with the protocol a run chooses (the tiny tokenizer has no chat template: the plain one).
+    toolbox = build_toolbox(tokenizer, resolve_tools(None, settings.get("tools", []))[0], None,
+                            chat_template=settings.get("chat_template"),
+                            max_calls=settings.get("max_tool_calls", GRPOConfig.max_tool_calls),
+                            timeout=settings.get("tool_timeout", GRPOConfig.tool_timeout))
     if task == "tools":
         rows, classes = tool_task.held_out_rows(eval_prompts), {}
-        toolbox = ToolBox(tokenizer, resolve_tools(None, settings["tools"])[0], max_calls=settings["max_tool_calls"])
     else:
         rows = held_out_rows(eval_prompts)
         carry = [row["carry"] for row in rows]

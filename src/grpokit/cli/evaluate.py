@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rollout.generate import generate, stop_token_ids
-from grpokit.rollout.tools import ToolBox
+from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
 
 
 @torch.no_grad()
@@ -32,7 +32,7 @@ def evaluate(
     progress: bool = True,
     pass_ks: Sequence[int] | None = None,
     greedy_completions: list[str] | None = None,
-    toolbox: ToolBox | None = None,
+    toolbox: ToolBox = ToolBox.NONE,
 ) -> dict[str, list[float]]:
     """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
@@ -49,7 +49,7 @@ def evaluate(
     eos = stop_token_ids(model, tokenizer)
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
-    keys = ("correct", "format") + (("tool_rate", "tool_calls", "tool_errors") if toolbox is not None else ())
+    keys = ("correct", "format", *(TOOL_COUNTS if toolbox else ()))
     scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in keys}
     pass_ks = [k for k in (pass_ks or []) if samples_per_prompt]
     for k in pass_ks:
@@ -62,17 +62,14 @@ def evaluate(
         texts = [row[prompt_column] for row in batch] if prompts is None else prompts[start : start + batch_size]
         encoded = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt").to(device)
         for mode, k in modes:
-            tools = None if toolbox is None else toolbox.session(batch, k, max_new_tokens)
+            tools = toolbox.session(batch, k, max_new_tokens)
             rollout = generate(
                 model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                 temperature=temperature, top_p=top_p, greedy=mode == "greedy", generator=generator, tools=tools,
             )
-            if tools is not None:
-                calls = torch.tensor([[len(c), sum(u.failed for u in c)] for c in tools.calls], dtype=torch.float)
-                scores[f"{mode}_tool_rate"] += (calls[:, 0] > 0).float().view(-1, k).mean(dim=1).tolist()
-                scores[f"{mode}_tool_calls"] += calls[:, 0].view(-1, k).mean(dim=1).tolist()
-                scores[f"{mode}_tool_errors"] += calls[:, 1].view(-1, k).mean(dim=1).tolist()
+            for key, per_completion in tools.counts().items():  # none without tools
+                scores[f"{mode}_{key}"] += per_completion.view(-1, k).mean(dim=1).tolist()
             completions = rollout.decode(tokenizer)
             answers = [row[answer_column] for row in batch for _ in range(k)]
             asked = [row[prompt_column] for row in batch for _ in range(k)]

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.models.logprobs import position_ids_from_mask
-from grpokit.rollout.tools import ToolSession
+from grpokit.rollout.tools import InertSession, ToolSession
 
 
 @dataclass
@@ -155,7 +155,7 @@ def generate(
     generator: torch.Generator | None = None,
     stop_early: bool = True,
     fast: bool = True,
-    tools: ToolSession | None = None,
+    tools: ToolSession | InertSession | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
@@ -168,6 +168,7 @@ def generate(
     completions from the batch (the same distribution; ``stop_early`` is then moot). With ``tools`` (a
     :class:`~grpokit.rollout.tools.ToolSession`), a completion that closes a tool call gets the result inserted as its
     next tokens, through the same cache, while the others keep decoding; the Rollout's ``tool_mask`` marks them.
+    An inert session (the empty box's: no tools) is as None: it never sees a decode step.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -182,6 +183,7 @@ def generate(
     n = prompt_ids.shape[0]
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
+    calling = bool(tools)  # asked once: an inert session costs nothing per decode step
     picks: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []  # per decode step: t, rows, tokens, log-probs, stopped
 
     def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -197,7 +199,7 @@ def generate(
         # is one operator; token_logprobs' logsumexp (kept for training: a smaller autograd graph) is
         # several, which shows at decoding's few rows.
         logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
-        if tools is not None:  # queued tool-result tokens replace the picks of the rows that called
+        if calling:  # queued tool-result tokens replace the picks of the rows that called
             chosen, stopped, logp = tools.intervene(t, rows, chosen, stopped, logp)
         picks.append((t, rows, chosen, logp, stopped))
         return chosen, stopped
@@ -231,7 +233,7 @@ def generate(
         completion_mask=completion_mask.long(),
         logp=logps[:, :width],
         truncated=~finished,
-        tool_mask=None if tools is None else tools.tool_mask(width, device),
+        tool_mask=tools.tool_mask(width, device) if calling else None,
     )
 
 

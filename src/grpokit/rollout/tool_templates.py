@@ -216,13 +216,13 @@ def template_protocol(tokenizer: Any) -> TemplateProtocol | None:
 
 
 def build_toolbox(tokenizer: Any, tools: Sequence[Callable], environment_factory: Callable[[], Any] | None, *,
-                  chat_template: bool | None, max_calls: int, timeout: float | None) -> ToolBox | None:
-    """The ToolBox of a run or of ``grpokit sample`` (None without tools): calls in the chat template's own format
-    where the tokenizer has a template that renders tools and ``chat_template`` is not false (the prompt then
-    lists the tools as the template describes them: :meth:`ToolBox.prompt_tools`), else the plain-text protocol
-    (docs/tools.md)."""
+                  chat_template: bool | None, max_calls: int, timeout: float | None) -> ToolBox:
+    """The ToolBox of a run or of ``grpokit sample`` (:attr:`ToolBox.NONE`, the empty box, without tools): calls in
+    the chat template's own format where the tokenizer has a template that renders tools and ``chat_template`` is
+    not false (the prompt then lists the tools as the template describes them: :meth:`ToolBox.prompt_tools`), else
+    the plain-text protocol (docs/tools.md)."""
     if not tools and environment_factory is None:
-        return None
+        return ToolBox.NONE  # no protocol to choose (nor the template's probe conversations to render)
     templated = chat_template is not False and getattr(tokenizer, "chat_template", None) is not None
     return ToolBox(tokenizer, tools, environment_factory=environment_factory, max_calls=max_calls, timeout=timeout,
                    protocol=template_protocol(tokenizer) if templated else None)

@@ -1,10 +1,9 @@
 """Tools a model may call during a rollout. A tool is a plain function with type hints and a docstring (as in
-TRL); its result, or the text of its error, goes back to the model.
+TRL); its result, or the text of its error, goes back to the model. A run's tools are one :class:`ToolBox` (empty
+without tools); each rollout gets its :class:`ToolSession` (an :class:`InertSession` from the empty box).
 
-The plain-text protocol: the model writes ``<tool>{"name": ..., "arguments": {...}}</tool>``; the rollout
-pauses there, :func:`parse_tool_call` reads the call, :func:`run_tool` runs it, and ``<result>…</result>``
-holding its text is appended. Every malformed call has a defined answer (an ``error: ...`` text, counted),
-never an exception.
+The calls are read and run by a protocol: the plain-text one (:mod:`grpokit.rollout.tool_calls`, re-exported here)
+or a chat template's own (:mod:`grpokit.rollout.tool_templates`).
 
 ``calculator`` (:mod:`grpokit.rollout.calculator`) is the built-in tool: arithmetic on decimal numbers, parsed by hand
 (never ``eval``), with bounded sizes, so that whatever a model writes gets a short text back.
@@ -13,111 +12,22 @@ never an exception.
 from __future__ import annotations
 
 import inspect
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from grpokit.rollout.calculator import calculator
-from grpokit.user_code import Overran, call_with_timeout, load_callable
+from grpokit.rollout.tool_calls import PlainProtocol, ToolCall, parse_tool_call, run_tool
+from grpokit.user_code import call_with_timeout, load_callable
 
-__all__ = ["PlainProtocol", "ToolBox", "ToolCall", "ToolUse", "calculator", "call_with_timeout", "parse_tool_call",
-           "run_tool"]
+__all__ = ["INERT", "InertSession", "PlainProtocol", "ToolBox", "ToolCall", "ToolSession", "ToolUse", "calculator",
+           "call_with_timeout", "parse_tool_call", "run_tool"]
 
-TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
-RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-MAX_CALL = 4096  # characters between <tool> and </tool>
-MAX_RESULT = 1024  # characters of a result given back to the model
-
-
-@dataclass
-class ToolCall:
-    """A call read from the model's text: the tool's name and arguments, or why it could not be read."""
-
-    name: str | None = None
-    arguments: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None  # set when the call is malformed; the model gets it back as the result
-
-
-def parse_tool_call(text: str, open_tag: str = TOOL_OPEN, close_tag: str = TOOL_CLOSE) -> ToolCall | None:
-    """The call that ``text`` ends with — ``<tool>{"name": ..., "arguments": {...}}</tool>``, or between a chat
-    template's own tags — or None when it does not end with the close tag. A close tag without its open tag, a
-    nested open tag, a call longer than ``MAX_CALL`` characters, text that is not a JSON object, a missing or
-    non-text name, or arguments that are not an object give a :class:`ToolCall` with ``error`` set. The arguments
-    may also be named ``parameters``, or be JSON text of an object, as some chat templates write them."""
-    if not text.endswith(close_tag):
-        return None
-    start = text.rfind(open_tag, 0, len(text) - len(close_tag))
-    if start < 0:
-        return ToolCall(error=f"{close_tag} without a {open_tag} before it")
-    body = text[start + len(open_tag):-len(close_tag)]
-    if close_tag in body:
-        return ToolCall(error=f"{close_tag} without a {open_tag} before it")
-    opener = text.rfind(open_tag, 0, start)
-    if opener >= 0 and close_tag not in text[opener:start]:
-        return ToolCall(error=f"nested {open_tag} tags: a call is one JSON object between one {open_tag} and "
-                              f"{close_tag}")
-    if len(body) > MAX_CALL:
-        return ToolCall(error=f"the call is longer than {MAX_CALL} characters")
-    try:
-        call = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as error:
-        return ToolCall(error=f"the call is not valid JSON ({getattr(error, 'msg', 'too deeply nested')})")
-    if not isinstance(call, dict):
-        return ToolCall(error='the call must be a JSON object: {"name": ..., "arguments": {...}}')
-    name, arguments = call.get("name"), call.get("arguments", call.get("parameters", {}))
-    if not isinstance(name, str) or not name:
-        return ToolCall(error='the call has no "name" (the tool\'s name, as text)')
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            return ToolCall(name=name, error='"arguments" is text that is not JSON of the tool\'s parameters')
-    if not isinstance(arguments, dict):
-        return ToolCall(name=name, error='"arguments" must be a JSON object of the tool\'s parameters')
-    return ToolCall(name=name, arguments=arguments)
-
-
-def run_tool(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: float | None = None) -> tuple[str, bool]:
-    """``(text, failed)``: the tool's result as text (cut to ``MAX_RESULT`` characters), or, ``failed``, the
-    error the model gets back instead — a malformed call, an unknown tool, arguments its signature refuses,
-    an exception it raised, or a run longer than ``timeout`` seconds."""
-    if call.error is not None:
-        return f"error: {call.error}", True
-    if call.name not in tools:
-        return f"error: unknown tool {call.name!r:.60}; the tools are {', '.join(sorted(tools))}", True
-    try:
-        value = call_with_timeout(tools[call.name], call.arguments, timeout, f"tool {call.name}")
-    except Overran:
-        return f"error: {call.name} took longer than {timeout} s", True
-    except TypeError as error:  # arguments the signature does not take (or the tool's own TypeError)
-        return f"error: {call.name}: {error}"[:MAX_RESULT], True
-    except Exception as error:
-        return f"error: {call.name} raised {type(error).__name__}: {error}"[:MAX_RESULT], True
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    failed = text.startswith("error:")  # a tool may answer its own errors as text, as calculator does
-    return text[:MAX_RESULT], failed
-
-# ---- tools in the rollout ------------------------------------------------------------------------
-
-
-class PlainProtocol:
-    """The plain-text protocol: a call ends with ``</tool>`` (:func:`parse_tool_call` reads it) and its result
-    comes back as ``<result>…</result>``. A chat template's own format is another protocol with these members."""
-
-    close = TOOL_CLOSE
-
-    def parse(self, text: str) -> ToolCall | None:
-        return parse_tool_call(text)
-
-    def result_pieces(self, text: str, call: ToolCall) -> list[tuple[str, bool]]:
-        """What is inserted after a call, as ``(piece, is_markup)``: markup is tokenized with its special tokens
-        (a chat template's turn markers), the rest never (a tool cannot end the completion by returning EOS)."""
-        return [(f"{RESULT_OPEN}{text}{RESULT_CLOSE}", False)]
+TOOL_COUNTS = ("tool_rate", "tool_calls", "tool_errors")  # per completion (:meth:`ToolSession.counts`)
 
 
 @dataclass
@@ -202,6 +112,12 @@ def resolve_tools(config: Any | None, tools: Sequence[str | Callable] | None = N
     return functions, environment_factory
 
 
+def reward_keywords(environment_factory: Callable[[], Any] | None) -> list[str]:
+    """What a rollout with tools adds to the keywords reward functions may take (:meth:`ToolSession.reward_inputs`):
+    ``environments`` where there is an ``environment_factory``."""
+    return [] if environment_factory is None else ["environments"]
+
+
 def add_environment_reward(reward_funcs: list[Callable], weights: list[float],
                            environment_factory: Callable[[], Any] | None) -> None:
     """Append the reward function of environments that score themselves (``get_reward()`` or ``reward()``), named
@@ -224,15 +140,21 @@ def add_environment_reward(reward_funcs: list[Callable], weights: list[float],
 
 class ToolBox:
     """The run's tools: plain functions, and/or ``environment_factory`` (a callable returning, per completion, an
-    object with ``reset(**row)`` and tool methods). Built once; :meth:`session` serves one rollout."""
+    object with ``reset(**row)`` and tool methods). Built once; :meth:`session` serves one rollout. A box with
+    neither is empty (falsy; :attr:`NONE` is one): a run without tools, whose sessions do nothing. Every consumer
+    (the sampler, ``grpokit sample``, the evaluation) takes a box and asks it, never a None."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Callable] | Mapping[str, Callable] = (), *,
+    NONE: ClassVar[ToolBox]  # the empty box (set below the class)
+
+    def __init__(self, tokenizer: Any = None, tools: Sequence[Callable] | Mapping[str, Callable] = (), *,
                  environment_factory: Callable[[], Any] | None = None, max_calls: int = 4,
                  timeout: float | None = 10.0, protocol: Any = None):
         self.tokenizer, self.tools = tokenizer, tool_functions(tools)
         self.environment_factory, self.max_calls, self.timeout = environment_factory, max_calls, timeout
+        self.active = bool(self.tools) or environment_factory is not None
         self.protocol = protocol or PlainProtocol()
-        self.listed_in_prompt = protocol is not None  # a chat template's protocol: its prompts list the tools
+        self.listed_in_prompt = protocol is not None and self.active  # a chat template's protocol: prompts list them
+        self.environment_methods: dict[str, Callable] = {}
         if environment_factory is not None:
             probe = environment_factory()
             if not callable(getattr(probe, "reset", None)):
@@ -242,15 +164,17 @@ class ToolBox:
                 raise ValueError(f"environment_factory: {type(probe).__name__}'s methods {clash} have the names of "
                                  "tools; a tool is called by its name")
             self.environment_methods = environment_tools(probe)
-        else:
-            self.environment_methods = {}
-        if not self.tools and environment_factory is None:
-            raise ValueError("tools: give at least one tool or an environment_factory")
-        # Tokens that can end a call: their text holds the close tag's last character. Only after one of these
-        # is a completion's text decoded and searched for the close tag.
-        last = self.protocol.close[-1]
-        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        self.closing = torch.tensor([last in (piece or "") for piece in pieces])
+        if self.active:  # the empty box scans nothing: its sessions never see a token
+            if tokenizer is None:
+                raise ValueError("ToolBox: tools need the tokenizer (to read calls and insert results)")
+            # Tokens that can end a call: their text holds the close tag's last character. Only after one of
+            # these is a completion's text decoded and searched for the close tag.
+            last = self.protocol.close[-1]
+            pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+            self.closing = torch.tensor([last in (piece or "") for piece in pieces])
+
+    def __bool__(self) -> bool:
+        return self.active
 
     def schema_tools(self) -> list[Callable]:
         """Every tool a completion may call, for a chat template to describe (an environment's as methods of one
@@ -262,9 +186,12 @@ class ToolBox:
         plain-text protocol, whose prompts say nothing of them."""
         return self.schema_tools() if self.listed_in_prompt else None
 
-    def session(self, rows: Sequence[dict[str, Any]], group_size: int, max_new_tokens: int) -> ToolSession:
+    def session(self, rows: Sequence[dict[str, Any]], group_size: int, max_new_tokens: int
+                ) -> ToolSession | InertSession:
         """The state of one rollout of ``rows`` × ``group_size`` completions: each has its own environment (reset
-        with its row) when there is a factory."""
+        with its row) when there is a factory. The empty box's session is :data:`INERT`."""
+        if not self.active:
+            return INERT
         environments = None
         if self.environment_factory is not None:
             environments = []
@@ -357,3 +284,76 @@ class ToolSession:
             rows, columns = zip(*self.inserted)
             mask[list(rows), list(columns)] = 1
         return mask[:, :width].to(device)
+
+    def reward_inputs(self, rollout: Any, prompts: Sequence[Any], columns: dict[str, list]
+                      ) -> list[list[dict[str, Any]]] | None:
+        """What reward functions get from this session's rollout (a :class:`~grpokit.rollout.generate.Rollout`)
+        beyond its text: each completion's environment, added to ``columns`` as ``environments``, and, where a
+        prompt is conversational, each trajectory as messages (the assistant's turns and the tool results;
+        returned, else None), as TRL passes them."""
+        if self.environments is not None:
+            columns["environments"] = self.environments
+        if not any(isinstance(prompt, list) for prompt in prompts):
+            return None
+        return [tool_messages(self.box.tokenizer, rollout.completion_ids[i, : int(n)].tolist(), self.calls[i])
+                for i, n in enumerate(rollout.lengths.tolist())]
+
+    def own_steps(self, steps: list[list[tuple[int, float]]], rollout: Any) -> list[list[tuple[int, float]]]:
+        """Each completion's reward steps, those ending on an inserted token moved (:func:`own_token_steps`)."""
+        return [own_token_steps(s, mask) for s, mask in zip(steps, rollout.model_mask.tolist())]
+
+    def metrics(self) -> dict[str, float]:
+        """The rollout's calls, failed calls and seconds spent in tools (docs/metrics.md)."""
+        calls = [call for row in self.calls for call in row]
+        return {"tool_calls": len(calls), "tool_errors": sum(c.failed for c in calls),
+                "time_tools": sum(c.seconds for c in calls)}
+
+    def counts(self) -> dict[str, Tensor]:
+        """(N,) float per completion, under :data:`TOOL_COUNTS`'s names: whether it called a tool, its calls, its
+        failed calls."""
+        calls = torch.tensor([[len(c), sum(u.failed for u in c)] for c in self.calls], dtype=torch.float)
+        return dict(zip(TOOL_COUNTS, ((calls[:, 0] > 0).float(), calls[:, 0], calls[:, 1])))
+
+
+class InertSession:
+    """The session of the empty box (a run without tools), :data:`INERT`: falsy, so ``generate`` never hands it
+    a decode step (it costs nothing per step); it inserts nothing (``tool_mask`` None), gives reward functions
+    nothing more, moves no step, and has no calls (``calls`` None: the rollout had no tools) nor metrics."""
+
+    calls = environments = None
+
+    def __bool__(self) -> bool:
+        return False
+
+    def tool_mask(self, width: int, device: torch.device | str) -> None:
+        return None
+
+    def reward_inputs(self, rollout: Any, prompts: Sequence[Any], columns: dict[str, list]) -> None:
+        return None
+
+    def own_steps(self, steps: list[list[tuple[int, float]]], rollout: Any) -> list[list[tuple[int, float]]]:
+        return steps
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def counts(self) -> dict[str, Tensor]:
+        return {}
+
+
+INERT = InertSession()
+ToolBox.NONE = ToolBox()
+
+
+def own_token_steps(steps: list[tuple[int, float]], model_mask: list[int]) -> list[tuple[int, float]]:
+    """Steps that end on an inserted tool token (a completion cut off inside a tool's result) moved to the
+    policy's last token before it: rewards sit on the policy's actions (PPO's GAE reads them there)."""
+    own = [i for i, m in enumerate(model_mask) if m]
+    if not own:
+        return steps
+    moved: dict[int, float] = {}
+    for end, reward in steps:
+        if not model_mask[end]:
+            end = max([i for i in own if i <= end], default=own[0])
+        moved[end] = moved.get(end, 0.0) + reward
+    return sorted(moved.items())

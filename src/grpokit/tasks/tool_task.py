@@ -23,7 +23,8 @@ import json
 import random
 from typing import Any
 
-from grpokit.rollout.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, TOOL_OPEN, calculator
+from grpokit.rollout.tool_calls import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, TOOL_OPEN
+from grpokit.rollout.tools import calculator
 
 TASK_VERSION = 1  # bump when prompts, solutions or the tokenizer change: the warm-start cache is keyed by it
 TOOL_SHARE = 0.25  # of the corpus's solutions that call the calculator

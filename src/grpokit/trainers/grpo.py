@@ -42,7 +42,7 @@ from grpokit.resolve import load_model_and_tokenizer, load_rows, resolve_reward_
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.generate import Rollout, stop_token_ids
 from grpokit.rollout.tool_templates import build_toolbox
-from grpokit.rollout.tools import add_environment_reward, resolve_tools
+from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
 from grpokit.trainers.iterative import IterativeRL
 from grpokit.trainers.ppo import Critic
 from grpokit.training.distributed import (
@@ -99,7 +99,7 @@ class GRPOTrainer(Trainer):
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
         source = "train_dataset" if train_dataset is not None else config.dataset
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
-        extras = ["environments"] if environment_factory is not None else []
+        extras = reward_keywords(environment_factory)
         self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
         # Iterative RL's labelling rewards are called on the same rows, first after an iteration's steps: checked now.
         checked = self.reward_funcs + (self.iterations.labels if self.iterations else [])
@@ -116,7 +116,7 @@ class GRPOTrainer(Trainer):
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
         toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
                                 max_calls=config.max_tool_calls, timeout=config.tool_timeout)
-        listed = None if toolbox is None else toolbox.prompt_tools()
+        listed = toolbox.prompt_tools()
         prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
                                  chat_template=config.chat_template, tools=listed) for row in rows]
         check_prompt_lengths(prompts, tokenizer, config.max_completion_length,

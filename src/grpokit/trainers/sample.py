@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.generate import generate, stop_token_ids
-from grpokit.rollout.tools import ToolBox
-from grpokit.training.sampling import render_prompt, reward_column_names, tool_reward_inputs
+from grpokit.rollout.tools import ToolBox, reward_keywords
+from grpokit.training.sampling import render_prompt, reward_column_names
 
 
 @torch.no_grad()
@@ -30,21 +30,21 @@ def sample_rows(
     reward_weights: Sequence[float], *, num_generations: int, prompt_column: str = "prompt",
     answer_column: str = "answer", max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
     system_prompt: str | None = None, chat_template: bool | None = None, seed: int = 0, batch_size: int = 16,
-    pairs: bool = False, progress: bool = True, toolbox: ToolBox | None = None, fast: bool = True,
+    pairs: bool = False, progress: bool = True, toolbox: ToolBox = ToolBox.NONE, fast: bool = True,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The labelled rows ``{prompt, completion, label, rewards, [steps], [tool_calls]}`` (``pairs``: ``{prompt,
     chosen, rejected, chosen_label, rejected_label}``) of G = ``num_generations`` completions per row, and counts
     of what was left out. A completion no reward function applied to gets no row; steps ending at
     character 0 (of an empty completion) are left out, as no token holds them.
 
-    With ``toolbox`` the model calls its tools as in training (the prompts list them where a chat template
-    does): a completion is the whole trajectory as text, tool results included, as the run's reward functions
-    and reward models read it, and a labelled or step row also counts its ``tool_calls``."""
+    With a ``toolbox`` that has tools (not the empty box) the model calls them as in training (the prompts list
+    them where a chat template does): a completion is the whole trajectory as text, tool results included, as the
+    run's reward functions and reward models read it, and a labelled or step row also counts its ``tool_calls``."""
     if num_generations < 1 or (pairs and num_generations < 2):
         raise ValueError(f"num_generations must be at least {2 if pairs else 1}, got {num_generations}")
-    extras = ["environments"] if toolbox is not None and toolbox.environment_factory is not None else []
+    extras = reward_keywords(toolbox.environment_factory)
     check_reward_functions(reward_funcs, [*reward_column_names(rows, prompt_column, answer_column), *extras], "dataset")
-    listed = None if toolbox is None else toolbox.prompt_tools()
+    listed = toolbox.prompt_tools()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -61,7 +61,7 @@ def sample_rows(
         rendered = [render_prompt(tokenizer, row[prompt_column], system_prompt=system_prompt,
                                   chat_template=chat_template, tools=listed) for row in batch]
         encoded = tokenizer(rendered, padding=True, padding_side="left", return_tensors="pt")
-        tools = None if toolbox is None else toolbox.session(batch, g, max_new_tokens)
+        tools = toolbox.session(batch, g, max_new_tokens)
         rollout = generate(model, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
                            num_generations=g, max_new_tokens=max_new_tokens, eos_token_id=stops,
                            pad_token_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
@@ -70,7 +70,7 @@ def sample_rows(
         prompts = [row[prompt_column] for row in batch for _ in range(g)]  # as the dataset holds them (as TRL)
         names = reward_column_names(batch, prompt_column, answer_column)
         columns = {name: [row.get(key) for row in batch for _ in range(g)] for name, key in names.items()}
-        messages = None if tools is None else tool_reward_inputs(tokenizer, rollout, tools, prompts, columns)
+        messages = tools.reward_inputs(rollout, prompts, columns)
         total, per_function, steps = score_steps(spied, reward_weights, prompts, completions, columns,
                                                  messages=messages)
         for i, completion in enumerate(completions):
@@ -78,7 +78,7 @@ def sample_rows(
             scores = {name: None if math.isnan(v[i]) else float(v[i]) for name, v in per_function.items()}
             row = {"prompt": prompts[i], "completion": completion, "label": float(total[i]), "rewards": scores,
                    "steps": [[end, reward] for end, reward in steps[i] if end > 0]}
-            if tools is not None:
+            if tools:  # the column is there exactly when the completions could call tools
                 row["tool_calls"] = len(tools.calls[i])
             if answer_column in source:
                 row["answer"] = source[answer_column]

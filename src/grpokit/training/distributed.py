@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from grpokit.config import ConfigError
+from grpokit.models.loading import is_sharded
 
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -171,7 +172,7 @@ def data_parallel(module: torch.nn.Module, world: World, parallelism: str = "ddp
 def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Skip the gradient reduction in this forward/backward (all micro-batches but the last). ``module``: DDP
     around the pass, or a module holding an FSDP2-sharded model."""
-    sharded = next((m for m in module.modules() if hasattr(m, "set_requires_gradient_sync")), None)
+    sharded = next((m for m in module.modules() if is_sharded(m)), None)
     if sharded is not None:  # FSDP2
         sharded.set_requires_gradient_sync(enabled)
         yield
@@ -185,7 +186,7 @@ def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
 def full_state_dict(module: torch.nn.Module, world: World) -> dict[str, torch.Tensor] | None:
     """The unsharded state dict (on CPU, on rank 0; None elsewhere) of a module sharded by FSDP2;
     the plain state dict otherwise. A collective when sharded: every process calls it."""
-    if not hasattr(module, "set_requires_gradient_sync"):
+    if not is_sharded(module):
         return module.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

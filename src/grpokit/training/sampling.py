@@ -26,7 +26,7 @@ from grpokit.models.loading import autocast
 from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.generate import Rollout, generate
-from grpokit.rollout.tools import ToolBox, ToolSession, ToolUse, tool_messages
+from grpokit.rollout.tools import ToolBox, ToolUse
 from grpokit.training.distributed import SINGLE, World, gather
 
 
@@ -40,7 +40,7 @@ class Batch:
     rewards: torch.Tensor  # (N,) weighted total reward (for process supervision: of the per-function means)
     per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
     steps: list[list[tuple[int, float]]]  # per completion: (token that ends a step, its weighted reward)
-    tool_calls: list[list[ToolUse]] | None = None  # per completion, its tool calls in order (None: no tools)
+    tool_calls: list[list[ToolUse]] | None = None  # per completion, its tool calls in order (None: without tools)
 
     def groups(self, index: torch.Tensor, group_size: int) -> Batch:
         """The groups at ``index`` (a bool mask or indices over B)."""
@@ -116,44 +116,18 @@ def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: 
     )
 
 
-def own_token_steps(steps: list[tuple[int, float]], model_mask: list[int]) -> list[tuple[int, float]]:
-    """Steps that end on an inserted tool token (a completion cut off inside a tool's result) moved to the
-    policy's last token before it: rewards sit on the policy's actions (PPO's GAE reads them there)."""
-    own = [i for i, m in enumerate(model_mask) if m]
-    if not own:
-        return steps
-    moved: dict[int, float] = {}
-    for end, reward in steps:
-        if not model_mask[end]:
-            end = max([i for i in own if i <= end], default=own[0])
-        moved[end] = moved.get(end, 0.0) + reward
-    return sorted(moved.items())
-
-
-def tool_reward_inputs(tokenizer: Any, rollout: Rollout, tools: ToolSession, prompts: Sequence[Any],
-                       columns: dict[str, list]) -> list[list[dict[str, Any]]] | None:
-    """What reward functions get from a rollout with tools beyond its text: each completion's environment, added to
-    ``columns`` as ``environments``, and, where a prompt is conversational, each trajectory as messages (the
-    assistant's turns and the tool results; returned, else None), as TRL passes them."""
-    if tools.environments is not None:
-        columns["environments"] = tools.environments
-    if not any(isinstance(prompt, list) for prompt in prompts):
-        return None
-    return [tool_messages(tokenizer, rollout.completion_ids[i, : int(n)].tolist(), tools.calls[i])
-            for i, n in enumerate(rollout.lengths.tolist())]
-
-
 class Sampler:
     """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
     as the model reads it (:func:`render_prompt`); ``stop_ids``: the tokens that end a completion;
     ``sharded``: the policy is sharded across processes, which must then run every decoding pass;
-    ``mixed_precision``: the resolved setting, 'no' or 'bf16' (:func:`grpokit.models.loading.resolve_precision`)."""
+    ``mixed_precision``: the resolved setting, 'no' or 'bf16' (:func:`grpokit.models.loading.resolve_precision`);
+    ``toolbox``: the tools completions may call (the empty box: none)."""
 
     def __init__(
         self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str],
         reward_funcs: Sequence[Callable], reward_weights: Sequence[float], stop_ids: list[int],
         device: torch.device, world: World = SINGLE, sharded: bool = False, mixed_precision: str = "no",
-        toolbox: ToolBox | None = None,
+        toolbox: ToolBox = ToolBox.NONE,
     ):
         self.config, self.tokenizer, self.rows, self.prompts, self.device = config, tokenizer, rows, prompts, device
         self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
@@ -226,7 +200,7 @@ class Sampler:
         start = time.perf_counter()
         rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
-        tools = None if self.toolbox is None else self.toolbox.session(rows, g, config.max_completion_length)
+        tools = self.toolbox.session(rows, g, config.max_completion_length)
         model.eval()
         with autocast(self.mixed_precision, self.device):
             rollout = generate(
@@ -246,7 +220,7 @@ class Sampler:
         # tools, the whole trajectory (as text, tool results included; as messages for a conversational prompt).
         columns = self.reward_columns(rows)
         held = [row[config.prompt_column] for row in rows for _ in range(g)]
-        messages = None if tools is None else tool_reward_inputs(self.tokenizer, rollout, tools, held, columns)
+        messages = tools.reward_inputs(rollout, held, columns)
         arguments = dict(
             prompts=held, completions=completions,
             columns=columns, messages=messages,
@@ -266,17 +240,13 @@ class Sampler:
             rewards, per_function, char_steps = score_steps(self.reward_funcs, self.reward_weights, **arguments,
                                                             **options)
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
-        if tools is not None:
-            steps = [own_token_steps(s, mask) for s, mask in zip(steps, rollout.model_mask.tolist())]
-        calls = [] if tools is None else [call for row in tools.calls for call in row]
+        steps = tools.own_steps(steps, rollout)  # rewards on the policy's own tokens
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
-                           ("reward_errors", len(errors)),
-                           *((("tool_calls", len(calls)), ("tool_errors", sum(c.failed for c in calls)),
-                              ("time_tools", sum(c.seconds for c in calls))) if tools is not None else ()),
+                           ("reward_errors", len(errors)), *tools.metrics().items(),
                            *((f"reward_truncated/{reward_name(fn)}", fn.truncated - before)
                              for fn, before in zip(models, cut_before))):
             stats[key] = stats.get(key, 0) + value
-        return Batch(rows, rollout, completions, rewards, per_function, steps, None if tools is None else tools.calls)
+        return Batch(rows, rollout, completions, rewards, per_function, steps, tools.calls)
 
     def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
         """(character offset, reward) steps → (token index, reward), summing steps that share a token."""
