@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from common import cpu_model, run_worker
-from vs_trl import BETA, CONFIGS, LR, PROMPTS, G, build, rows
+from vs_trl import BETA, CONFIGS, LR, G, build, rows
 
 
 def page_faults() -> int:
@@ -51,10 +51,11 @@ def worker(job: dict) -> dict:
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    _, prompts, new_tokens = CONFIGS[job["config"]]  # as vs_trl.py runs the config
     config = GRPOConfig.from_dict({
-        "model": job["model"], "output_dir": job["out"], "device": "cpu", "prompts_per_step": PROMPTS,
-        "num_generations": G, "max_completion_length": CONFIGS[job["config"]][1], "temperature": 1.0, "top_p": 1.0,
-        "beta": BETA, "learning_rate": LR, "aggregation": "token", "micro_batch_size": PROMPTS * G, "seed": 0,
+        "model": job["model"], "output_dir": job["out"], "device": "cpu", "prompts_per_step": prompts,
+        "num_generations": G, "max_completion_length": new_tokens, "temperature": 1.0, "top_p": 1.0,
+        "beta": BETA, "learning_rate": LR, "aggregation": "token", "micro_batch_size": prompts * G, "seed": 0,
         "max_steps": job["warmup"] + job["steps"], "progress_bar": False, "log_completions": 0,
         "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
         "keep_freed_memory": job["keep_freed_memory"], "mixed_precision": "no",
