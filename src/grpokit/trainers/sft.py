@@ -13,7 +13,8 @@ tokenizes it, then the completion's own tokens, ending at a stop token (EOS appe
 completion already ends with one). Prompt and completion are tokenized apart, as in sampling, so no
 token merges across their border. The loss is the negative log-likelihood of the completion tokens
 alone (:meth:`SFTTrainer.loss`), computed by the same :func:`~grpokit.models.logprobs.sequence_logprobs` and
-optimizer step (:func:`~grpokit.training.update.update`) as GRPO's; checkpoints are ``checkpoint.py``'s.
+optimizer step (:func:`~grpokit.training.update.update`) as GRPO's; the run loop and checkpoints are the engine's
+(:mod:`grpokit.training.engine`).
 
 It runs in one process (no torchrun).
 """
