@@ -229,3 +229,24 @@ def tokenizer_with(template, specials=("<|im_start|>", "<|im_end|>")):
     tok.add_special_tokens({"additional_special_tokens": list(specials)})
     tok.chat_template = template
     return tok
+
+
+# ---- resuming (any trainer on the engine) ----
+
+
+def assert_resume_is_bit_exact(make, steps_before: int, volatile=("time_step", "tokens_per_sec")):
+    """One run trained whole, another stopped after ``steps_before`` steps, checkpointed and resumed by a new
+    trainer: both end with the same weights and the same metrics (``volatile`` ones, times, aside).
+    ``make(name, **options)`` builds a trainer writing to the output directory ``name``."""
+    whole = make("whole")
+    whole.train()
+    first = make("parts")
+    for _ in range(steps_before):
+        first.training_step()
+    first.save_checkpoint()
+    second = make("parts", resume="latest")
+    second.train()
+    for (name, a), b in zip(whole.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    drop = lambda history: [{k: v for k, v in m.items() if k not in volatile} for m in history]  # noqa: E731
+    assert drop(second.history) == drop(whole.history)

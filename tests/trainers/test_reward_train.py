@@ -17,6 +17,7 @@ from grpokit.config import ConfigError
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 from grpokit.trainers.reward import RewardBatch
 from grpokit.training.distributed import SINGLE
+from helpers import assert_resume_is_bit_exact
 
 # A chat template whose assistant turn holds the content verbatim (so step ends can be located in it).
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -180,18 +181,8 @@ def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     data.write_text("".join(json.dumps(row) + "\n" for row in toy_rows("pairs", 24)))
     values = dict(model=str(tiny_model_dir), dataset=str(data), max_steps=6, save_every=3, batch_size=4,
                   micro_batch_size=2, lr_schedule="cosine", warmup_steps=2, eval_every=2)
-    whole = RewardTrainer(config(tmp_path, output_dir=str(tmp_path / "whole"), **values))
-    whole.train()
-    first = RewardTrainer(config(tmp_path, output_dir=str(tmp_path / "parts"), **values))
-    for _ in range(3):
-        first.training_step()
-    first.save_checkpoint()
-    second = RewardTrainer(config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest", **values))
-    second.train()
-    for (name, a), b in zip(whole.model.state_dict().items(), second.model.state_dict().values()):
-        assert torch.equal(a, b), name
-    drop_times = lambda h: [{k: v for k, v in m.items() if k != "time_step"} for m in h]  # noqa: E731
-    assert drop_times(second.history) == drop_times(whole.history)
+    assert_resume_is_bit_exact(lambda name, **resume: RewardTrainer(
+        config(tmp_path, output_dir=str(tmp_path / name), **resume, **values)), steps_before=3)
     assert len((tmp_path / "parts" / "metrics.jsonl").read_text().splitlines()) == 6
     with pytest.raises(ValueError, match="different config"):
         RewardTrainer(config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest",

@@ -14,6 +14,7 @@ from grpokit.data import DataError
 from grpokit.rollout.generate import stop_token_ids
 from grpokit.trainers.sft import Example, SFTTrainer, collate, tokenize_rows
 from grpokit.training.update import LossCounts, UpdateBatch
+from helpers import assert_resume_is_bit_exact
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a, b in [(1, 2), (12, 30), (7, 8), (40, 2), (5, 5),
@@ -222,18 +223,8 @@ def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     config = dict(model=str(tiny_model_dir), dataset=str(data), max_steps=6, save_every=3, eval_fraction=0.25,
                   lr_schedule="cosine", warmup_steps=2)
 
-    whole = SFTTrainer(sft_config(tmp_path, output_dir=str(tmp_path / "whole"), **config))
-    whole.train()
-    first = SFTTrainer(sft_config(tmp_path, output_dir=str(tmp_path / "parts"), **config))
-    for _ in range(3):
-        first.training_step()
-    first.save_checkpoint()
-    second = SFTTrainer(sft_config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest", **config))
-    second.train()
-    for (name, a), b in zip(whole.model.state_dict().items(), second.model.state_dict().values()):
-        assert torch.equal(a, b), name
-    drop_times = lambda h: [{k: v for k, v in m.items() if k not in ("time_step", "tokens_per_sec")} for m in h]  # noqa: E731
-    assert drop_times(second.history) == drop_times(whole.history)
+    assert_resume_is_bit_exact(lambda name, **resume: SFTTrainer(
+        sft_config(tmp_path, output_dir=str(tmp_path / name), **resume, **config)), steps_before=3)
     assert len((tmp_path / "parts" / "metrics.jsonl").read_text().splitlines()) == 6
     with pytest.raises(ValueError, match="different config"):
         SFTTrainer(sft_config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest",
