@@ -1,5 +1,6 @@
-"""Models: loading a local Hugging Face checkpoint or the built-in tiny model, LoRA, the reference
-policy, saving; choosing devices; the CPU allocator's settings for training."""
+"""Models: loading a local Hugging Face directory (names such as ``builtin:`` and ``gguf:`` are
+:mod:`grpokit.resolve`'s), grpokit's cache, the precision and autocast, LoRA, the reference policy, saving; choosing
+devices; the CPU allocator's settings for training."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Rule-based rewards (docs/math.md, "One step": rewards) and the code that loads, checks, calls and
-combines reward functions.
+"""Calling reward functions (docs/math.md, "One step": rewards): checking their signatures against the data, calling
+them as TRL does, checking what they return, and combining them, outcome and per step. The built-in rule rewards are
+:mod:`grpokit.rewards.builtin`'s; names in a config are resolved by :mod:`grpokit.resolve`.
 
 Reward functions are called as TRL calls them, by keyword::
 
