@@ -7,10 +7,10 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 
-from grpokit.sandbox.limits import Limits, SandboxUnavailable
+from grpokit.sandbox.interpreter import installation
+from grpokit.sandbox.limits import Limits
 
 # The system's own directories: the dynamic loader, libc and the other libraries the interpreter links. A
 # symlink (/lib -> usr/lib on merged-/usr systems) is recreated as one.
@@ -43,22 +43,6 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-@functools.cache
-def python_dirs() -> tuple[str, ...]:
-    """The interpreter's installation outside the system directories (a pyenv, conda or venv prefix): bound
-    read-only at the same path. Nothing else of the host's file system is visible."""
-    executable = os.path.realpath(sys.executable)
-    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  os.path.dirname(os.path.dirname(executable))}
-    dirs = sorted({os.path.realpath(path) for path in candidates if path})
-    if "/" in dirs:
-        raise SandboxUnavailable(f"isolation: bwrap: the interpreter {executable} is installed at / itself, so "
-                                 "binding its installation would bind the whole file system; use a Python "
-                                 "installed under a prefix (a venv, pyenv or /usr)")
-    outside = [path for path in dirs if not any(_inside(path, system) for system in SYSTEM_DIRS)]
-    return tuple(path for path in outside if not any(_inside(path, other) and path != other for other in outside))
-
-
 def _parents(path: str) -> list[str]:
     """``/a/b/c`` → ``["/a", "/a/b"]``."""
     parts = path.strip("/").split("/")[:-1]
@@ -67,7 +51,8 @@ def _parents(path: str) -> list[str]:
 
 def command(bwrap: str, limits: Limits, *, as_root: bool, files: Sequence[tuple[int, str]],
             launcher: Sequence[str]) -> list[str]:
-    """The bwrap command line that runs ``launcher`` (the interpreter and its arguments) with ``files`` (an
+    """The bwrap command line that runs ``launcher`` (an interpreter's real path and its arguments; its
+    installation bound read-only at the same path, nothing else of the host's files) with ``files`` (an
     open file descriptor and the relative name to copy it to) in the working directory.
 
     A user that is not root gets a user namespace as well, in which it is uid 65534. Root does not: a user
@@ -88,7 +73,9 @@ def command(bwrap: str, limits: Limits, *, as_root: bool, files: Sequence[tuple[
     for path in SYSTEM_FILES:
         args += ["--ro-bind-try", path, path]
     made = set(SYSTEM_DIRS)
-    for directory in python_dirs():
+    for directory in installation(launcher[0]):
+        if any(_inside(directory, system) for system in SYSTEM_DIRS):
+            continue
         # bwrap would make the parents with the host's modes (/root is 0700): the program's uid could not pass
         for parent in _parents(directory):
             if parent not in made:

@@ -37,7 +37,8 @@ class Limits:
         """The launcher's ``RLIMIT_*`` values (the name without ``RLIMIT_``; CPU's hard limit is one more)."""
         mib = 1 << 20
         return {"CPU": max(1, math.ceil(self.cpu_seconds)), "AS": int(self.memory_mb * mib),
-                "NPROC": int(self.processes), "FSIZE": int(self.file_size_mb * mib), "NOFILE": int(self.open_files), "CORE": 0}
+                "NPROC": int(self.processes), "FSIZE": int(self.file_size_mb * mib), "NOFILE": int(self.open_files),
+                "CORE": 0}
 
     def describe(self) -> str:
         return (f"wall {self.wall_seconds:g} s, cpu {self.cpu_seconds:g} s, memory {self.memory_mb:g} MB, "

