@@ -5,6 +5,7 @@ workers (``run_many``); reading its output capped, enforcing the wall clock, and
 from __future__ import annotations
 
 import functools
+import marshal
 import os
 import secrets
 import selectors
@@ -25,6 +26,10 @@ ISOLATIONS = ("bwrap", "process")
 DEFAULT_LIMITS = Limits()
 WEAKER = "`isolation: process` is the explicit, weaker choice (no namespaces): docs/sandbox.md"
 LAUNCHER_SOURCE = Path(launcher.__file__).read_text()
+# This interpreter runs the launcher compiled once, not from source: compiling it would add 5 ms to every run.
+# (The frames' file name stays "<string>", which is how the launcher recognises its own frames.)
+LAUNCHER_CODE = marshal.dumps(compile(LAUNCHER_SOURCE, "<string>", "exec")).hex()
+LOAD_CODE = "import marshal, sys; exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
 MAIN = "main.py"
 GRACE = 1.0  # seconds past the deadline for the last pipe to close before the sandbox stops reading
 # As root, each run gets a uid of its own from this range: RLIMIT_NPROC counts per uid, so the process bound is
@@ -179,8 +184,12 @@ class Sandbox:
         return self._result(proc.returncode, out, err, status, truncated, killed, time.monotonic() - start)
 
     def _launcher(self, config: dict) -> list[str]:
-        return [self.executable, "-I", "-S", "-c", LAUNCHER_SOURCE, launcher.MARKER, f"owner={os.getpid()}",
-                *(f"{key}={value}" for key, value in config.items())]
+        """The interpreter's command line that runs the launcher with ``config``."""
+        if self.executable == os.path.realpath(sys.executable):
+            start = [self.executable, "-I", "-S", "-c", LOAD_CODE, LAUNCHER_CODE]
+        else:  # another interpreter (another version, another marshal format): the source
+            start = [self.executable, "-I", "-S", "-c", LAUNCHER_SOURCE]
+        return [*start, launcher.MARKER, f"owner={os.getpid()}", *(f"{key}={value}" for key, value in config.items())]
 
     def _write_files(self, workdir: str, contents: dict[str, str], config: dict) -> None:
         for name, text in contents.items():
@@ -201,8 +210,8 @@ class Sandbox:
             except (ProcessLookupError, PermissionError):
                 pass
         if not self.bwrap and self.as_root:
-            subprocess.run([self.executable, "-I", "-S", "-c", LAUNCHER_SOURCE, launcher.MARKER, "reap=1",
-                            f"uid={config['uid']}", f"gid={config['gid']}"], timeout=10, check=False)
+            reap = self._launcher({"reap": 1, "uid": config["uid"], "gid": config["gid"]})
+            subprocess.run(reap, timeout=10, check=False)
 
     def _result(self, returncode: int, out: bytes, err: bytes, status: list[str], truncated: bool,
                 killed: bool, seconds: float) -> Result:
@@ -225,34 +234,44 @@ class Sandbox:
 
 def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int, kill) -> tuple:
     """Read stdout and stderr (each kept to ``cap`` bytes, the rest read and dropped so that the program never
-    blocks on a full pipe) and the launcher's status lines until every pipe closes; at ``deadline`` call
-    ``kill(children)``; a pipe still open ``GRACE`` seconds later is abandoned."""
+    blocks on a full pipe) and the launcher's status lines until every pipe closes and ``proc`` has ended; at
+    ``deadline`` call ``kill(children)``; a pipe still open ``GRACE`` seconds later is abandoned."""
     buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     status = bytearray()
     truncated = killed = False
     stop = deadline
-    with selectors.DefaultSelector() as selector:
-        for fd in [*buffers, status_fd]:
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            now = time.monotonic()
-            if now >= stop:
-                if killed:
-                    break
-                lines = status.decode(errors="replace").split()
-                children = [int(word) for word in lines[lines.index("child") + 1:][:1]] if "child" in lines else []
-                kill(children)
-                killed, stop = True, now + GRACE
-            for key, _ in selector.select(stop - now):
-                data = os.read(key.fd, 1 << 16)
-                if not data:
-                    selector.unregister(key.fd)
-                elif key.fd == status_fd:
-                    status += data[:4096]
-                else:
-                    room = cap - len(buffers[key.fd])
-                    truncated |= len(data) > room
-                    buffers[key.fd] += data[: max(room, 0)]
+    try:
+        ended = os.pidfd_open(proc.pid)  # readable once proc has ended: no polling with sleeps to wait for it
+    except OSError:  # Linux < 5.3: proc.wait below polls
+        ended = None
+    try:
+        with selectors.DefaultSelector() as selector:
+            for fd in [*buffers, status_fd, *([ended] if ended is not None else [])]:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                now = time.monotonic()
+                if now >= stop:
+                    if killed:
+                        break
+                    words = status.decode(errors="replace").split()
+                    kill([int(words[words.index("child") + 1])] if "child" in words[:-1] else [])
+                    killed, stop = True, now + GRACE
+                for key, _ in selector.select(stop - now):
+                    if key.fd == ended:
+                        selector.unregister(ended)
+                        continue
+                    data = os.read(key.fd, 1 << 16)
+                    if not data:
+                        selector.unregister(key.fd)
+                    elif key.fd == status_fd:
+                        status += data[:4096]
+                    else:
+                        room = cap - len(buffers[key.fd])
+                        truncated |= len(data) > room
+                        buffers[key.fd] += data[: max(room, 0)]
+    finally:
+        if ended is not None:
+            os.close(ended)
     proc.stdout.close()
     proc.stderr.close()
     try:
