@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,11 @@ def test_exit_status_and_traceback_as_python_gives_them(sandbox):
     assert killed.exit_code == 128 + signal.SIGTERM and not killed.timed_out, killed
 
 
+def test_text_that_is_not_utf8_encodable_is_replaced(sandbox):
+    result = sandbox.run("import sys\nprint('\ud800', sys.stdin.read())", stdin="\udfff")
+    assert result.ok and result.stdout == "? ?\n", result
+
+
 def test_the_program_runs_unprivileged(sandbox):
     status = sandbox.run("print(open('/proc/self/status').read())").stdout
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -73,6 +79,24 @@ def test_the_wall_clock_ends_a_sleeping_program(sandbox):
     assert result.timed_out and result.exit_code is None and result.sandbox_error is None, result
     assert result.stdout == "started\n"  # what it wrote before is kept
     assert LIMITS.wall_seconds <= result.seconds < LIMITS.wall_seconds + 1.5
+    assert leftovers() == []
+
+
+def test_a_stopped_supervisor_does_not_hold_the_run():
+    """The process isolation's supervisor keeps the wall clock; should it not (stopped here), the trainer kills
+    the run one second later, and every process of it."""
+    sandbox = sandbox_or_skip("process", dataclasses.replace(LIMITS, wall_seconds=1))
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(sandbox.run, "while True:\n    pass\n")
+        supervisor = None
+        while supervisor is None and not future.done():
+            for pid in leftovers():
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
+                    supervisor = pid
+        os.kill(supervisor, signal.SIGSTOP)
+        result = future.result()
+    assert result.timed_out and result.exit_code is None, result
+    assert 1 + 0.9 < result.seconds < 1 + 2.5
     assert leftovers() == []
 
 

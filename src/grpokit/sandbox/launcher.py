@@ -1,6 +1,7 @@
-"""The launcher: the first code that runs in the sandbox. The trainer's interpreter runs this file's text as
-``python -I -S -c SOURCE grpokit-sandbox KEY=VALUE...``; it imports nothing of grpokit (nothing of it is visible
-in the sandbox) and nothing slow (no json, re or ctypes where avoidable), since it runs once per program.
+"""The launcher: the first code that runs in the sandbox. The interpreter runs this file's code as ``python -I
+-S -c CODE grpokit-sandbox KEY=VALUE...`` (compiled by the trainer, or as text for another interpreter); it
+imports nothing of grpokit (nothing of it is visible in the sandbox) and nothing slow (no json or re; ctypes only
+in the process isolation), since it runs once per program.
 
 It sets the resource limits, drops to the unprivileged uid where it starts as root, tells the trainer on the
 status pipe that the program is starting (so that a failure before that is the sandbox's, not the program's),

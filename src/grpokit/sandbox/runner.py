@@ -48,6 +48,10 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "replace")  # a lone surrogate in a model's text becomes "?", not an exception
+
+
 def _check_names(files: Mapping[str, str]) -> None:
     for name in files:
         path = PurePosixPath(name)
@@ -149,11 +153,11 @@ class Sandbox:
         opened = [status_read, status_write]
         workdir = None
         try:
-            stdin_fd = _memfd("stdin", stdin.encode())
+            stdin_fd = _memfd("stdin", _utf8(stdin))
             opened.append(stdin_fd)
             if self.bwrap:
                 contents = {MAIN: code, **files}
-                fds = [_memfd("file", text.encode()) for text in contents.values()]
+                fds = [_memfd("file", _utf8(text)) for text in contents.values()]
                 opened += fds
                 config["main"] = f"{bwrap.WORKDIR}/{MAIN}"
                 argv = bwrap.command(self.bwrap, limits, as_root=self.as_root, files=list(zip(fds, contents)),
@@ -195,7 +199,7 @@ class Sandbox:
         for name, text in contents.items():
             path = Path(workdir, name)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            path.write_bytes(_utf8(text))
         if self.as_root:  # the run's uid owns its directory, and nobody else can enter it
             for path in [Path(workdir), *Path(workdir).rglob("*")]:
                 os.chown(path, config["uid"], config["gid"])
