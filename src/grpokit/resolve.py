@@ -7,6 +7,7 @@
                   gsm8k:FILE                          GSM8K-style JSONL (``question``; ``answer`` ending ``#### 72``)
                   anything else                       JSONL, CSV, Parquet or a ``save_to_disk`` directory
     reward_funcs  accuracy, math_accuracy, format     the built-in rule rewards (grpokit.rewards.builtin)
+                  code_tests                          programs run against the row's tests (grpokit.rewards.code)
                   arithmetic_steps                    the built-in task's per-step reward (process supervision)
                   model:DIR, or a directory           a learned outcome reward model
                   process_model:DIR                   a learned process reward model
@@ -29,12 +30,14 @@ from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
 from grpokit.models.loading import load_pretrained, quiet_unless
 from grpokit.rewards.builtin import accuracy_reward, format_reward, math_accuracy_reward
 from grpokit.rewards.calling import RewardFunction, reward_name
+from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeRewardModel, ProcessRewardModel
+from grpokit.rollout.python_tool import sandbox_limits
 from grpokit.tasks import arithmetic, tool_task
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.user_code import load_callable
 
-__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "load_model_and_tokenizer", "load_rows",
+__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "code_options", "load_model_and_tokenizer", "load_rows",
            "model_directory", "resolve_reward_functions", "reward_function"]
 
 BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.tasks.arithmetic)
@@ -84,19 +87,29 @@ def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
 # ---- reward functions -----------------------------------------------------------------------------
 
 
-def builtin_rewards() -> dict[str, RewardFunction]:
-    """Reward functions available by name in a config."""
+def code_options(config: Any) -> dict[str, Any]:
+    """The ``code_tests`` reward's settings in a run's config (``sandbox``, ``sandbox_timeout``, ``code_tests_mode``),
+    as :func:`~grpokit.rewards.code.make_code_tests` takes them."""
+    return {"binary": config.code_tests_mode == "binary", "isolation": config.sandbox,
+            "limits": sandbox_limits(config.sandbox_timeout)}
+
+
+def builtin_rewards(code: dict[str, Any] | None = None) -> dict[str, RewardFunction]:
+    """Reward functions available by name in a config; ``code_tests`` built with ``code`` (:func:`code_options`),
+    else the default ``grpokit.code_tests``."""
     return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
+            "code_tests": make_code_tests(**code) if code else code_tests,
             "arithmetic_steps": arithmetic.arithmetic_steps_reward}
 
 
-def reward_function(spec: str, **model_options: Any) -> RewardFunction:
+def reward_function(spec: str, code: dict[str, Any] | None = None, **model_options: Any) -> RewardFunction:
     """One ``reward_funcs`` entry that is not a callable → the function: a built-in name, a reward model
     (``model:PATH`` or a directory → :class:`~grpokit.rewards.learned.OutcomeRewardModel`, ``process_model:PATH`` →
     :class:`~grpokit.rewards.learned.ProcessRewardModel`, loaded with ``model_options``: ``device``,
-    ``mixed_precision``, ``batch_size``, ...), or ``FILE.py:NAME`` / ``package.module:NAME``. Errors name the key,
-    and for an unknown name the closest built-in one."""
-    builtin = builtin_rewards()
+    ``mixed_precision``, ``batch_size``, ...), or ``FILE.py:NAME`` / ``package.module:NAME``; ``code``: the
+    ``code_tests`` reward's settings (:func:`code_options`). Errors name the key, and for an unknown name the
+    closest built-in one."""
+    builtin = builtin_rewards(code)
     if spec in builtin:
         return builtin[spec]
     if spec.startswith(PROCESS_MODEL_PREFIX):
@@ -117,11 +130,12 @@ def reward_function(spec: str, **model_options: Any) -> RewardFunction:
 
 
 def resolve_reward_functions(
-    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None, **model_options: Any
+    specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None,
+    code: dict[str, Any] | None = None, **model_options: Any
 ) -> tuple[list[RewardFunction], list[float]]:
     """The reward functions (callables as they are, names through :func:`reward_function`) and their weights
     (None: 1.0 each), checked: names unique, one weight per function."""
-    functions = [spec if callable(spec) else reward_function(spec, **model_options) for spec in specs]
+    functions = [spec if callable(spec) else reward_function(spec, code, **model_options) for spec in specs]
     names = [reward_name(fn) for fn in functions]
     if len(set(names)) != len(names):
         raise ValueError(f"reward_funcs: names must be unique, got {names}")

@@ -114,7 +114,7 @@ def _first(rows: list[dict[str, Any]], num_prompts: int | None) -> list[dict[str
 
 def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from grpokit.models.loading import resolve_device
-    from grpokit.resolve import resolve_reward_functions
+    from grpokit.resolve import code_options, resolve_reward_functions
     from grpokit.rollout.tools import add_environment_reward
     from grpokit.trainers.sample import sample_rows
 
@@ -123,7 +123,7 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
         raise ConfigError("grpokit sample needs --output FILE: the JSONL file to write")
     rows = _first(load_rows(config.dataset, config.seed), args.num_prompts)
     check_columns(rows, [config.prompt_column], source=config.dataset)
-    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights,
+    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
                                                   device=resolve_device(config.device))
     model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
     add_environment_reward(functions, weights, toolbox.environment_factory)

@@ -55,6 +55,7 @@ class GRPOConfig(_Config):
     reward_funcs: list[str] = _field(
         ["accuracy", "format"],
         "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
+        "'code_tests' (runs the program in each completion against the row's tests column, in the sandbox), "
         "and the process reward 'arithmetic_steps'), 'FILE.py:NAME' or 'package.module:NAME' for your own (called "
         "as TRL calls them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a "
         "bare DIR too) or 'process_model:DIR'; the Python API also takes callables.",
@@ -106,7 +107,8 @@ class GRPOConfig(_Config):
 
     # ---- tools (docs/tools.md) ---------------------------------------------------------------------
     tools: list[str] = _field(
-        [], "Tools the model may call while it writes: 'calculator' (built in), 'FILE.py:NAME' or "
+        [], "Tools the model may call while it writes: 'calculator' and 'python' (built in; python runs the "
+        "model's program in the sandbox), 'FILE.py:NAME' or "
         "'package.module:NAME' (a function with type hints and a docstring); the Python API also takes callables. "
         "The model writes <tool>{\"name\": ..., \"arguments\": {...}}</tool>; the result comes back as "
         "<result>…</result>, which the loss, the KL and the length metrics leave out.")
@@ -117,6 +119,24 @@ class GRPOConfig(_Config):
     max_tool_calls: int = _field(4, "Tool calls per completion; a further call gets an error text back.", min=0)
     tool_timeout: float | None = _field(
         10.0, "Seconds a tool call may take; a slower one gets an error text back (and counts in tool_errors).", gt=0)
+
+    # ---- model-written code: the code_tests reward and the python tool (docs/data_and_rewards.md) ----
+    sandbox: str = _field(
+        "bwrap", "How the code_tests reward and the python tool run model-written programs: 'bwrap' (a separate "
+        "process tree in bubblewrap's namespaces: no network, none of the trainer's files or environment; the run "
+        "stops at start-up if bwrap cannot start here) or 'process' (the weaker mode, chosen explicitly: a separate "
+        "process with resource limits, a cleared environment and a fresh temporary directory, but no namespaces).",
+        choices=("bwrap", "process"),
+    )
+    sandbox_timeout: float = _field(
+        5.0, "Wall seconds (and CPU seconds, rounded up) one sandboxed program may take: a code_tests program with "
+        "all its asserts, one stdin/stdout case, or one python tool call; the program is then killed (a timeout).",
+        gt=0,
+    )
+    code_tests_mode: str = _field(
+        "fraction", "The code_tests reward's value: 'fraction' of the row's tests passed, or 'binary': 1.0 when "
+        "all pass, else 0.0.", choices=("fraction", "binary"),
+    )
 
     # ---- objective (docs/math.md: advantages, the objective) ------------------------------------
     algorithm: str = _field(
@@ -308,6 +328,10 @@ class GRPOConfig(_Config):
         if self.parallelism == "fsdp" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
                               "sharded passes; use ddp")
+        if "python" in self.tools and self.tool_timeout is not None and self.tool_timeout <= self.sandbox_timeout:
+            raise ConfigError(f"tool_timeout={self.tool_timeout} must exceed sandbox_timeout={self.sandbox_timeout} "
+                              "with the python tool, so that a slow program is killed by the sandbox (and the model "
+                              "reads 'timed out') before the call is abandoned")
         if self.rl_iterations > 1:
             self._check_iterations()
         elif self.steps_per_iteration is not None:

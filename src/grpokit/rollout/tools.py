@@ -5,8 +5,9 @@ without tools); each rollout gets its :class:`ToolSession` (an :class:`InertSess
 The calls are read and run by a protocol: the plain-text one (:mod:`grpokit.rollout.tool_calls`, re-exported here)
 or a chat template's own (:mod:`grpokit.rollout.tool_templates`).
 
-``calculator`` (:mod:`grpokit.rollout.calculator`) is the built-in tool: arithmetic on decimal numbers, parsed by hand
-(never ``eval``), with bounded sizes, so that whatever a model writes gets a short text back.
+The built-in tools: ``calculator`` (:mod:`grpokit.rollout.calculator`): arithmetic on decimal numbers, parsed by hand
+(never ``eval``), with bounded sizes, so that whatever a model writes gets a short text back; ``python``
+(:mod:`grpokit.rollout.python_tool`): a program run in :mod:`grpokit.sandbox`, its output given back.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import torch
 from torch import Tensor
 
 from grpokit.rollout.calculator import calculator
+from grpokit.rollout.python_tool import make_python_tool, python, sandbox_limits
 from grpokit.rollout.tool_calls import PlainProtocol, ToolCall, parse_tool_call, run_tool
 from grpokit.user_code import call_with_timeout, load_callable
 
 __all__ = ["INERT", "InertSession", "PlainProtocol", "ToolBox", "ToolCall", "ToolSession", "ToolUse", "calculator",
-           "call_with_timeout", "parse_tool_call", "run_tool"]
+           "call_with_timeout", "parse_tool_call", "python", "run_tool"]
 
 TOOL_COUNTS = ("tool_rate", "tool_calls", "tool_errors")  # per completion (:meth:`ToolSession.counts`)
 
@@ -93,8 +95,10 @@ def tool_messages(tokenizer: Any, ids: Sequence[int], calls: Sequence[ToolUse]) 
 def resolve_tools(config: Any | None, tools: Sequence[str | Callable] | None = None,
                   environment_factory: Callable[[], Any] | None = None) -> tuple[list[Callable], Callable | None]:
     """The run's tool functions and environment factory: those passed in Python, else the config's (``tools``:
-    'calculator', 'FILE.py:NAME' or 'package.module:NAME'; ``environment_factory``: the same paths)."""
-    builtin = {"calculator": calculator}
+    'calculator', 'python', 'FILE.py:NAME' or 'package.module:NAME'; ``environment_factory``: the same paths). The
+    config's ``python`` runs in its ``sandbox`` with its ``sandbox_timeout``."""
+    builtin = {"calculator": calculator, "python": python if config is None else
+               make_python_tool(config.sandbox, sandbox_limits(config.sandbox_timeout))}
     functions = []
     for spec in (config.tools if tools is None else tools):
         if callable(spec):

@@ -17,6 +17,7 @@ iteration's end, as in DeepSeekMath, after the learned reward model is retrained
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from grpokit.models.loading import (
     with_lora,
 )
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
-from grpokit.resolve import load_model_and_tokenizer, load_rows, resolve_reward_functions
+from grpokit.resolve import code_options, load_model_and_tokenizer, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.generate import Rollout, stop_token_ids
 from grpokit.rollout.tool_templates import build_toolbox
@@ -90,7 +91,7 @@ class GRPOTrainer(Trainer):
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         # Reward models named in the config run on this process's device, in the run's precision.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
-            reward_funcs or config.reward_funcs, config.reward_weights, device=self.device,
+            reward_funcs or config.reward_funcs, config.reward_weights, code_options(config), device=self.device,
             mixed_precision=self.mixed_precision,
         )
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
@@ -104,6 +105,7 @@ class GRPOTrainer(Trainer):
         # Iterative RL's labelling rewards are called on the same rows, first after an iteration's steps: checked now.
         checked = self.reward_funcs + (self.iterations.labels if self.iterations else [])
         needed = [k for k in check_reward_functions(checked, [*keywords, *extras], source) if k not in extras]
+        self.start_sandboxes([*checked, *tool_functions])
         check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
 
         if model is None:
@@ -143,6 +145,16 @@ class GRPOTrainer(Trainer):
                                sharded=is_sharded(self.model), mixed_precision=self.mixed_precision, toolbox=toolbox)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
+
+    def start_sandboxes(self, users: Sequence[Callable]) -> None:
+        """Start the sandboxes of the rewards and tools that run model-written code (``code_tests``, ``python``):
+        where bwrap is asked for and cannot start, the run stops now, saying why; else each says what it is, on the
+        console and atop config.yaml."""
+        described = [fn.start_sandbox().describe() for fn in users if callable(getattr(fn, "start_sandbox", None))]
+        for note in dict.fromkeys(described):
+            self.notes.append(note)
+            if self.world.main:
+                print(note, file=sys.stderr)
 
     @property
     def max_steps(self) -> int:
@@ -249,7 +261,7 @@ class GRPOTrainer(Trainer):
             return batch, sampled, sampling
         pad = self.tokenizer.pad_token_id
         batch, sampled = (Batch.cat(gather(b, world), pad) for b in (batch, sampled))
-        slowest = ("sampling_rounds", "time_generate", "time_score")
+        slowest = ("sampling_rounds", "time_generate", "time_score", "time_sandbox")
         sampling = {k: all_max(v, world) if k in slowest else all_sum(v, world) for k, v in sampling.items()}
         sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
         return batch, sampled, sampling

@@ -41,7 +41,7 @@ import torch
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
 from grpokit.data import DataError
 from grpokit.models.loading import autocast
-from grpokit.resolve import load_rows, resolve_reward_functions
+from grpokit.resolve import code_options, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.trainers.reward import RewardTrainer, detect_form
@@ -83,7 +83,8 @@ class IterativeRL:
         self.config, self.world, self.reward_model = config, world, learned[0]
         self.process = isinstance(self.reward_model, ProcessRewardModel)
         self.labels, self.label_weights = resolve_reward_functions(config.reward_model_labels,
-                                                                   config.reward_model_label_weights)
+                                                                   config.reward_model_label_weights,
+                                                                   code_options(config))
         if any(isinstance(fn, (OutcomeRewardModel, ProcessRewardModel)) for fn in self.labels):
             raise ConfigError("reward_model_labels: the labels must come from rule rewards; a learned reward model "
                               "would be trained on its own scores")

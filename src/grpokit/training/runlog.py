@@ -57,6 +57,10 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
                 "skipped_updates"):
         metrics[key] = last_update[key]
     start, sampled_at, frozen, updated = clock
+    sampling = dict(sampling)
+    if "code_tests_tests" in sampling:  # counts over every round and process, made a rate here
+        passed, tests = sampling.pop("code_tests_passed"), sampling.pop("code_tests_tests")
+        metrics["code_tests_pass_rate"] = passed / tests if tests else None
     metrics.update(sampling)
     metrics.update(
         time_frozen_logprobs=frozen - sampled_at, time_update=updated - frozen, time_step=updated - start,

@@ -24,6 +24,7 @@ from grpokit.core.objective import process_advantages
 from grpokit.core.offsets import step_token_ends
 from grpokit.models.loading import autocast
 from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
+from grpokit.rewards.code import code_counts
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.generate import Rollout, generate
 from grpokit.rollout.tools import ToolBox, ToolUse
@@ -193,8 +194,8 @@ class Sampler:
         self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None, step: int = 0
     ) -> Batch:
         """Sample and score one round of the dataset rows at ``indices``; add its seconds, its reward
-        errors and the completions each reward model cut to its context to ``stats``. ``step``: as in
-        :meth:`sample`."""
+        errors, the completions each reward model cut to its context and the code rewards' counts to ``stats``.
+        ``step``: as in :meth:`sample`."""
         stats = {} if stats is None else stats
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
@@ -232,6 +233,7 @@ class Sampler:
         # Reward models count the texts they cut to their context (cumulative): this round's share is the growth.
         models = [fn for fn in self.reward_funcs if isinstance(fn, (OutcomeRewardModel, ProcessRewardModel))]
         cut_before = [fn.truncated for fn in models]
+        code_before = code_counts(self.reward_funcs)  # code rewards count their runs (cumulative) too
         if config.supervision == "outcome":
             rewards, per_function = score_completions(self.reward_funcs, self.reward_weights, **arguments, **options)
             last = (rollout.lengths - 1).clamp(min=0).tolist()
@@ -241,10 +243,11 @@ class Sampler:
                                                             **options)
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
         steps = tools.own_steps(steps, rollout)  # rewards on the policy's own tokens
+        code = {} if code_before is None else (code_counts(self.reward_funcs) - code_before).stats()
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
                            ("reward_errors", len(errors)), *tools.metrics().items(),
                            *((f"reward_truncated/{reward_name(fn)}", fn.truncated - before)
-                             for fn, before in zip(models, cut_before))):
+                             for fn, before in zip(models, cut_before)), *code.items()):
             stats[key] = stats.get(key, 0) + value
         return Batch(rows, rollout, completions, rewards, per_function, steps, tools.calls)
 
