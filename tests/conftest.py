@@ -1,11 +1,12 @@
 """Fixtures for every test folder: the tiny model and tokenizer (fresh, or saved as a checkpoint), a data file,
-the default dtype. Shared builders that are not fixtures are in helpers.py."""
+the default dtype, the sandbox's isolations. Shared builders that are not fixtures are in helpers.py."""
 
 import json
 
 import pytest
 import torch
 
+from grpokit.sandbox import Sandbox, SandboxUnavailable
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
 from helpers import TINY
 
@@ -52,3 +53,14 @@ def data_file(tmp_path):
     rows = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(10, 20)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture(params=["process", "bwrap"])
+def isolation(request):
+    """Each isolation of the sandbox, by name; bwrap's tests skip, saying why, where bwrap cannot start."""
+    if request.param == "bwrap":
+        try:
+            Sandbox(isolation="bwrap")
+        except SandboxUnavailable as error:
+            pytest.skip(f"bwrap cannot start here: {error}")
+    return request.param

@@ -1,4 +1,5 @@
-"""The shipped example configs are valid, and the SmolLM2 recipe's data script writes what its README says."""
+"""The shipped example configs are valid, the SmolLM2 recipe's data script writes what its README says, and the
+README's tools and code-rewards examples run as written."""
 
 import json
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from grpokit.config import GRPOConfig, SFTConfig
+from grpokit.sandbox import Sandbox, SandboxUnavailable
 from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, has_carry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,3 +59,15 @@ def test_the_readme_tools_example_runs_as_written(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("tool-call rate ") and (tmp_path / "runs/my-tools/model").is_dir()
+
+
+def test_the_readme_code_rewards_example_runs_as_written(tmp_path):
+    try:
+        Sandbox(isolation="bwrap")  # the example's default
+    except SandboxUnavailable as error:
+        pytest.skip(f"bwrap cannot start here: {error}")
+    section = (ROOT / "README.md").read_text().split("## Code rewards\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("\n```\n", 1)[0]
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "[1.0, 0.5, 0.0]\n"

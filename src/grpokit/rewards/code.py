@@ -281,7 +281,10 @@ class CodeTests:
     def __call__(self, completions: Sequence[Text], tests: Sequence[Any], **kwargs: Any) -> list[float | None]:
         if len(tests) != len(completions):
             raise ValueError(f"{self.__name__}: {len(completions)} completions but {len(tests)} tests")
-        parsed = [parse_tests(value, f"column 'tests' (the row of completion {i})") for i, value in enumerate(tests)]
+        # A batch of one (as calling.py retries a failing batch) is named by the caller.
+        where = ["column 'tests'"] if len(tests) == 1 else [f"column 'tests' (the row of completion {i})"
+                                                              for i in range(len(tests))]
+        parsed = [parse_tests(value, name) for value, name in zip(tests, where)]
         programs = [extract_program(c) if t is not None else None for c, t in zip(completions, parsed)]
         nonce = secrets.token_hex(16)
         jobs: list[tuple[str, str]] = []

@@ -24,9 +24,9 @@ def sandbox_limits(seconds: float = 5.0) -> Limits:
 
 
 def result_text(result: Result) -> str:
-    """What the model reads of a run: its stdout (the first :data:`MAX_TEXT` characters; "(no output)" when it
-    printed nothing), or ``error: ...``: the sandbox's own failure, a timeout, or the last characters of the
-    traceback (stderr) of a program that failed."""
+    """What the model reads of a run: its stdout (the first :data:`MAX_TEXT` characters, trailing whitespace
+    dropped; "(no output)" when it printed nothing), or ``error: ...``: the sandbox's own failure, a timeout, or the
+    last characters of the traceback (stderr) of a program that failed."""
     if result.sandbox_error is not None:
         return f"error: the sandbox failed: {result.sandbox_error}"[:MAX_TEXT]
     if result.timed_out:
@@ -35,8 +35,8 @@ def result_text(result: Result) -> str:
         # A traceback's last lines name the error; its start is the interpreter's frames.
         detail = result.stderr.strip()[-MAX_TEXT:] or f"exit code {result.exit_code}"
         return f"error: {detail}"
-    out = result.stdout
-    if not out.strip():
+    out = result.stdout.rstrip()
+    if not out:
         return "(no output)"
     cut = len(out) > MAX_TEXT or result.truncated
     return out[:MAX_TEXT] + (" …(cut)" if cut else "")
