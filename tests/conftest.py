@@ -55,12 +55,31 @@ def data_file(tmp_path):
     return path
 
 
-@pytest.fixture(params=["process", "bwrap"])
-def isolation(request):
-    """Each isolation of the sandbox, by name; bwrap's tests skip, saying why, where bwrap cannot start."""
-    if request.param == "bwrap":
+@pytest.fixture(scope="session")
+def sandbox_refusals():
+    """Isolation → why the sandbox cannot start with it here (None where it can)."""
+    refusals = {}
+    for isolation in ("bwrap", "process"):
         try:
-            Sandbox(isolation="bwrap")
+            Sandbox(isolation=isolation)
+            refusals[isolation] = None
         except SandboxUnavailable as error:
-            pytest.skip(f"bwrap cannot start here: {error}")
+            refusals[isolation] = str(error)
+    return refusals
+
+
+@pytest.fixture(params=["process", "bwrap"])
+def isolation(request, sandbox_refusals):
+    """Each isolation of the sandbox, by name; its tests skip, saying why, where it cannot start."""
+    if sandbox_refusals[request.param] is not None:
+        pytest.skip(f"the sandbox cannot start with isolation {request.param} here: {sandbox_refusals[request.param]}")
     return request.param
+
+
+@pytest.fixture
+def any_isolation(sandbox_refusals):
+    """An isolation the sandbox starts with here (bwrap first), for tests of what runs in it, not of how."""
+    usable = [name for name, refusal in sandbox_refusals.items() if refusal is None]
+    if not usable:
+        pytest.skip(f"the sandbox cannot start here: {sandbox_refusals}")
+    return usable[0]

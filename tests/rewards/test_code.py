@@ -166,16 +166,16 @@ def test_an_exit_during_a_test_keeps_the_tests_before_it(reward):
     assert reward(completions=[fenced(program)], tests=[ASSERTS]) == [pytest.approx(1 / 3)]
 
 
-def test_a_timeout_keeps_what_passed_before_it():
-    reward = make_code_tests(isolation="process", limits=Limits(wall_seconds=1.0, cpu_seconds=1))
+def test_a_timeout_keeps_what_passed_before_it(any_isolation):
+    reward = make_code_tests(isolation=any_isolation, limits=Limits(wall_seconds=1.0, cpu_seconds=1))
     hangs = "def add(a, b):\n    while a == 0:\n        pass\n    return a + b"
     scores = reward(completions=[fenced(hangs), fenced("while True:\n    pass")], tests=[ASSERTS, ASSERTS])
     assert scores == [pytest.approx(1 / 3), 0.0]
     assert reward.counts.timeouts == 2
 
 
-def test_sandbox_failures_score_none_and_are_counted(monkeypatch):
-    reward = make_code_tests(isolation="process")
+def test_sandbox_failures_score_none_and_are_counted(monkeypatch, any_isolation):
+    reward = make_code_tests(isolation=any_isolation)
     failed = Result(stdout="", stderr="", exit_code=None, timed_out=False, sandbox_error="bwrap: no namespaces",
                     seconds=0.0, truncated=False)
     monkeypatch.setattr(reward.start_sandbox(), "run_many", lambda jobs: [failed] * len(jobs))
@@ -183,22 +183,22 @@ def test_sandbox_failures_score_none_and_are_counted(monkeypatch):
     assert (reward.counts.sandbox_errors, reward.counts.missing, reward.counts.tests) == (1, 1, 3)
 
 
-def test_one_concurrent_batch_per_call_equals_sequential_runs(monkeypatch):
+def test_one_concurrent_batch_per_call_equals_sequential_runs(monkeypatch, any_isolation):
     completions = [PROGRAMS[name][0] for name in ("correct", "partial", "wrong", "malformed")] * 3
     completions += [fenced(SUM_STDIN), fenced("print(input())")] * 3
     tests = [ASSERTS] * 12 + [CASES] * 6
-    batched = make_code_tests(isolation="process", workers=4)
+    batched = make_code_tests(isolation=any_isolation, workers=4)
     sandbox, batches = batched.start_sandbox(), []
     run_many = sandbox.run_many
     monkeypatch.setattr(sandbox, "run_many", lambda jobs: batches.append(len(jobs)) or run_many(jobs))
     together = batched(completions=completions, tests=tests)
-    alone = make_code_tests(isolation="process", workers=1)
+    alone = make_code_tests(isolation=any_isolation, workers=1)
     assert together == [alone(completions=[c], tests=[t])[0] for c, t in zip(completions, tests)]
     assert batches == [12 + 12]  # one program per assert row, one per stdin/stdout case, in one call
 
 
-def test_a_bad_tests_column_names_the_row():
-    reward = make_code_tests(isolation="process")
+def test_a_bad_tests_column_names_the_row(any_isolation):
+    reward = make_code_tests(isolation=any_isolation)
     with pytest.raises(ValueError, match=r"column 'tests' \(the row of completion 1\): test 0 is not valid Python"):
         reward(completions=[fenced(ADD)] * 2, tests=[ASSERTS, ["assert add(1,"]])
     with pytest.raises(RewardError, match=r"'code_tests' raised ValueError: column 'tests': expected .*, got int 7 "
@@ -228,12 +228,12 @@ def test_config_keys_reach_the_reward():
         GRPOConfig(sandbox="none")
 
 
-def test_a_grpo_step_with_code_tests_logs_its_metrics(tokenizer, tiny_model, tmp_path, monkeypatch):
+def test_a_grpo_step_with_code_tests_logs_its_metrics(tokenizer, tiny_model, tmp_path, monkeypatch, any_isolation):
     """The tiny model writes no program: every completion is missing one. Then, with a program put in its place,
     every completion's program runs in the sandbox and passes."""
     rows = [{"prompt": f"Add {i}:", "answer": "", "tests": ASSERTS} for i in range(4)]
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, rows=rows, reward_funcs=["code_tests"], max_steps=1,
-                           sandbox="process")
+                           sandbox=any_isolation)
     assert trainer.notes[-1] == trainer.reward_funcs[0].start_sandbox().describe()  # said at start-up
     (first,) = trainer.train()
     n = trainer.config.num_completions
@@ -244,6 +244,6 @@ def test_a_grpo_step_with_code_tests_logs_its_metrics(tokenizer, tiny_model, tmp
 
     monkeypatch.setattr(code, "extract_program", lambda completion: ADD)
     second = make_trainer(tokenizer, tiny_model, tmp_path / "2", rows=rows, reward_funcs=["code_tests"], max_steps=1,
-                          sandbox="process").train()[0]
+                          sandbox=any_isolation).train()[0]
     assert (second["code_tests_missing"], second["code_tests_runs"], second["code_tests_pass_rate"]) == (0, n, 1.0)
     assert second["rewards/code_tests"] == 1.0 and second["code_tests_timeouts"] == 0 and second["time_sandbox"] > 0

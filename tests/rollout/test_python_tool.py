@@ -51,8 +51,8 @@ def test_runs_programs_in_the_sandbox(isolation):
     assert tool(["print(1)"]) == "error: code must be text, got list"
 
 
-def test_the_config_sets_its_sandbox_and_timeout():
-    (tool,), _ = resolve_tools(GRPOConfig(tools=["python"], sandbox="process", sandbox_timeout=1.0))
+def test_the_config_sets_its_sandbox_and_timeout(any_isolation):
+    (tool,), _ = resolve_tools(GRPOConfig(tools=["python"], sandbox=any_isolation, sandbox_timeout=1.0))
     assert tool.__name__ == "python" and tool is not python
     assert tool("import time\ntime.sleep(5)") == "error: timed out"
     assert sandbox_limits(2.5).wall_seconds == 2.5 and sandbox_limits(2.5).cpu_seconds == 3
