@@ -14,7 +14,8 @@ from grpokit.resolve import code_options, reward_function
 from grpokit.rewards import code
 from grpokit.rewards.calling import RewardError, score_completions
 from grpokit.rewards.code import extract_program, make_code_tests, parse_tests, same_output
-from grpokit.sandbox import Limits, Result
+from grpokit.rollout.python_tool import sandbox_limits
+from grpokit.sandbox import Limits, Result, Sandbox
 from helpers import documented_metrics, logged_keys, make_trainer
 
 
@@ -247,3 +248,17 @@ def test_a_grpo_step_with_code_tests_logs_its_metrics(tokenizer, tiny_model, tmp
                           sandbox=any_isolation).train()[0]
     assert (second["code_tests_missing"], second["code_tests_runs"], second["code_tests_pass_rate"]) == (0, n, 1.0)
     assert second["rewards/code_tests"] == 1.0 and second["code_tests_timeouts"] == 0 and second["time_sandbox"] > 0
+
+
+def test_grpokit_sample_scores_with_code_tests_and_says_its_sandbox(tmp_path, tiny_model_dir, any_isolation, capsys):
+    from grpokit.cli.main import main
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Add {i}:", "tests": ASSERTS}) + "\n" for i in range(2)))
+    out = tmp_path / "samples.jsonl"
+    assert main(["sample", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "2", "--output", str(out),
+                 "--reward_funcs", "code_tests", "--sandbox", any_isolation, "--code_tests_mode", "binary",
+                 "--max_completion_length", "8"]) == 0
+    said = Sandbox(isolation=any_isolation, limits=sandbox_limits(GRPOConfig().sandbox_timeout)).describe()
+    assert said in capsys.readouterr().err  # before sampling
+    assert [json.loads(line)["label"] for line in out.read_text().splitlines()] == [0.0] * 4  # the tiny model: no code

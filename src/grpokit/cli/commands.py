@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_rows
 # The GRPOConfig keys `sample` and `eval` read: what decides how a run samples, so that both sample as it trains.
 SAMPLING_KEYS = ("model", "dataset", "prompt_column", "answer_column", "system_prompt", "chat_template",
                  "num_generations", "max_completion_length", "temperature", "top_p", "tools", "environment_factory",
-                 "max_tool_calls", "tool_timeout", "seed", "device", "dtype")
-SAMPLE_KEYS = (*SAMPLING_KEYS, "reward_funcs", "reward_weights")
+                 "max_tool_calls", "tool_timeout", "sandbox", "sandbox_timeout", "seed", "device", "dtype")
+SAMPLE_KEYS = (*SAMPLING_KEYS, "reward_funcs", "reward_weights", "code_tests_mode")
 EVAL_KEYS = SAMPLING_KEYS
 EVAL_GENERATIONS = 4  # eval's samples per prompt without a CONFIG (a run's G is for training, 8 by default)
 
@@ -100,10 +101,21 @@ def _model_and_toolbox(config: GRPOConfig, quiet: bool) -> tuple[Any, Any, Any]:
     from grpokit.rollout.tools import resolve_tools
 
     tool_functions, environment_factory = resolve_tools(config)
+    _say_sandboxes(tool_functions, quiet)
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed, progress=not quiet, dtype=config.dtype)
     toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
                             max_calls=config.max_tool_calls, timeout=config.tool_timeout)
     return model.to(resolve_device(config.device)), tokenizer, toolbox
+
+
+def _say_sandboxes(users: Sequence[Any], quiet: bool) -> None:
+    """Start the sandboxes of the tools or rewards that run model-written code (refusing now where one cannot
+    start), and say what each is on stderr unless ``quiet``."""
+    from grpokit.rollout.python_tool import start_sandboxes
+
+    for note in start_sandboxes(users):
+        if not quiet:
+            print(note, file=sys.stderr)
 
 
 def _first(rows: list[dict[str, Any]], num_prompts: int | None) -> list[dict[str, Any]]:
@@ -125,6 +137,7 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
     check_columns(rows, [config.prompt_column], source=config.dataset)
     functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
                                                   device=resolve_device(config.device))
+    _say_sandboxes(functions, args.quiet)
     model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
     add_environment_reward(functions, weights, toolbox.environment_factory)
     out, counts = sample_rows(

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from grpokit.sandbox import Limits, Result, Sandbox
 
-__all__ = ["make_python_tool", "python", "result_text", "sandbox_limits"]
+__all__ = ["make_python_tool", "python", "result_text", "sandbox_limits", "start_sandboxes"]
 
 MAX_TEXT = 1000  # characters of output or error given back (the result is cut to 1,024 in all)
 
@@ -74,3 +75,12 @@ def make_python_tool(isolation: str = "bwrap", limits: Limits | None = None) -> 
 
 
 python = make_python_tool()
+
+
+def start_sandboxes(users: Iterable[Any]) -> list[str]:
+    """Start the sandbox of each reward function or tool among ``users`` that runs model-written code (those with a
+    ``start_sandbox()``: ``code_tests``, ``python``), so that a run refuses at start-up, with
+    :class:`~grpokit.sandbox.SandboxUnavailable` saying why, rather than at its first program; return what each
+    sandbox is (its ``describe()``), once per distinct text."""
+    return list(dict.fromkeys(fn.start_sandbox().describe() for fn in users
+                              if callable(getattr(fn, "start_sandbox", None))))

@@ -42,6 +42,7 @@ from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
 from grpokit.resolve import code_options, load_model_and_tokenizer, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.generate import Rollout, stop_token_ids
+from grpokit.rollout.python_tool import start_sandboxes
 from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
 from grpokit.trainers.iterative import IterativeRL
@@ -148,10 +149,9 @@ class GRPOTrainer(Trainer):
 
     def start_sandboxes(self, users: Sequence[Callable]) -> None:
         """Start the sandboxes of the rewards and tools that run model-written code (``code_tests``, ``python``):
-        where bwrap is asked for and cannot start, the run stops now, saying why; else each says what it is, on the
-        console and atop config.yaml."""
-        described = [fn.start_sandbox().describe() for fn in users if callable(getattr(fn, "start_sandbox", None))]
-        for note in dict.fromkeys(described):
+        one that cannot start stops the run now, saying why; each says what it is, on the console and atop
+        config.yaml."""
+        for note in start_sandboxes(users):
             self.notes.append(note)
             if self.world.main:
                 print(note, file=sys.stderr)
