@@ -94,12 +94,11 @@ def code_options(config: Any) -> dict[str, Any]:
             "limits": sandbox_limits(config.sandbox_timeout)}
 
 
-def builtin_rewards(code: dict[str, Any] | None = None) -> dict[str, RewardFunction]:
-    """Reward functions available by name in a config; ``code_tests`` built with ``code`` (:func:`code_options`),
-    else the default ``grpokit.code_tests``."""
+def builtin_rewards() -> dict[str, RewardFunction]:
+    """Reward functions available by name in a config (``code_tests`` with its default settings: a run's own are
+    :func:`code_options`)."""
     return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
-            "code_tests": make_code_tests(**code) if code else code_tests,
-            "arithmetic_steps": arithmetic.arithmetic_steps_reward}
+            "code_tests": code_tests, "arithmetic_steps": arithmetic.arithmetic_steps_reward}
 
 
 def reward_function(spec: str, code: dict[str, Any] | None = None, **model_options: Any) -> RewardFunction:
@@ -109,7 +108,9 @@ def reward_function(spec: str, code: dict[str, Any] | None = None, **model_optio
     ``mixed_precision``, ``batch_size``, ...), or ``FILE.py:NAME`` / ``package.module:NAME``; ``code``: the
     ``code_tests`` reward's settings (:func:`code_options`). Errors name the key, and for an unknown name the
     closest built-in one."""
-    builtin = builtin_rewards(code)
+    if spec == "code_tests" and code:
+        return make_code_tests(**code)
+    builtin = builtin_rewards()
     if spec in builtin:
         return builtin[spec]
     if spec.startswith(PROCESS_MODEL_PREFIX):
