@@ -177,12 +177,19 @@ def _eval_rows(dataset: str) -> list[dict[str, Any]]:
 
 def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from grpokit.cli.evaluate import evaluate, summarize
+    from grpokit.resolve import code_options
+    from grpokit.rewards.code import make_code_tests
     from grpokit.training.sampling import render_prompt
 
     config, generations = sampling_config(args, extra, EVAL_KEYS, minimum=0, default=EVAL_GENERATIONS)
     prompt_column, answer_column = config.prompt_column, config.answer_column
     rows = _first(_eval_rows(config.dataset), args.num_prompts)
-    check_columns(rows, [prompt_column, answer_column], source=config.dataset)
+    # programming problems (a `tests` column) are judged by their tests, pass or fail; other rows by their answer
+    code = make_code_tests(**{**code_options(config), "binary": True}) if rows and "tests" in rows[0] else None
+    judged_by = "tests" if code is not None else answer_column
+    check_columns(rows, [prompt_column, judged_by], source=config.dataset)
+    if code is not None:
+        _say_sandboxes([code], args.quiet)
     model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
     listed = toolbox.prompt_tools()
     # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
@@ -195,12 +202,12 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
         samples_per_prompt=generations, temperature=config.temperature, top_p=config.top_p,
         max_new_tokens=config.max_completion_length, batch_size=args.batch_size, seed=config.seed,
         progress=not args.quiet, pass_ks=args.pass_k if args.pass_k is not None else sorted({1, generations}),
-        greedy_completions=greedy, toolbox=toolbox,
+        greedy_completions=greedy, toolbox=toolbox, code=code,
     )
     if args.completions:
         with open(args.completions, "w") as out:
             for row, text, correct, formatted in zip(rows, greedy, scores["greedy_correct"], scores["greedy_format"]):
-                out.write(json.dumps({"prompt": row[prompt_column], "answer": row[answer_column],
+                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row[judged_by],
                                       "completion": text, "correct": correct, "format": formatted}) + "\n")
     summary = {"model": config.model, "dataset": config.dataset, "num_prompts": len(rows),
                "num_generations": generations, **summarize(scores)}

@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.code import CodeTests, extract_program
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
 
@@ -33,6 +34,7 @@ def evaluate(
     pass_ks: Sequence[int] | None = None,
     greedy_completions: list[str] | None = None,
     toolbox: ToolBox = ToolBox.NONE,
+    code: CodeTests | None = None,
 ) -> dict[str, list[float]]:
     """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
@@ -42,7 +44,9 @@ def evaluate(
     see the rows. ``greedy_completions``: a list that receives each row's greedy completion, in order.
     With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
     called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
-    completion)."""
+    completion). With ``code`` (a ``code_tests`` reward, binary) the rows are programming problems: a completion is
+    correct when its program passes every test of the row's ``tests`` (run in ``code``'s sandbox; a sandbox error
+    counts as a failure) and formatted when it holds a program at all."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -71,10 +75,15 @@ def evaluate(
             for key, per_completion in tools.counts().items():  # none without tools
                 scores[f"{mode}_{key}"] += per_completion.view(-1, k).mean(dim=1).tolist()
             completions = rollout.decode(tokenizer)
-            answers = [row[answer_column] for row in batch for _ in range(k)]
             asked = [row[prompt_column] for row in batch for _ in range(k)]
-            correct = torch.tensor(accuracy_reward(asked, completions, answer=answers)).view(-1, k)
-            formatted = torch.tensor(format_reward(asked, completions)).view(-1, k)
+            if code is None:
+                answers = [row[answer_column] for row in batch for _ in range(k)]
+                correct = torch.tensor(accuracy_reward(asked, completions, answer=answers)).view(-1, k)
+                formatted = torch.tensor(format_reward(asked, completions)).view(-1, k)
+            else:
+                passed = code(completions, tests=[row["tests"] for row in batch for _ in range(k)])
+                correct = torch.tensor([float(p == 1.0) for p in passed]).view(-1, k)
+                formatted = torch.tensor([float(extract_program(c) is not None) for c in completions]).view(-1, k)
             scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
             scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
             if mode == "greedy" and greedy_completions is not None:
