@@ -104,6 +104,13 @@ class GRPOConfig(_Config):
         64, "Maximum tokens per completion (with tools, the inserted tool results count too).", min=1)
     temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
+    rollout_precision: str = _field(
+        "fp32", "The weights completions are sampled with: 'fp32', the policy's own; 'bf16', a bfloat16 copy refreshed "
+        "before each step's sampling, the loss corrected by truncated importance sampling (docs/math.md, \"Sampling "
+        "in a lower precision\"). Pays where bfloat16 is native (docs/benchmarks.md).", choices=("fp32", "bf16"))
+    rollout_is_cap: float = _field(
+        2.0, "C, the cap of the importance weights min(π_old/π_sample, C) with rollout_precision other than fp32.",
+        min=1)
 
     # ---- tools (docs/tools.md) ---------------------------------------------------------------------
     tools: list[str] = _field(
@@ -325,6 +332,9 @@ class GRPOConfig(_Config):
         if self.parallelism == "fsdp" and self.optimizer == "adamw_8bit":
             raise ConfigError("optimizer: adamw_8bit with parallelism: fsdp is not supported (bitsandbytes does not "
                               "step sharded parameters); use ddp, or optimizer: adamw")
+        if self.parallelism == "fsdp" and self.rollout_precision != "fp32":
+            raise ConfigError("rollout_precision with parallelism: fsdp is not supported (the sampling copy needs the "
+                              "whole policy on every process); use ddp, or rollout_precision: fp32")
         if self.parallelism == "fsdp" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
                               "sharded passes; use ddp")

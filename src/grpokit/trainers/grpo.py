@@ -39,6 +39,7 @@ from grpokit.models.loading import (
     with_lora,
 )
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
+from grpokit.models.rollout_weights import RolloutWeights
 from grpokit.resolve import code_options, load_model_and_tokenizer, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.generate import Rollout, stop_token_ids
@@ -144,6 +145,7 @@ class GRPOTrainer(Trainer):
         self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights,
                                stop_token_ids(self.model, tokenizer), self.device, self.world,
                                sharded=is_sharded(self.model), mixed_precision=self.mixed_precision, toolbox=toolbox)
+        self.rollout_weights = RolloutWeights(self.model, config.rollout_precision)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
 
@@ -166,9 +168,9 @@ class GRPOTrainer(Trainer):
         config = self.config
         start = time.perf_counter()
 
-        # 1-2. Sample G completions for each of B prompts from π_old and score them; with dynamic
-        #      sampling, groups without signal are replaced by groups from further rounds.
-        batch, sampled, sampling = self.sampler.sample(self.model, self.step)
+        # 1-2. Sample G completions for each of B prompts from π_old (or its bfloat16 copy: rollout_precision)
+        #      and score them; with dynamic sampling, groups without signal are replaced by further rounds' groups.
+        batch, sampled, sampling = self.sampler.sample(self.rollout_weights.current(), self.step)
         rollout = batch.rollout
         sampled_at = time.perf_counter()
         loss_mask = rollout.model_mask  # the policy's own tokens: inserted tool results are context
@@ -228,6 +230,7 @@ class GRPOTrainer(Trainer):
             beta=0.0 if self.critic else config.beta, aggregation=config.aggregation,
             ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
             kl_kind=config.kl_kind, num_sequences=counts.sequences, num_tokens=counts.tokens,
+            sample_logp=batch.rollout.logp if self.rollout_weights.lowered else None, is_cap=config.rollout_is_cap,
         )
         if entropy is not None:
             stats["entropy"] = masked_mean(entropy, batch.loss_mask).item()

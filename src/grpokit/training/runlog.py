@@ -52,6 +52,9 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
         calls = [len(c) for c in sampled.tool_calls]
         metrics.update(tool_call_rate=sum(n > 0 for n in calls) / len(calls), tool_calls_mean=sum(calls) / len(calls),
                        tool_result_tokens_mean=float(rollout.tool_mask.sum(dim=1).float().mean()))
+    for key in ("sampler_kl", "is_weight_mean", "is_capped_frac"):  # rollout_precision's correction, if any
+        if key in first_update:
+            metrics[key] = first_update[key]
     # Diagnostics of the last optimizer step (the only one when μ = 1).
     for key in ("loss", "kl", "clipfrac", "clipfrac_low", "clipfrac_high", "ratio_mean", "grad_norm", "lr",
                 "skipped_updates"):

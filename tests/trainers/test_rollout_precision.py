@@ -1,0 +1,56 @@
+"""`rollout_precision`: the sampler reads a bfloat16 copy of the policy that is never stale, the loss is corrected by
+truncated importance sampling and its mismatch logged; with fp32 the sampler is the policy and nothing changes."""
+
+import json
+
+import pytest
+import torch
+
+import grpokit.trainers.grpo
+from grpokit.config import ConfigError, GRPOConfig
+from helpers import documented_metrics, logged_keys, make_trainer
+
+
+def test_the_bf16_sampler_holds_the_policys_weights_at_every_step(tokenizer, tiny_model, tmp_path, monkeypatch):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=3, rollout_precision="bf16")
+    seen, real = [], trainer.sampler.sample
+
+    def sample(model, step=0):
+        assert model is not trainer.model
+        # the weights it samples with are the policy's now, in bfloat16: after each optimizer step, refreshed
+        for mine, theirs in zip(model.parameters(), trainer.model.parameters(), strict=True):
+            assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs.detach().to(torch.bfloat16))
+        seen.append({name: p.detach().clone() for name, p in model.named_parameters()})
+        return real(model, step)
+
+    monkeypatch.setattr(trainer.sampler, "sample", sample)
+    history = trainer.train()
+    assert len(seen) == 3 and any(not torch.equal(seen[0][k], seen[1][k]) for k in seen[0])  # the policy moved
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert logged_keys(metrics[0]) == documented_metrics(lowered=True)[0] - {"accuracy", "format_rate"}
+    for m in history:  # bfloat16 differs from float32, a little
+        assert 0 < m["sampler_kl"] < 0.05 and m["is_weight_mean"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_the_loss_gets_the_samplers_logprobs_only_with_a_lower_precision(tokenizer, tiny_model, tmp_path,
+                                                                          monkeypatch):
+    given, real = [], grpokit.trainers.grpo.grpo_loss
+    monkeypatch.setattr(grpokit.trainers.grpo, "grpo_loss",
+                        lambda *args, **kwargs: given.append((kwargs["sample_logp"], kwargs["is_cap"]))
+                        or real(*args, **kwargs))
+    plain = make_trainer(tokenizer, tiny_model, tmp_path / "fp32", max_steps=1)
+    assert plain.rollout_weights.current() is plain.model  # no copy
+    plain.train()
+    assert given and all(sample is None for sample, _ in given)
+    given.clear()
+    lowered = make_trainer(tokenizer, tiny_model, tmp_path / "bf16", max_steps=1, rollout_precision="bf16",
+                           rollout_is_cap=1.5)
+    lowered.train()
+    assert given and all(sample is not None and cap == 1.5 for sample, cap in given)
+
+
+def test_rollout_precision_is_checked():
+    with pytest.raises(ConfigError, match="rollout_precision"):
+        GRPOConfig(rollout_precision="int4")
+    with pytest.raises(ConfigError, match="rollout_is_cap"):
+        GRPOConfig(rollout_is_cap=0.5)
