@@ -2,14 +2,9 @@
 examples, each checked by assert tests (the ``code_tests`` reward), with a fixed split into training and held-out
 problems.
 
-A problem is a family (say, "the numbers of a list greater than K") at one constant K (or character C)::
-
-    Write a Python function `count_above(nums)` that returns how many numbers in the list nums are greater than 4.
-
-    >>> count_above([3, 5, 9])
-    2
-    >>> count_above([1, 2])
-    0
+A problem is a family (say, "the numbers of a list greater than K") at one constant K (or character C). Its prompt
+names the function, says what it returns ("Write a Python function `count_above(nums)` that returns how many numbers
+in the list nums are greater than 4.") and shows two calls with their results, as a doctest does.
 
 Its reference solution is one fenced block (``solution``), its tests six asserts: the prompt's two examples and
 four unseen inputs, drawn until they tell the function from the family's at every other constant and expect at least
