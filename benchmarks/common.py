@@ -14,6 +14,11 @@ from typing import Any
 
 import numpy as np
 
+# SmolLM2-135M-Instruct's architecture (its config.json), for benchmarks that build it with random weights
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+
 
 def mean_band(ax, runs: list[list[dict]], x_key: str, y_key: str, *, color: str, label: str, points: int = 80) -> None:
     """Plot the mean over ``runs`` of ``y_key`` against ``x_key`` and a min–max band, each run

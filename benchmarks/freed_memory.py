@@ -19,7 +19,7 @@ undone), alternating off and on, each:
 Page faults are counts, but they depend on the machine's state (its kernel, its other tenants): read them
 as orders of magnitude. Seconds per step are noisy on a shared machine; ``benchmarks/dev/ab_steps.py``
 compares whole steps over more processes. Writes ``benchmarks/results/freed_memory.json`` and prints
-the Markdown table for ``docs/benchmarks.md``. Run it alone on the machine.
+the Markdown table for ``docs/memory.md``. Run it alone on the machine.
 """
 
 from __future__ import annotations

@@ -25,11 +25,8 @@ import json
 import platform
 from pathlib import Path
 
-from common import cpu_model, run_worker
+from common import SMOLLM2_135M, cpu_model, run_worker
 
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rope_theta=100000.0,
-                    rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 PROMPTS, G, PROMPT_TOKENS, COMPLETION_TOKENS = 2, 8, 32, 128
 
 

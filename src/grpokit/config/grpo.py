@@ -107,7 +107,8 @@ class GRPOConfig(_Config):
     rollout_precision: str = _field(
         "fp32", "The weights completions are sampled with: 'fp32', the policy's own; 'bf16', a bfloat16 copy refreshed "
         "before each step's sampling, the loss corrected by truncated importance sampling (docs/math.md, \"Sampling "
-        "in a lower precision\"). Pays where bfloat16 is native (docs/benchmarks.md).", choices=("fp32", "bf16"))
+        "in a lower precision\"). Pays where bfloat16 products are fast: GPUs, AMX CPUs (docs/benchmarks.md).",
+        choices=("fp32", "bf16"))
     rollout_is_cap: float = _field(
         2.0, "C, the cap of the importance weights min(π_old/π_sample, C) with rollout_precision other than fp32.",
         min=1)
@@ -255,7 +256,7 @@ class GRPOConfig(_Config):
     keep_freed_memory: bool = _field(
         True, "Training on the CPU under Linux (glibc): keep the memory each step frees for the next step's tensors "
         "instead of returning it to the system and taking it back page by page (as PyTorch keeps GPU memory). "
-        "No page faults retaking a step's tensors (docs/benchmarks.md); the process's resident memory stays near "
+        "No page faults retaking a step's tensors (docs/memory.md); the process's resident memory stays near "
         "its peak. Affects the whole process.",
     )
 

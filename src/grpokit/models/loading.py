@@ -71,7 +71,7 @@ def keep_freed_memory() -> bool:
     A training step allocates and frees the same large tensors every step. By default glibc returns
     the top of its heap to the system when much of it is free, and serves allocations above a moving
     threshold (128 KB at first) with fresh mappings, so the next step takes the memory back one zeroed
-    4 KB page at a time: thousands of page faults per update (docs/benchmarks.md). Here allocations up to
+    4 KB page at a time: thousands of page faults per update (docs/memory.md). Here allocations up to
     32 MB (glibc's largest threshold) come from the heap, and the heap is trimmed only beyond 1 GB free.
     """
     if not sys.platform.startswith("linux"):

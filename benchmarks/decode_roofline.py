@@ -1,0 +1,157 @@
+"""Decoding against its roofline: tokens/s of grpokit's sampling (``grpokit.rollout.generate``) for SmolLM2-135M's
+architecture at several batch sizes (rows), beside the bound this machine sets, measured in the same run, and beside
+``transformers``' ``generate`` on the same model.
+
+    python benchmarks/decode_roofline.py                                  # ~5 minutes on 2 cores, float32
+    python benchmarks/decode_roofline.py --device cuda --dtype bfloat16   # on a GPU
+
+- The model: SmolLM2-135M's config with random weights (decoding's cost does not depend on the values); no token
+  stops a completion, so every row decodes ``--new_tokens`` tokens after a ``--prompt_tokens`` prompt. ``rows``
+  completions are ``rows / G`` prompts × G (G = min(rows, 8), as GRPO samples them); the time includes each prompt's
+  prefill. Best of ``--repeats`` runs after a warm-up.
+- The bound: a decode step must read every weight once (the tied embedding is the LM head) and the rows' keys and
+  values so far, and do 2 FLOPs per weight per row plus attention's 4·hidden FLOPs per cached position per layer.
+  Its time is at least max(bytes / bandwidth, FLOPs / matmul throughput), with bandwidth measured as a sum over a
+  1 GiB tensor and matmul throughput as the best product in ``--dtype`` (``machine_bounds``), both here and now.
+  Summed over the steps, the bound in tokens/s; ``% of bound`` is the measured rate over it, and ``binds`` says
+  which of the two it is.
+
+Writes ``benchmarks/results/decode_roofline[_DEVICE_DTYPE].json`` and prints the Markdown table for
+docs/benchmarks.md. Run it alone: other jobs on the cores change every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from common import SMOLLM2_135M, cpu_model
+from transformers import LlamaConfig, LlamaForCausalLM
+from vs_trl_report import matmul_peak
+
+from grpokit.rollout.generate import generate
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def best_seconds(call, device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        call()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def machine_bounds(device: torch.device, dtype: torch.dtype) -> dict:
+    """Read bandwidth (bytes/s: a sum over 1 GiB) and matmul throughput in ``dtype`` (FLOP/s: on the CPU the best of
+    MKL and oneDNN's packed weights, large and decode-shaped products, as ``vs_trl_report.matmul_peak``; on a GPU a
+    2048² × 2048 product)."""
+    big = torch.ones(2**28, dtype=torch.float32, device=device)
+    bandwidth = big.numel() * 4 / best_seconds(big.sum, device, 5)
+    if device.type == "cpu":
+        peaks = matmul_peak()
+        flops = 1e9 * max(v for k, v in peaks.items() if k.startswith(str(dtype).split(".")[-1]))
+    else:
+        a = torch.randn(2048, 2048, dtype=dtype, device=device)
+        flops = 2 * 2048**3 / best_seconds(lambda: torch.mm(a, a), device, 5)
+    return {"bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops / 1e9}
+
+
+def roofline(rows: int, prompt: int, new: int, element: int, bounds: dict) -> tuple[float, str]:
+    """The bound in tokens/s for ``rows`` rows decoding ``new`` tokens after ``prompt``, and which term binds."""
+    c = SMOLLM2_135M
+    hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    head_dim = hidden // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head_dim
+    per_layer = hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * c["intermediate_size"]
+    weights = layers * per_layer + vocab * hidden  # the tied embedding read once, as the LM head
+    memory_s = compute_s = total = 0.0
+    for t in range(new):
+        cached = prompt + t
+        step_bytes = (weights + layers * 2 * rows * kv * cached) * element
+        step_flops = 2 * rows * weights + 4 * rows * cached * hidden * layers
+        m, f = step_bytes / (bounds["bandwidth_gb_s"] * 1e9), step_flops / (bounds["matmul_gflop_s"] * 1e9)
+        memory_s, compute_s, total = memory_s + m, compute_s + f, total + max(m, f)
+    return rows * new / total, "memory" if memory_s >= compute_s else "compute"
+
+
+def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    """Tokens/s of grpokit's sampling and of transformers' generate for ``rows`` rows, ``rows / G`` prompts × G."""
+    vocab = SMOLLM2_135M["vocab_size"]
+    g = min(rows, 8)
+    prompts = torch.randint(3, vocab, (rows // g, args.prompt_tokens), device=device)
+    expanded = prompts.repeat_interleave(g, dim=0)
+    ours = partial(generate, model, prompts, torch.ones_like(prompts), num_generations=g,
+                   eos_token_id=[vocab], pad_token_id=0)  # no sampled id equals vocab: every row decodes all its tokens
+    theirs = partial(model.generate, input_ids=expanded, attention_mask=torch.ones_like(expanded), do_sample=True,
+                     top_k=0, pad_token_id=0)
+    calls = {"grpokit": lambda new: ours(max_new_tokens=new, generator=torch.Generator(device).manual_seed(0)),
+             "transformers": lambda new: theirs(max_new_tokens=new, min_new_tokens=new)}
+    result = {}
+    for name, call in list(calls.items())[: 1 if args.no_hf else 2]:
+        call(8)  # warm-up
+        result[f"{name}_tokens_s"] = rows * args.new_tokens / best_seconds(partial(call, args.new_tokens), device,
+                                                                         args.repeats)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--no_hf", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    load_before = os.getloadavg()
+    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(device=device, dtype=dtype).eval()
+    # The bounds are measured before and after the speeds, and the better of each kept: a virtual machine's
+    # bandwidth and throughput drift, and the bound is what the machine showed it can do.
+    first = machine_bounds(device, dtype)
+    records = [{"rows": rows, **speeds(model, rows, args, device)} for rows in args.rows]
+    last = machine_bounds(device, dtype)
+    bounds = {key: max(first[key], last[key]) for key in first}
+    for record in records:
+        bound, binds = roofline(record["rows"], args.prompt_tokens, args.new_tokens, dtype.itemsize, bounds)
+        record.update(bound_tokens_s=bound, binds=binds)
+        print(json.dumps(record), flush=True)
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
+    result = {"machine": {"cpu": cpu_model(), "platform": platform.platform(), "device": args.device, "gpu": gpu,
+                          "threads": torch.get_num_threads(), "load": [load_before, os.getloadavg()]},
+              "torch": torch.__version__, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
+              "new_tokens": args.new_tokens, "bounds": bounds, "bounds_measured": [first, last],
+              "records": records}
+    suffix = "" if (args.device, args.dtype) == ("cpu", "float32") else f"_{device.type}_{args.dtype}"
+    out = Path(args.out or Path(__file__).parent / "results" / f"decode_roofline{suffix}.json")
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\nbandwidth {bounds['bandwidth_gb_s']:.1f} GB/s, matmul {bounds['matmul_gflop_s']:.0f} GFLOP/s "
+          f"({args.dtype}); {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens\n")
+    print("| rows | bound, tokens/s (binds) | grpokit, tokens/s | % of bound | transformers' generate | grpokit ÷ it |")
+    print("|---|---|---|---|---|---|")
+    for r in records:
+        hf = r.get("transformers_tokens_s")
+        print(f"| {r['rows']} | {r['bound_tokens_s']:.0f} ({r['binds']}) | {r['grpokit_tokens_s']:.0f} "
+              f"| {100 * r['grpokit_tokens_s'] / r['bound_tokens_s']:.0f} % | "
+              + (f"{hf:.0f} | {r['grpokit_tokens_s'] / hf:.2f}× |" if hf else "— | — |"))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
