@@ -386,5 +386,5 @@ def grpo_loss(
             sampled = torch.where(valid, sample_logp, old_logp)
             stats["sampler_kl"] = masked_mean(kl_penalty(sampled, old_logp, "k3"), mask).item()
             stats["is_weight_mean"] = masked_mean(weights, mask).item()
-            stats["is_capped_frac"] = masked_mean((old_logp - sampled).exp().ge(is_cap).to(mask.dtype), mask).item()
+            stats["is_capped_frac"] = masked_mean(weights.ge(is_cap).to(mask.dtype), mask).item()
     return loss, stats

@@ -160,8 +160,8 @@ def _telling(family: Family, constant: Any, others: list[Any], inputs: list[Any]
             and all(any(family.value(other, value) != e for value, e in zip(inputs, expected)) for other in others))
 
 
-def _held_out(family: Family, constant: Any) -> bool:
-    digest = hashlib.sha256(f"{family.name}/{constant}".encode()).digest()
+def _held_out(problem: Problem) -> bool:
+    digest = hashlib.sha256(f"{problem.family}/{problem.constant}".encode()).digest()
     return digest[0] % HELD_OUT_SHARE == 0
 
 
@@ -171,12 +171,8 @@ def problems() -> list[Problem]:
 
 
 def train_problems() -> list[Problem]:
-    return [p for p, f in _with_family() if not _held_out(f, p.constant)]
+    return [p for p in problems() if not _held_out(p)]
 
 
 def held_out_problems() -> list[Problem]:
-    return [p for p, f in _with_family() if _held_out(f, p.constant)]
-
-
-def _with_family() -> list[tuple[Problem, Family]]:
-    return [(_problem(family, constant), family) for family in FAMILIES for constant in family.constants]
+    return [p for p in problems() if _held_out(p)]
