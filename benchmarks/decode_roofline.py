@@ -4,6 +4,7 @@ architecture at several batch sizes (rows), beside the bound this machine sets, 
 
     python benchmarks/decode_roofline.py                                  # ~5 minutes on 2 cores, float32
     python benchmarks/decode_roofline.py --device cuda --dtype bfloat16   # on a GPU
+    python benchmarks/decode_roofline.py --profile 16                     # where a 16-row step's time goes
 
 - The model: SmolLM2-135M's config with random weights (decoding's cost does not depend on the values); no token
   stops a completion, so every row decodes ``--new_tokens`` tokens after a ``--prompt_tokens`` prompt. ``rows``
@@ -107,6 +108,26 @@ def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: 
     return result
 
 
+def profile(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: torch.device) -> None:
+    """Where a decode step's time goes at ``rows`` rows: the step, every weight's product alone (``F.linear`` on
+    ``rows`` rows, the tied LM head included), and ``torch.profiler``'s operators over a 32-token call."""
+    vocab = SMOLLM2_135M["vocab_size"]
+    g = min(rows, 8)
+    prompts = torch.randint(3, vocab, (rows // g, args.prompt_tokens), device=device)
+    call = partial(generate, model, prompts, torch.ones_like(prompts), num_generations=g, eos_token_id=[vocab],
+                   pad_token_id=0)
+    call(max_new_tokens=8)
+    weights = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n] + [model.lm_head.weight]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=device) for w in weights}
+    products = best_seconds(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 5)
+    step = best_seconds(partial(call, max_new_tokens=64), device, args.repeats) / 64
+    print(f"{rows} rows: {1000 * step:.0f} ms per decode step; every weight's product alone (F.linear) "
+          f"{1000 * products:.0f} ms")
+    with torch.profiler.profile() as prof:
+        call(max_new_tokens=32)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -116,12 +137,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--no_hf", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--profile", type=int, metavar="ROWS", help="only profile a decode step at ROWS rows")
     parser.add_argument("--out")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
     load_before = os.getloadavg()
     model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(device=device, dtype=dtype).eval()
+    if args.profile:
+        return profile(model, args.profile, args, device)
     # The bounds are measured before and after the speeds, and the better of each kept: a virtual machine's
     # bandwidth and throughput drift, and the bound is what the machine showed it can do.
     first = machine_bounds(device, dtype)
