@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from common import cpu_model, run_worker
-from vs_trl_report import markdown, matmul_peak, pool, summarize
+from vs_trl_report import markdown, matmul_peak, pool, summarize, table
 
 CONFIGS = {  # name → model shape (None: the real SmolLM2-135M-Instruct), prompts per step, new tokens
     "small": (dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512), 4, 64),
@@ -263,6 +263,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/vs_trl.json")
     parser.add_argument("--pool", nargs="+", metavar="JSON", help="no run: pool the timed steps of earlier runs' "
                         "results files and print each row's median s/step and grpokit ÷ TRL")
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="no run: print the Markdown table of earlier "
+                        "runs' results files")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -273,6 +275,9 @@ def main() -> None:
         return
     if args.pool:
         pool(args.pool)
+        return
+    if args.table:
+        table(args.table)
         return
 
     import yaml

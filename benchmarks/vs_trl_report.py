@@ -63,6 +63,12 @@ def matmul_peak() -> dict:
     return out
 
 
+def step_tokens_per_s(raw: dict) -> float:
+    """Generated tokens per second of whole steps: a trainer whose samples are shorter does less work per
+    step, and seconds per step would count that as speed."""
+    return sum(sum(c) for c in raw["completion_lengths"]) / sum(raw["step"])
+
+
 def summarize(result: dict, model_config, peak_gflops: float) -> dict:
     step = result["step"]
     flops = [useful_flops(model_config, p, c) for p, c in zip(result["prompt_lengths"], result["completion_lengths"])]
@@ -71,6 +77,7 @@ def summarize(result: dict, model_config, peak_gflops: float) -> dict:
     return {
         "s_per_step": {"min": min(step), "median": statistics.median(step), "max": max(step)},
         "generated_tokens_per_s": sum(generated) / sum(result["generate"]),
+        "step_tokens_per_s": step_tokens_per_s(result),
         "phase_share": {k: sum(result[k]) / total_time for k in ("generate", "score_and_reference", "update")},
         "peak_rss_mb": result["peak_rss_mb"],
         "useful_gflops_per_s": sum(flops) / total_time / 1e9,
@@ -96,11 +103,20 @@ def pool(paths: list[str]) -> None:
         print(f"{config:5} {mode} {trainer:7} {statistics.median(values):.3f} s/step over {len(values)} steps{ratio}")
 
 
+def table(paths: list[str]) -> None:
+    """The Markdown table of earlier runs' results files, summaries recomputed from their raw steps."""
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        print(f"{path}:\n")
+        print(markdown([{**r, "step_tokens_per_s": step_tokens_per_s(r["raw"])} for r in saved["results"]]))
+        print()
+
+
 def markdown(results: list[dict]) -> str:
-    lines = ["| config | mode | trainer | s/step median [min, max] | speed ÷ TRL | peak RSS MB (÷ TRL) "
-             "| generated tok/s | generate / score+ref / update | useful GFLOP/s (% of peak) "
-             "| update GFLOP/s (% of peak) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | mode | trainer | s/step median [min, max] | speed ÷ TRL | generated tokens per step-second "
+             "(÷ TRL) | peak RSS MB (÷ TRL) | generated tok/s | generate / score+ref / update "
+             "| useful GFLOP/s (% of peak) | update GFLOP/s (% of peak) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["trainer"], r["config"], r["mode"]): r for r in results}
     for r in results:
         s, share = r["s_per_step"], r["phase_share"]
@@ -108,11 +124,13 @@ def markdown(results: list[dict]) -> str:
         ours = r["trainer"].startswith("grpokit") and trl
         ratio = f"**{trl['s_per_step']['median'] / s['median']:.2f}×**" if ours else ""
         memory = f" (**{r['peak_rss_mb'] / trl['peak_rss_mb']:.2f}×**)" if ours else ""
+        per_token = f" (**{r['step_tokens_per_s'] / trl['step_tokens_per_s']:.2f}×**)" if ours else ""
         update = r.get("update_gflops_per_s")
         update = f"{update:.0f} ({update / r['peak_gflops']:.0%})" if update and "peak_gflops" in r else ""
         lines.append(
             f"| {r['config']} | {r['mode']} | {r['trainer']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] "
-            f"| {ratio} | {r['peak_rss_mb']:.0f}{memory} | {r['generated_tokens_per_s']:,.0f} "
+            f"| {ratio} | {r['step_tokens_per_s']:.1f}{per_token} | {r['peak_rss_mb']:.0f}{memory} "
+            f"| {r['generated_tokens_per_s']:,.0f} "
             f"| {share['generate']:.0%} / "
             f"{share['score_and_reference']:.0%} / {share['update']:.0%} "
             f"| {r['useful_gflops_per_s']:.0f} ({r['fraction_of_peak']:.0%}) | {update} |"
