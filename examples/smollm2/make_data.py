@@ -31,11 +31,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     print(f"{path}: {len(rows)} rows")
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, carry_share: float = CARRY_SHARE) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
-    carries = round(ROWS * CARRY_SHARE)
+    carries = round(ROWS * carry_share)
     cold = (rng.sample([p for p in TRAIN_PAIRS if has_carry(*p)], carries)
             + rng.sample([p for p in TRAIN_PAIRS if not has_carry(*p)], ROWS - carries))
     rng.shuffle(cold)
@@ -50,4 +50,5 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs/smollm2/data")
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/smollm2/data",
+         float(sys.argv[2]) if len(sys.argv) > 2 else CARRY_SHARE)

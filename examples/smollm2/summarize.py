@@ -1,10 +1,13 @@
-"""The recipe's results over the seeds run so far, as Markdown (and JSON with ``--out``).
+"""The recipe's results over the variants and seeds run so far, as Markdown (and JSON with ``--out``).
 
     python examples/smollm2/summarize.py runs/smollm2 [--out benchmarks/results/smollm2_recipe.json]
+                                                      [--figure docs/images/smollm2_supervision.png]
 
-For each ``seedN`` directory written by run.sh: greedy accuracy and format rate on the 200 held-out problems
-before the cold start, after it (the model GRPO starts from) and after GRPO, the minutes each stage took, and
-the training accuracy curve, and the first three held-out problems' completions before and after GRPO.
+For each ``VARIANT/seedN`` directory written by ``run.sh SEED VARIANT``: greedy accuracy and format rate on the
+200 held-out problems before the cold start, after it (the model GRPO starts from) and after GRPO, split by carry;
+the minutes each stage took; the sampled training accuracy on carry and carry-free problems over the steps (from
+every completion GRPO logged); and the first three held-out problems' completions before and after GRPO.
+``--figure``: the carry problems' sampled training accuracy against the step, one line per run (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -15,57 +18,92 @@ import platform
 import sys
 from pathlib import Path
 
+from grpokit.core.answers import answers_match, extract_answer
+from grpokit.tasks.arithmetic import has_carry
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from common import cpu_model  # noqa: E402
 
 STAGES = ("base", "sft", "grpo")
-WINDOW = 10  # training steps per point of the accuracy curve
-LABELS = {"base": "SmolLM2-135M-Instruct", "sft": "after the cold start (before RL)", "grpo": "after GRPO"}
+WINDOW = 10  # training steps per point of the accuracy curves
+LABELS = {"base": "SmolLM2-135M-Instruct", "sft": "after the cold start", "grpo": "after GRPO"}
 
 
-def load(run: Path, carries: list[bool]) -> dict:
+def operands(prompt: str) -> tuple[int, int]:
+    a, b = prompt.removeprefix("What is ").removesuffix("?").split(" + ")
+    return int(a), int(b)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def by_carry(rows: list[tuple[bool, bool]]) -> dict[str, float | None]:
+    """(carry, correct) pairs → accuracy with and without a carry."""
+    out = {}
+    for name, carry in (("carry", True), ("no_carry", False)):
+        picked = [correct for c, correct in rows if c == carry]
+        out[name] = sum(picked) / len(picked) if picked else None
+    return out
+
+
+def training_curves(run: Path) -> dict[str, list[float | None]]:
+    """Sampled (T = 1) accuracy of every logged completion, per window of WINDOW steps, by carry."""
+    windows: dict[int, list[tuple[bool, bool]]] = {}
+    for record in read_jsonl(run / "grpo" / "completions.jsonl"):
+        a, b = operands(record["prompt"])
+        answer = extract_answer(record["completion"])
+        correct = answer is not None and answers_match(answer, a + b)
+        windows.setdefault((record["step"] - 1) // WINDOW, []).append((has_carry(a, b), correct))
+    curves = [by_carry(windows[w]) for w in sorted(windows)]
+    return {name: [c[name] for c in curves] for name in ("carry", "no_carry")}
+
+
+def load(run: Path) -> dict:
     times = json.loads((run / "times.json").read_text())
     evals = {stage: json.loads((run / f"eval_{stage}.json").read_text()) for stage in STAGES}
-    by_carry = {}  # greedy accuracy on the held-out problems with and without a carry
-    for stage in STAGES:
-        rows = [json.loads(line) for line in (run / f"completions_{stage}.jsonl").read_text().splitlines()]
-        by_carry[stage] = {name: sum(r["correct"] for r, c in zip(rows, carries) if c == carry) / carries.count(carry)
-                           for name, carry in (("carry", True), ("no_carry", False))}
-    metrics = [json.loads(line) for line in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
-    curve = [sum(m["accuracy"] for m in metrics[i:i + WINDOW]) / len(metrics[i:i + WINDOW])
-             for i in range(0, len(metrics), WINDOW)]
-    examples = {stage: [json.loads(line) for line in (run / f"completions_{stage}.jsonl").read_text().splitlines()]
-                [:3] for stage in ("sft", "grpo")}
-    return {"seed": int(run.name.removeprefix("seed")), "minutes_total": times["grpo_eval"] / 60,
-            "seconds": times, "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
-            "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES}, "greedy_correct_by_carry": by_carry,
-            "training_accuracy_by_window": curve, "examples": examples}
+    completions = {stage: read_jsonl(run / f"completions_{stage}.jsonl") for stage in STAGES}
+    greedy_by_carry = {stage: by_carry([(has_carry(*operands(r["prompt"])), r["correct"]) for r in rows])
+                       for stage, rows in completions.items()}
+    return {"variant": run.parent.name, "seed": int(run.name.removeprefix("seed")),
+            "minutes_total": times["grpo_eval"] / 60, "seconds": times,
+            "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
+            "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES},
+            "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(run),
+            "examples": {stage: completions[stage][:3] for stage in ("sft", "grpo")}}
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
 
 
 def markdown(runs: list[dict]) -> str:
-    lines = ["| seed | model | held-out accuracy (greedy) | without a carry | with a carry | format rate "
-             "| minutes (cumulative) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| variant | seed | model | held-out accuracy (greedy) | without a carry | with a carry | format rate "
+             "| minutes (cumulative) |", "|---|---|---|---|---|---|---|---|"]
     for run in runs:
         t, carry = run["seconds"], run["greedy_correct_by_carry"]
-        minutes = {"base": t["base_eval"], "sft": t["sft_eval"], "grpo": t["grpo_eval"]}
+        minutes = {"base": None, "sft": t["sft_eval"], "grpo": t["grpo_eval"]}
         for stage in STAGES:
-            lines.append(f"| {run['seed']} | {LABELS[stage]} | {run['greedy_correct'][stage]:.1%} "
-                         f"| {carry[stage]['no_carry']:.1%} | {carry[stage]['carry']:.1%} "
-                         f"| {run['greedy_format'][stage]:.1%} | {minutes[stage] / 60:.1f} |")
+            lines.append(f"| {run['variant']} | {run['seed']} | {LABELS[stage]} | {pct(run['greedy_correct'][stage])} "
+                         f"| {pct(carry[stage]['no_carry'])} | {pct(carry[stage]['carry'])} "
+                         f"| {pct(run['greedy_format'][stage])} "
+                         f"| {'' if minutes[stage] is None else f'{minutes[stage] / 60:.1f}'} |")
         gain = {key: 100 * (after - before) for key, before, after in (
             ("all", run["greedy_correct"]["sft"], run["greedy_correct"]["grpo"]),
             ("no_carry", carry["sft"]["no_carry"], carry["grpo"]["no_carry"]),
             ("carry", carry["sft"]["carry"], carry["grpo"]["carry"]))}
-        lines.append(f"| {run['seed']} | **GRPO's gain** | **{gain['all']:+.1f} points** | {gain['no_carry']:+.1f} "
-                     f"| {gain['carry']:+.1f} | | |")
-    lines += ["", f"Training accuracy (sampled, T = 1), mean over each {WINDOW} steps:", "",
-              "| seed | " + " | ".join(f"steps {i * WINDOW + 1}–{(i + 1) * WINDOW}"
-                                       for i in range(len(runs[0]["training_accuracy_by_window"]))) + " |",
-              "|---|" + "---|" * len(runs[0]["training_accuracy_by_window"])]
+        lines.append(f"| {run['variant']} | {run['seed']} | **GRPO's gain** | **{gain['all']:+.1f} points** "
+                     f"| {gain['no_carry']:+.1f} | {gain['carry']:+.1f} | | |")
+    windows = max(len(r["training_accuracy_by_window"]["carry"]) for r in runs)
+    lines += ["", f"Sampled training accuracy (T = 1) on carry problems (carry-free in brackets), each {WINDOW} steps:",
+              "", "| variant | seed | " + " | ".join(f"steps {i * WINDOW + 1}–{(i + 1) * WINDOW}"
+                                                  for i in range(windows)) + " |", "|---|---|" + "---|" * windows]
     for run in runs:
-        lines.append(f"| {run['seed']} | " + " | ".join(f"{a:.0%}" for a in run["training_accuracy_by_window"]) + " |")
+        curve = run["training_accuracy_by_window"]
+        lines.append(f"| {run['variant']} | {run['seed']} | " + " | ".join(
+            f"{pct(c)} ({pct(n)})" for c, n in zip(curve["carry"], curve["no_carry"])) + " |")
     first = runs[0]
-    lines += ["", f"Seed {first['seed']}, the first three held-out problems, greedy:", ""]
+    lines += ["", f"{first['variant']}, seed {first['seed']}, the first three held-out problems, greedy:", ""]
     for before, after in zip(first["examples"]["sft"], first["examples"]["grpo"]):
         lines.append(f"- `{before['prompt']}` (answer {before['answer']})")
         for label, row in (("before RL", before), ("after GRPO", after)):
@@ -74,20 +112,49 @@ def markdown(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def figure(runs: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    variants = sorted({r["variant"] for r in runs})
+    colours = {v: f"C{i}" for i, v in enumerate(variants)}
+    for ax, name, title in ((axes[0], "carry", "carry problems"), (axes[1], "no_carry", "carry-free problems")):
+        for run in runs:
+            curve = run["training_accuracy_by_window"][name]
+            steps = [WINDOW * (i + 1) for i in range(len(curve))]
+            ax.plot(steps, [100 * c if c is not None else float("nan") for c in curve], color=colours[run["variant"]],
+                    linestyle="-" if run["seed"] == 0 else "--", marker="o", markersize=3,
+                    label=f"{run['variant']}, seed {run['seed']}")
+        ax.set_title(f"sampled training accuracy (T = 1), {title}")
+        ax.set_xlabel(f"GRPO step (mean of each {WINDOW})")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("% correct")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"SmolLM2-135M-Instruct, outcome vs process supervision ({cpu_model()})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="?", default="runs/smollm2")
     parser.add_argument("--out", help="also write the results as JSON here")
+    parser.add_argument("--figure", help="also draw the carry problems' training curves to this PNG")
     args = parser.parse_args()
-    carries = [json.loads(line)["carry"] for line in (Path(args.runs) / "data" / "held_out.jsonl").read_text()
-               .splitlines()]
-    runs = [load(run, carries) for run in sorted(Path(args.runs).glob("seed*")) if (run / "times.json").exists()]
+    root = Path(args.runs)
+    finished = sorted(p.parent for p in root.glob("*/seed*/times.json"))
+    runs = [load(run) for run in finished]
     if not runs:
-        sys.exit(f"no finished run under {args.runs} (bash examples/smollm2/run.sh SEED writes one)")
+        sys.exit(f"no finished run under {root} (bash examples/smollm2/run.sh SEED VARIANT writes one)")
     print(markdown(runs))
     if args.out:
         Path(args.out).write_text(json.dumps({"machine": {"cpu": cpu_model(), "platform": platform.platform()},
                                               "runs": runs}, indent=1))
+    if args.figure:
+        figure(runs, args.figure)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
     reward_funcs  accuracy, math_accuracy, format     the built-in rule rewards (grpokit.rewards.builtin)
                   code_tests                          programs run against the row's tests (grpokit.rewards.code)
                   arithmetic_steps                    the built-in task's per-step reward (process supervision)
+                  arithmetic_substeps                 the same, each column's operands and result two steps
                   model:DIR, or a directory           a learned outcome reward model
                   process_model:DIR                   a learned process reward model
                   FILE.py:NAME, package.module:NAME   a function of your own
@@ -98,7 +99,8 @@ def builtin_rewards() -> dict[str, RewardFunction]:
     """Reward functions available by name in a config (``code_tests`` with its default settings: a run's own are
     :func:`code_options`)."""
     return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
-            "code_tests": code_tests, "arithmetic_steps": arithmetic.arithmetic_steps_reward}
+            "code_tests": code_tests, "arithmetic_steps": arithmetic.arithmetic_steps_reward,
+            "arithmetic_substeps": arithmetic.arithmetic_substeps_reward}
 
 
 def reward_function(spec: str, code: dict[str, Any] | None = None, **model_options: Any) -> RewardFunction:

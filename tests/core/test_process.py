@@ -14,7 +14,7 @@ from grpokit import group_advantages, process_advantages
 from grpokit.core.offsets import step_token_ends
 from grpokit.rewards.builtin import accuracy_reward
 from grpokit.rewards.calling import RewardError, score_completions, score_steps
-from grpokit.tasks.arithmetic import arithmetic_steps_reward, worked_solution
+from grpokit.tasks.arithmetic import arithmetic_steps_reward, arithmetic_substeps_reward, worked_solution
 from helpers import brute_force_ends
 
 EPS = 1e-4
@@ -212,7 +212,9 @@ def test_offsets_outside_the_text_are_refused(tokenizer):
         ("<think>\n7+5=13\n4+8+1=14\n</think><answer>142</answer>", [0.0, 0.0, 0.0]),  # wrong sums
         ("<think>\n4+8+1=13\n7+5=12\n</think><answer>132</answer>", [0.0, 0.0, 1.0]),  # steps out of order
         ("<think>\n7+5=12\n4+8+1=13\n1+1=2\n</think><answer>132</answer>", [1.0, 1.0, 0.0, 1.0]),  # extra step
-        ("<think>\n__import__('os')=1\n7*5=35\n</think><answer>132</answer>", [1.0]),  # not steps: only the answer
+        # not steps: the two columns are missing (a wrong step where the block closes), then the answer
+        ("<think>\n__import__('os')=1\n7*5=35\n</think><answer>132</answer>", [0.0, 1.0]),
+        ("<think>\n7+5=12\n</think>\n<answer>122</answer>", [1.0, 0.0, 0.0]),  # the carry's column left out
         ("<answer>132</answer>", [1.0]),
         ("garbage", [0.0]),
     ],
@@ -222,6 +224,36 @@ def test_arithmetic_steps_reward(completion, expected):
     assert [reward for _, reward in steps] == expected
     assert steps[-1][0] == len(completion)  # the answer is the last step, ending with the completion
     assert [offset for offset, _ in steps] == sorted({offset for offset, _ in steps})
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        (worked_solution(47, 85), [1.0, 1.0, 1.0, 1.0, 1.0]),  # operands, result per column; the answer
+        (worked_solution(47, 85, forget_carry=True), [1.0, 1.0, 0.0, 0.0, 0.0]),  # "4+8=": the carry forgotten
+        ("<think>\n7+5=12\n4+8+1=12\n</think><answer>122</answer>", [1.0, 1.0, 1.0, 0.0, 0.0]),  # added wrong
+        ("<think>\n7+5=12\n4+8=13\n</think><answer>132</answer>", [1.0, 1.0, 0.0, 1.0, 1.0]),  # carried silently
+        ("<think>\n7+5=12\n4+8+1=13\n1+1=2\n</think><answer>132</answer>", [1.0] * 4 + [0.0, 1.0]),  # extra line
+        ("<think>\n7+5=12\n</think>\n<answer>122</answer>", [1.0, 1.0, 0.0, 0.0]),  # the carry's column left out
+        ("<answer>132</answer>", [1.0]),
+    ],
+)
+def test_arithmetic_substeps_reward(completion, expected):
+    steps = arithmetic_substeps_reward(["What is 47 + 85?"], [completion])[0]
+    assert [reward for _, reward in steps] == expected
+    assert [offset for offset, _ in steps] == sorted({offset for offset, _ in steps})
+    assert steps[-1][0] == len(completion)
+
+
+def test_substeps_end_with_the_equals_sign_then_the_line():
+    text = worked_solution(47, 85)
+    offsets = [offset for offset, _ in arithmetic_substeps_reward(["What is 47 + 85?"], [text])[0]]
+    assert [text[:o].rsplit("\n", 1)[-1] for o in offsets[:4]] == ["7+5=", "7+5=12", "4+8+1=", "4+8+1=13"]
+    # the line-level reward's steps are the substeps' second halves, with the same rewards
+    for completion in (text, worked_solution(47, 85, forget_carry=True)):
+        lines = arithmetic_steps_reward(["What is 47 + 85?"], [completion])[0]
+        halves = arithmetic_substeps_reward(["What is 47 + 85?"], [completion])[0]
+        assert [end for end, _ in lines] == [end for end, _ in halves[1:4:2]] + [halves[-1][0]]
 
 
 def test_step_offsets_point_at_the_end_of_each_line():

@@ -161,6 +161,11 @@ def test_rewards_from_a_file_and_a_module(tmp_path, monkeypatch):
     sys.modules.pop("pkg.scores", None), sys.modules.pop("pkg", None)
 
 
+def test_the_built_in_process_rewards_resolve_by_name():
+    funcs, _ = resolve_reward_functions(["arithmetic_steps", "arithmetic_substeps"])
+    assert [f.__name__ for f in funcs] == ["arithmetic_steps_reward", "arithmetic_substeps_reward"]
+
+
 @pytest.mark.parametrize("spec, message", [
     ("nowhere.py:brevity", "reward_funcs: 'nowhere.py:brevity': file 'nowhere.py' does not exist"),
     ("my_rewards.py:brevty", "'my_rewards.py' has no attribute 'brevty'; did you mean 'brevity'?"),

@@ -53,6 +53,40 @@ def test_the_recipe_data(tmp_path):
     assert sum(r["carry"] for r in read["held_out"]) > 0
 
 
+def test_the_recipe_data_takes_the_cold_starts_carry_share(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "examples/smollm2/make_data.py"), str(tmp_path), "0.5"], check=True,
+                   capture_output=True)
+    rows = [json.loads(line) for line in (tmp_path / "cold_start.jsonl").read_text().splitlines()]
+    pairs = [row["prompt"].removeprefix("What is ").removesuffix("?").split(" + ") for row in rows]
+    assert sum(has_carry(int(a), int(b)) for a, b in pairs) == 150
+
+
+def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
+    """summarize.py's numbers, on a run directory written by hand: greedy accuracy by carry per stage,
+    and the sampled training accuracy per window of steps, judged from the logged completions."""
+    run = tmp_path / "process" / "seed1"
+    (run / "grpo").mkdir(parents=True)
+    (run / "times.json").write_text('{"sft": 60, "sft_eval": 120, "grpo": 1800, "grpo_eval": 1900}')
+    for stage, correct in (("base", [0, 0, 0]), ("sft", [1, 0, 0]), ("grpo", [1, 1, 0])):
+        (run / f"eval_{stage}.json").write_text(json.dumps({"greedy_correct": sum(correct) / 3, "greedy_format": 1}))
+        rows = [{"prompt": p, "answer": "", "completion": "", "correct": bool(c)}
+                for p, c in zip(["What is 12 + 13?", "What is 47 + 85?", "What is 19 + 19?"], correct)]
+        (run / f"completions_{stage}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    logged = [(1, "What is 47 + 85?", "<answer>132</answer>"), (2, "What is 47 + 85?", "<answer>122</answer>"),
+              (3, "What is 12 + 13?", "<answer>25</answer>"), (11, "What is 47 + 85?", "<answer>132</answer>")]
+    (run / "grpo" / "completions.jsonl").write_text("".join(
+        json.dumps({"step": s, "prompt": p, "completion": c}) + "\n" for s, p, c in logged))
+    done = subprocess.run([sys.executable, str(ROOT / "examples/smollm2/summarize.py"), str(tmp_path),
+                           "--out", str(tmp_path / "out.json")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (result,) = json.loads((tmp_path / "out.json").read_text())["runs"]
+    assert (result["variant"], result["seed"], result["minutes_total"]) == ("process", 1, 1900 / 60)
+    assert result["greedy_correct_by_carry"]["sft"] == {"carry": 0.0, "no_carry": 1.0}
+    assert result["greedy_correct_by_carry"]["grpo"] == {"carry": 0.5, "no_carry": 1.0}
+    assert result["training_accuracy_by_window"] == {"carry": [0.5, 1.0], "no_carry": [1.0, None]}
+    assert "| process | 1 | **GRPO's gain** | **+33.3 points** | +0.0 | +50.0 |" in done.stdout
+
+
 def test_the_readme_tools_example_runs_as_written(tmp_path):
     readme = (ROOT / "README.md").read_text()
     code = readme.split("<!-- tools-example -->\n```python\n", 1)[1].split("```", 1)[0]

@@ -56,7 +56,7 @@ class GRPOConfig(_Config):
         ["accuracy", "format"],
         "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
         "'code_tests' (runs the program in each completion against the row's tests column, in the sandbox), "
-        "and the process reward 'arithmetic_steps'), 'FILE.py:NAME' or 'package.module:NAME' for your own (called "
+        "the process rewards 'arithmetic_steps', 'arithmetic_substeps'), 'FILE.py:NAME', 'package.module:NAME' (called "
         "as TRL calls them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a "
         "bare DIR too) or 'process_model:DIR'; the Python API also takes callables.",
     )

@@ -81,39 +81,63 @@ def arithmetic_steps_reward(
 
     A line ``x+y(+c)=z`` scores 1.0 when it is the correct column step at its position (the right
     digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines
-    are parsed, never evaluated. The final step, ending with the completion, scores 1.0 when the single
-    ``<answer>`` holds a + b. Each step is ``(character offset where it ends, reward)``. Prompts that
-    name no ``a + b`` get None.
+    are parsed, never evaluated. Columns the block leaves out are one wrong step ending where the block
+    closes (after ``</think>``): otherwise leaving out a column a model often gets wrong would score
+    better than writing it wrong, and a model learns to skip the carry's column. The final
+    step, ending with the completion, scores 1.0 when the single ``<answer>`` holds a + b. Each step is
+    ``(character offset where it ends, reward)``. Prompts that name no ``a + b`` get None.
 
     >>> arithmetic_steps_reward(["What is 47 + 85?"], [worked_solution(47, 85, forget_carry=True)])
     [[(14, 1.0), (21, 0.0), (51, 0.0)]]
+    >>> arithmetic_steps_reward(["What is 47 + 85?"], ["<think>\\n7+5=12\\n</think>\\n<answer>122</answer>"])
+    [[(14, 1.0), (23, 0.0), (44, 0.0)]]
     """
-    results: list[list[tuple[int, float]] | None] = []
-    for prompt, completion in zip(prompts, completions):
-        prompt, completion = text_of(prompt), text_of(completion)
-        match = _PROMPT_RE.search(prompt)
-        if match is None:
-            results.append(None)
-            continue
-        a, b = int(match.group(1)), int(match.group(2))
-        expected = expected_steps(a, b)
-        steps: list[tuple[int, float]] = []
-        think = _THINK_RE.search(completion)
-        if think is not None:
-            offset = think.start(1)
-            for line in think.group(1).split("\n"):
-                parsed = _STEP_RE.fullmatch(line)
-                if parsed is not None:
-                    operands = [int(x) for x in parsed.group(1).split("+")]
-                    index = len(steps)
-                    right = index < len(expected) and expected[index] == (operands, int(parsed.group(2)))
-                    steps.append((offset + len(line.rstrip()), 1.0 if right else 0.0))
-                offset += len(line) + 1
-        predicted = extract_answer(completion)
-        correct = predicted is not None and answers_match(predicted, a + b)
-        steps.append((len(completion), 1.0 if correct else 0.0))
-        results.append(steps)
-    return results
+    return [_column_steps(prompt, completion, split=False) for prompt, completion in zip(prompts, completions)]
+
+
+def arithmetic_substeps_reward(
+    prompts: Sequence[Text], completions: Sequence[Text], **columns: Any
+) -> list[list[tuple[int, float]] | None]:
+    """:func:`arithmetic_steps_reward` with each column line split in two steps: its operands, ending
+    with the ``=`` (1.0 when they are the column's digits and its carry: ``4+8+1=``), then its result
+    (1.0 when it is the column's sum). A model that forgets the carry and one that writes it but
+    adds it wrong then score differently, so writing the carry is rewarded before the sum is right.
+
+    >>> arithmetic_substeps_reward(["What is 47 + 85?"], ["<think>\\n7+5=12\\n4+8+1=12\\n</think><answer>122</answer>"])
+    [[(12, 1.0), (14, 1.0), (21, 1.0), (23, 0.0), (52, 0.0)]]
+    """
+    return [_column_steps(prompt, completion, split=True) for prompt, completion in zip(prompts, completions)]
+
+
+def _column_steps(prompt: Text, completion: Text, *, split: bool) -> list[tuple[int, float]] | None:
+    prompt, completion = text_of(prompt), text_of(completion)
+    match = _PROMPT_RE.search(prompt)
+    if match is None:
+        return None
+    a, b = int(match.group(1)), int(match.group(2))
+    expected = expected_steps(a, b)
+    steps: list[tuple[int, float]] = []
+    think = _THINK_RE.search(completion)
+    if think is not None:
+        offset, columns = think.start(1), 0
+        for line in think.group(1).split("\n"):
+            parsed = _STEP_RE.fullmatch(line)
+            if parsed is not None:
+                operands, result = [int(x) for x in parsed.group(1).split("+")], int(parsed.group(2))
+                want = expected[columns] if columns < len(expected) else None
+                if split and want is not None:
+                    steps.append((offset + line.index("=") + 1, 1.0 if operands == want[0] else 0.0))
+                    steps.append((offset + len(line.rstrip()), 1.0 if result == want[1] else 0.0))
+                else:
+                    steps.append((offset + len(line.rstrip()), 1.0 if (operands, result) == want else 0.0))
+                columns += 1
+            offset += len(line) + 1
+        if columns < len(expected) and think.end() < len(completion):
+            steps.append((think.end(), 0.0))
+    predicted = extract_answer(completion)
+    correct = predicted is not None and answers_match(predicted, a + b)
+    steps.append((len(completion), 1.0 if correct else 0.0))
+    return steps
 
 
 def _is_held_out(a: int, b: int) -> bool:
