@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -59,6 +60,34 @@ def training_curves(run: Path) -> dict[str, list[float | None]]:
     return {name: [c[name] for c in curves] for name in ("carry", "no_carry")}
 
 
+TENS_LINE = re.compile(r"^(\d+(?:\+\d+)*)=(\d+)$", re.MULTILINE)
+MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO steps
+
+
+def carry_mistakes(run: Path) -> dict[str, dict[str, float]]:
+    """What the sampled completions of carry problems write in the tens column, in the first and the last
+    MISTAKE_STEPS steps: share that forget the carry (``7+8=15``), write it but add it wrong (``7+8+1=15``),
+    get it right, or write something else."""
+    records = read_jsonl(run / "grpo" / "completions.jsonl")
+    last = max(r["step"] for r in records)
+    out = {}
+    for name, low, high in (("first", 1, MISTAKE_STEPS), ("last", last - MISTAKE_STEPS + 1, last)):
+        kinds = {"forgot": 0, "added_wrong": 0, "right": 0, "other": 0}
+        for record in records:
+            a, b = operands(record["prompt"])
+            if not (low <= record["step"] <= high and has_carry(a, b)):
+                continue
+            lines = TENS_LINE.findall(record["completion"])
+            tens = ([int(x) for x in lines[1][0].split("+")], int(lines[1][1])) if len(lines) > 1 else None
+            kind = ("forgot" if tens == ([a // 10, b // 10], a // 10 + b // 10) else
+                    "right" if tens == ([a // 10, b // 10, 1], a // 10 + b // 10 + 1) else
+                    "added_wrong" if tens is not None and tens[0] == [a // 10, b // 10, 1] else "other")
+            kinds[kind] += 1
+        total = sum(kinds.values())
+        out[name] = {kind: count / total for kind, count in kinds.items()} if total else {}
+    return out
+
+
 def load(run: Path) -> dict:
     times = json.loads((run / "times.json").read_text())
     evals = {stage: json.loads((run / f"eval_{stage}.json").read_text()) for stage in STAGES}
@@ -70,6 +99,7 @@ def load(run: Path) -> dict:
             "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
             "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES},
             "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(run),
+            "carry_mistakes": carry_mistakes(run),
             "examples": {stage: completions[stage][:3] for stage in ("sft", "grpo")}}
 
 
@@ -102,6 +132,13 @@ def markdown(runs: list[dict]) -> str:
         curve = run["training_accuracy_by_window"]
         lines.append(f"| {run['variant']} | {run['seed']} | " + " | ".join(
             f"{pct(c)} ({pct(n)})" for c, n in zip(curve["carry"], curve["no_carry"])) + " |")
+    lines += ["", f"The tens column of the sampled carry completions, first → last {MISTAKE_STEPS} steps:", "",
+              "| variant | seed | forgets the carry | writes it, adds it wrong | right | other |",
+              "|---|---|---|---|---|---|"]
+    for run in runs:
+        first, last = run["carry_mistakes"]["first"], run["carry_mistakes"]["last"]
+        lines.append(f"| {run['variant']} | {run['seed']} | " + " | ".join(
+            f"{pct(first.get(k))} → {pct(last.get(k))}" for k in ("forgot", "added_wrong", "right", "other")) + " |")
     first = runs[0]
     lines += ["", f"{first['variant']}, seed {first['seed']}, the first three held-out problems, greedy:", ""]
     for before, after in zip(first["examples"]["sft"], first["examples"]["grpo"]):

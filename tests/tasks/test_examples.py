@@ -72,7 +72,8 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
         rows = [{"prompt": p, "answer": "", "completion": "", "correct": bool(c)}
                 for p, c in zip(["What is 12 + 13?", "What is 47 + 85?", "What is 19 + 19?"], correct)]
         (run / f"completions_{stage}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    logged = [(1, "What is 47 + 85?", "<answer>132</answer>"), (2, "What is 47 + 85?", "<answer>122</answer>"),
+    logged = [(1, "What is 47 + 85?", "<think>\n7+5=12\n4+8+1=13\n</think>\n<answer>132</answer>"),
+              (2, "What is 47 + 85?", "<think>\n7+5=12\n4+8=12\n</think>\n<answer>122</answer>"),
               (3, "What is 12 + 13?", "<answer>25</answer>"), (11, "What is 47 + 85?", "<answer>132</answer>")]
     (run / "grpo" / "completions.jsonl").write_text("".join(
         json.dumps({"step": s, "prompt": p, "completion": c}) + "\n" for s, p, c in logged))
@@ -85,6 +86,8 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
     assert result["greedy_correct_by_carry"]["grpo"] == {"carry": 0.5, "no_carry": 1.0}
     assert result["training_accuracy_by_window"] == {"carry": [0.5, 1.0], "no_carry": [1.0, None]}
     assert "| process | 1 | **GRPO's gain** | **+33.3 points** | +0.0 | +50.0 |" in done.stdout
+    third = 1 / 3  # the carry problem's tens column, steps 1, 2, 11: right, the carry forgotten, no column
+    assert result["carry_mistakes"]["first"] == {"forgot": third, "added_wrong": 0.0, "right": third, "other": third}
 
 
 def test_the_readme_tools_example_runs_as_written(tmp_path):
