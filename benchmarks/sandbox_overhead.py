@@ -11,7 +11,7 @@
 
 All ways use one interpreter: this one, or where the process isolation (as root) cannot use it, the one it can
 (``--python``, default /usr/bin/python3). Writes ``benchmarks/results/sandbox_overhead.json`` and prints the
-Markdown table for ``docs/benchmarks.md``. A shared machine makes these noisy: run it alone.
+Markdown table for ``docs/sandbox.md`` ("Cost per program"). A shared machine makes these noisy: run it alone.
 """
 
 from __future__ import annotations

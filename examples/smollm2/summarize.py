@@ -170,7 +170,9 @@ def figure(runs: list[dict], path: str) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("% correct")
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"SmolLM2-135M-Instruct, outcome vs process supervision ({cpu_model()})", fontsize=10)
+    cpu = cpu_model()
+    fig.suptitle(f"SmolLM2-135M-Instruct, outcome vs process supervision (2 cores of {cpu['model']}, family "
+                 f"{cpu['family']} model {cpu['model_number']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
