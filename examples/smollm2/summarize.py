@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from grpokit.core.answers import answers_match, extract_answer
-from grpokit.tasks.arithmetic import has_carry
+from grpokit.tasks.arithmetic import expected_steps, has_carry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from common import cpu_model  # noqa: E402
@@ -48,10 +48,10 @@ def by_carry(rows: list[tuple[bool, bool]]) -> dict[str, float | None]:
     return out
 
 
-def training_curves(run: Path) -> dict[str, list[float | None]]:
+def training_curves(records: list[dict]) -> dict[str, list[float | None]]:
     """Sampled (T = 1) accuracy of every logged completion, per window of WINDOW steps, by carry."""
     windows: dict[int, list[tuple[bool, bool]]] = {}
-    for record in read_jsonl(run / "grpo" / "completions.jsonl"):
+    for record in records:
         a, b = operands(record["prompt"])
         answer = extract_answer(record["completion"])
         correct = answer is not None and answers_match(answer, a + b)
@@ -64,11 +64,10 @@ TENS_LINE = re.compile(r"^(\d+(?:\+\d+)*)=(\d+)$", re.MULTILINE)
 MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO steps
 
 
-def carry_mistakes(run: Path) -> dict[str, dict[str, float]]:
+def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
     """What the sampled completions of carry problems write in the tens column, in the first and the last
     MISTAKE_STEPS steps: share that forget the carry (``7+8=15``), write it but add it wrong (``7+8+1=15``),
     get it right, or write something else."""
-    records = read_jsonl(run / "grpo" / "completions.jsonl")
     last = max(r["step"] for r in records)
     out = {}
     for name, low, high in (("first", 1, MISTAKE_STEPS), ("last", last - MISTAKE_STEPS + 1, last)):
@@ -79,9 +78,9 @@ def carry_mistakes(run: Path) -> dict[str, dict[str, float]]:
                 continue
             lines = TENS_LINE.findall(record["completion"])
             tens = ([int(x) for x in lines[1][0].split("+")], int(lines[1][1])) if len(lines) > 1 else None
-            kind = ("forgot" if tens == ([a // 10, b // 10], a // 10 + b // 10) else
-                    "right" if tens == ([a // 10, b // 10, 1], a // 10 + b // 10 + 1) else
-                    "added_wrong" if tens is not None and tens[0] == [a // 10, b // 10, 1] else "other")
+            right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
+            kind = ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
+                    "forgot" if tens == (right[0][:2], right[1] - 1) else "other")
             kinds[kind] += 1
         total = sum(kinds.values())
         out[name] = {kind: count / total for kind, count in kinds.items()} if total else {}
@@ -94,12 +93,15 @@ def load(run: Path) -> dict:
     completions = {stage: read_jsonl(run / f"completions_{stage}.jsonl") for stage in STAGES}
     greedy_by_carry = {stage: by_carry([(has_carry(*operands(r["prompt"])), r["correct"]) for r in rows])
                        for stage, rows in completions.items()}
+    sampled = read_jsonl(run / "grpo" / "completions.jsonl")
+    steps = max(record["step"] for record in sampled)
     return {"variant": run.parent.name, "seed": int(run.name.removeprefix("seed")),
             "minutes_total": times["grpo_eval"] / 60, "seconds": times,
+            "grpo_seconds_per_step": (times["grpo"] - times["sft_eval"]) / steps,
             "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
             "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES},
-            "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(run),
-            "carry_mistakes": carry_mistakes(run),
+            "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(sampled),
+            "carry_mistakes": carry_mistakes(sampled),
             "examples": {stage: completions[stage][:3] for stage in ("sft", "grpo")}}
 
 
@@ -123,7 +125,8 @@ def markdown(runs: list[dict]) -> str:
             ("no_carry", carry["sft"]["no_carry"], carry["grpo"]["no_carry"]),
             ("carry", carry["sft"]["carry"], carry["grpo"]["carry"]))}
         lines.append(f"| {run['variant']} | {run['seed']} | **GRPO's gain** | **{gain['all']:+.1f} points** "
-                     f"| {gain['no_carry']:+.1f} | {gain['carry']:+.1f} | | |")
+                     f"| {gain['no_carry']:+.1f} | {gain['carry']:+.1f} | "
+                     f"| {run['grpo_seconds_per_step']:.1f} s/step |")
     windows = max(len(r["training_accuracy_by_window"]["carry"]) for r in runs)
     lines += ["", f"Sampled training accuracy (T = 1) on carry problems (carry-free in brackets), each {WINDOW} steps:",
               "", "| variant | seed | " + " | ".join(f"steps {i * WINDOW + 1}–{(i + 1) * WINDOW}"
