@@ -5,6 +5,7 @@ architecture at several batch sizes (rows), beside the bound this machine sets, 
     python benchmarks/decode_roofline.py                                  # ~5 minutes on 2 cores, float32
     python benchmarks/decode_roofline.py --device cuda --dtype bfloat16   # on a GPU
     python benchmarks/decode_roofline.py --profile 16                     # where a 16-row step's time goes
+    python benchmarks/decode_roofline.py --int8                           # rollout_precision: int8's sampling
 
 - The model: SmolLM2-135M's config with random weights (decoding's cost does not depend on the values); no token
   stops a completion, so every row decodes ``--new_tokens`` tokens after a ``--prompt_tokens`` prompt. ``rows``
@@ -15,7 +16,8 @@ architecture at several batch sizes (rows), beside the bound this machine sets, 
   Its time is at least max(bytes / bandwidth, FLOPs / matmul throughput), with bandwidth measured as a sum over a
   1 GiB tensor and matmul throughput as the best product in ``--dtype`` (``machine_bounds``), both here and now.
   Summed over the steps, the bound in tokens/s; ``% of bound`` is the measured rate over it, and ``binds`` says
-  which of the two it is.
+  which of the two it is. ``--int8``: the float32 model sampled with int8 products (``rollout_precision: int8``);
+  its bound reads one byte per weight (the cache stays float32) at the best int8 product's rate (``torch._int_mm``).
 
 Writes ``benchmarks/results/decode_roofline[_DEVICE_DTYPE].json`` and prints the Markdown table for
 docs/benchmarks.md. Run it alone: other jobs on the cores change every figure.
@@ -55,13 +57,31 @@ def best_seconds(call, device: torch.device, repeats: int) -> float:
     return min(times)
 
 
-def machine_bounds(device: torch.device, dtype: torch.dtype) -> dict:
+def int8_peak() -> float:
+    """Best integer products per second (2 per multiply-add, as FLOPs) of ``torch._int_mm``, large and decode-shaped
+    (32 rows), best of 10: the int8 path's compute bound."""
+    best = 0.0
+    for m, k, n in ((2048, 1024, 1024), (32, 1024, 4096)):
+        a = torch.randint(-127, 127, (m, k), dtype=torch.int8)
+        b = torch.randint(-127, 127, (n, k), dtype=torch.int8).t()  # (k, n) in the layout decoding uses
+        reps = max(3, int(2e9 / (2 * m * k * n)))
+        for _ in range(10):
+            start = time.perf_counter()
+            for _ in range(reps):
+                torch._int_mm(a, b)
+            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start))
+    return best
+
+
+def machine_bounds(device: torch.device, dtype: torch.dtype, int8: bool = False) -> dict:
     """Read bandwidth (bytes/s: a sum over 1 GiB) and matmul throughput in ``dtype`` (FLOP/s: on the CPU the best of
     MKL and oneDNN's packed weights, large and decode-shaped products, as ``vs_trl_report.matmul_peak``; on a GPU a
     2048² × 2048 product)."""
     big = torch.ones(2**28, dtype=torch.float32, device=device)
     bandwidth = big.numel() * 4 / best_seconds(big.sum, device, 5)
-    if device.type == "cpu":
+    if int8:
+        flops = int8_peak()
+    elif device.type == "cpu":
         peaks = matmul_peak()
         flops = 1e9 * max(v for k, v in peaks.items() if k.startswith(str(dtype).split(".")[-1]))
     else:
@@ -70,8 +90,11 @@ def machine_bounds(device: torch.device, dtype: torch.dtype) -> dict:
     return {"bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops / 1e9}
 
 
-def roofline(rows: int, prompt: int, new: int, element: int, bounds: dict) -> tuple[float, str]:
-    """The bound in tokens/s for ``rows`` rows decoding ``new`` tokens after ``prompt``, and which term binds."""
+def roofline(rows: int, prompt: int, new: int, element: int, bounds: dict, weight_element: int | None = None
+             ) -> tuple[float, str]:
+    """The bound in tokens/s for ``rows`` rows decoding ``new`` tokens after ``prompt``, and which term binds;
+    ``element`` bytes per cached key or value, ``weight_element`` per weight (``element`` when None)."""
+    weight_element = weight_element or element
     c = SMOLLM2_135M
     hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     head_dim = hidden // c["num_attention_heads"]
@@ -81,7 +104,7 @@ def roofline(rows: int, prompt: int, new: int, element: int, bounds: dict) -> tu
     memory_s = compute_s = total = 0.0
     for t in range(new):
         cached = prompt + t
-        step_bytes = (weights + layers * 2 * rows * kv * cached) * element
+        step_bytes = weights * weight_element + layers * 2 * rows * kv * cached * element
         step_flops = 2 * rows * weights + 4 * rows * cached * hidden * layers
         m, f = step_bytes / (bounds["bandwidth_gb_s"] * 1e9), step_flops / (bounds["matmul_gflop_s"] * 1e9)
         memory_s, compute_s, total = memory_s + m, compute_s + f, total + max(m, f)
@@ -94,7 +117,7 @@ def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: 
     g = min(rows, 8)
     prompts = torch.randint(3, vocab, (rows // g, args.prompt_tokens), device=device)
     expanded = prompts.repeat_interleave(g, dim=0)
-    ours = partial(generate, model, prompts, torch.ones_like(prompts), num_generations=g,
+    ours = partial(generate, model, prompts, torch.ones_like(prompts), num_generations=g, int8=args.int8,
                    eos_token_id=[vocab], pad_token_id=0)  # no sampled id equals vocab: every row decodes all its tokens
     theirs = partial(model.generate, input_ids=expanded, attention_mask=torch.ones_like(expanded), do_sample=True,
                      top_k=0, pad_token_id=0)
@@ -115,7 +138,7 @@ def profile(model: torch.nn.Module, rows: int, args: argparse.Namespace, device:
     g = min(rows, 8)
     prompts = torch.randint(3, vocab, (rows // g, args.prompt_tokens), device=device)
     call = partial(generate, model, prompts, torch.ones_like(prompts), num_generations=g, eos_token_id=[vocab],
-                   pad_token_id=0)
+                   pad_token_id=0, int8=args.int8)
     call(max_new_tokens=8)
     weights = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n] + [model.lm_head.weight]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=device) for w in weights}
@@ -137,6 +160,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--no_hf", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--int8", action="store_true", help="sample with int8 products (float32 model; CPU)")
     parser.add_argument("--profile", type=int, metavar="ROWS", help="only profile a decode step at ROWS rows")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -148,25 +172,28 @@ def main() -> None:
         return profile(model, args.profile, args, device)
     # The bounds are measured before and after the speeds, and the better of each kept: a virtual machine's
     # bandwidth and throughput drift, and the bound is what the machine showed it can do.
-    first = machine_bounds(device, dtype)
+    first = machine_bounds(device, dtype, args.int8)
     records = [{"rows": rows, **speeds(model, rows, args, device)} for rows in args.rows]
-    last = machine_bounds(device, dtype)
+    last = machine_bounds(device, dtype, args.int8)
     bounds = {key: max(first[key], last[key]) for key in first}
     for record in records:
-        bound, binds = roofline(record["rows"], args.prompt_tokens, args.new_tokens, dtype.itemsize, bounds)
+        bound, binds = roofline(record["rows"], args.prompt_tokens, args.new_tokens, dtype.itemsize, bounds,
+                                1 if args.int8 else None)
         record.update(bound_tokens_s=bound, binds=binds)
         print(json.dumps(record), flush=True)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
     result = {"machine": {"cpu": cpu_model(), "platform": platform.platform(), "device": args.device, "gpu": gpu,
                           "threads": torch.get_num_threads(), "load": [load_before, os.getloadavg()]},
-              "torch": torch.__version__, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
+              "torch": torch.__version__, "dtype": args.dtype, "int8": args.int8, "prompt_tokens": args.prompt_tokens,
               "new_tokens": args.new_tokens, "bounds": bounds, "bounds_measured": [first, last],
               "records": records}
     suffix = "" if (args.device, args.dtype) == ("cpu", "float32") else f"_{device.type}_{args.dtype}"
+    suffix = "_cpu_int8" if args.int8 else suffix
     out = Path(args.out or Path(__file__).parent / "results" / f"decode_roofline{suffix}.json")
     out.write_text(json.dumps(result, indent=1))
     print(f"\nbandwidth {bounds['bandwidth_gb_s']:.1f} GB/s, matmul {bounds['matmul_gflop_s']:.0f} GFLOP/s "
-          f"({args.dtype}); {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens\n")
+          f"({'int8' if args.int8 else args.dtype}); {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens\n")
     print("| rows | bound, tokens/s (binds) | grpokit, tokens/s | % of bound | transformers' generate | grpokit ÷ it |")
     print("|---|---|---|---|---|---|")
     for r in records:

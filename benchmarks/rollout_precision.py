@@ -1,7 +1,8 @@
-"""Sampling from a bfloat16 copy (``rollout_precision: bf16``, with truncated importance sampling) against sampling
-from the float32 policy: the built-in demo's learning, seed by seed, and the sampler's distance from the policy.
+"""Sampling in a lower precision (``rollout_precision: bf16`` or ``int8``, with truncated importance sampling) against
+sampling from the float32 policy: the built-in demo's learning, seed by seed, and the sampler's distance from the policy.
 
     python benchmarks/rollout_precision.py --seeds 0 1     # the warm start once per seed (~5 min), then ~2 min a run
+    python benchmarks/rollout_precision.py --precisions fp32 int8 --out benchmarks/results/rollout_precision_int8.json
 
 Each seed's warm start (cached, shared by both settings) is followed by the demo's 60 GRPO steps (float32 training,
 ``mixed_precision: no``) with each ``rollout_precision``, in the same process, one after the other, and the demo's
@@ -24,7 +25,7 @@ from common import cpu_model
 
 from grpokit.cli.demo import run_demo
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def mean(metrics: list[dict], key: str) -> float | None:
@@ -34,11 +35,12 @@ def mean(metrics: list[dict], key: str) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_precision.json"))
     args = parser.parse_args()
     records = []
     for seed in args.seeds:
-        for precision in PRECISIONS:
+        for precision in args.precisions:
             with tempfile.TemporaryDirectory() as tmp:
                 result = run_demo(seed, tmp, progress=False, rollout_precision=precision, mixed_precision="no")
                 metrics = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]

@@ -10,8 +10,8 @@ The keys a resumed run may change are declared with the keys (``resumable_keys()
 reward model's, ``loading`` the YAML and ``--key value`` reading.
 """
 
-from grpokit.config.fields import TRL_OPTIM, ConfigError
-from grpokit.config.grpo import DEFAULT_CHUNK_MB, TRACKERS, GRPOConfig, check_reward_weights
+from grpokit.config.fields import TRL_OPTIM, ConfigError, check_reward_weights
+from grpokit.config.grpo import DEFAULT_CHUNK_MB, TRACKERS, GRPOConfig
 from grpokit.config.loading import CONFIG_CLASSES, config_class_of, load_config, parse_overrides
 from grpokit.config.supervised import REWARD_FORMS, TRL_SFT_NAMES, RewardConfig, SFTConfig
 

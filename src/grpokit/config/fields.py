@@ -169,3 +169,10 @@ def _check_bounds(name: str, value: Any, meta: typing.Mapping[str, Any]) -> None
     for key, ok, symbol in checks:
         if key in meta and not ok(value, meta[key]):
             raise ConfigError(f"{name}={value!r} is out of range; it must be {symbol} {meta[key]}")
+
+
+def check_reward_weights(weights: list[float] | None, num_functions: int) -> None:
+    """``reward_weights`` holds one weight per reward function, or is None (1.0 each)."""
+    if weights is not None and len(weights) != num_functions:
+        raise ConfigError(f"reward_weights has {len(weights)} values but reward_funcs has {num_functions}; give "
+                          "one weight per function")

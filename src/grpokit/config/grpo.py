@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _field
+from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _field, check_reward_weights
 from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
@@ -105,10 +105,10 @@ class GRPOConfig(_Config):
     temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
     rollout_precision: str = _field(
-        "fp32", "The weights completions are sampled with: 'fp32', the policy's own; 'bf16', a bfloat16 copy refreshed "
-        "before each step's sampling, the loss corrected by truncated importance sampling (docs/math.md, \"Sampling "
-        "in a lower precision\"). Pays where bfloat16 products are fast: GPUs, AMX CPUs (docs/benchmarks.md).",
-        choices=("fp32", "bf16"))
+        "fp32", "The weights completions are sampled with: 'fp32', the policy's; 'bf16', a copy refreshed before each "
+        "sampling; 'int8' (CPU, fast path), the policy's quantized at each sampling; the loss corrected by truncated "
+        "importance sampling (docs/math.md, \"Sampling in a lower precision\"; speed: docs/benchmarks.md).",
+        choices=("fp32", "bf16", "int8"))
     rollout_is_cap: float = _field(
         2.0, "C, the cap of the importance weights min(π_old/π_sample, C) with rollout_precision other than fp32.",
         min=1)
@@ -336,6 +336,8 @@ class GRPOConfig(_Config):
         if self.parallelism == "fsdp" and self.rollout_precision != "fp32":
             raise ConfigError("rollout_precision with parallelism: fsdp is not supported (the sampling copy needs the "
                               "whole policy on every process); use ddp, or rollout_precision: fp32")
+        if self.rollout_precision == "int8" and not self.fast_path:
+            raise ConfigError("rollout_precision: int8 samples with the fast path's int8 products: fast_path: true")
         if self.parallelism == "fsdp" and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
                               "sharded passes; use ddp")
@@ -390,11 +392,3 @@ class GRPOConfig(_Config):
     def num_completions(self) -> int:
         """N = B × G completions per step."""
         return self.prompts_per_step * self.num_generations
-
-
-def check_reward_weights(weights: list[float] | None, num_functions: int) -> None:
-    """``reward_weights`` holds one weight per reward function, or is None (1.0 each)."""
-    if weights is not None and len(weights) != num_functions:
-        raise ConfigError(f"reward_weights has {len(weights)} values but reward_funcs has {num_functions}; give "
-                          "one weight per function")
-

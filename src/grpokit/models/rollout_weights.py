@@ -1,7 +1,8 @@
-"""The weights completions are sampled with (``rollout_precision``): the policy itself, or a bfloat16 copy of it
-that :meth:`RolloutWeights.refresh` brings up to date before each step's sampling. Decoding reads the weights once
-per token, so on hardware that computes bfloat16 natively a copy of half the bytes samples faster; the loss keeps
-the policy's precision and corrects for the difference (docs/math.md, "Sampling in a lower precision")."""
+"""The weights completions are sampled with (``rollout_precision``): the policy itself; a bfloat16 copy of it that
+:meth:`RolloutWeights.current` brings up to date before each step's sampling; or the policy's weights quantized to
+int8 by the fast decoding path at each sampling call (:mod:`grpokit.models.fast.int8`). Decoding reads the weights
+once per token, so fewer bytes per weight sample faster where the hardware computes in that precision; the loss
+keeps the policy's precision and corrects for the difference (docs/math.md, "Sampling in a lower precision")."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import copy
 import torch
 from torch import nn
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+from grpokit.models.fast.llama_family import unsupported
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 class RolloutWeights:
-    """What the sampler reads: :meth:`current`, the policy itself for ``fp32``, else its copy in ``precision``."""
+    """What the sampler reads: :meth:`current`, the policy itself for ``fp32`` and ``int8`` (with :attr:`int8`
+    decoding quantizes it), its copy for ``bf16``."""
 
     def __init__(self, policy: nn.Module, precision: str = "fp32"):
         if precision not in PRECISIONS:
@@ -22,15 +26,26 @@ class RolloutWeights:
         self.policy, self.precision = policy, precision
         dtype = PRECISIONS[precision]
         self.copy = None
-        if dtype is not None:
+        if precision == "int8":  # no copy: decoding quantizes the policy's weights at every call (never stale)
+            why = unsupported(policy)
+            device = next(policy.parameters()).device
+            if why is not None or device.type != "cpu":
+                raise ValueError("rollout_precision: int8 samples on the CPU with the fast path's int8 products, "
+                                 f"which this model cannot take ({why or f'it is on {device}'}); use bf16 or fp32")
+        elif dtype is not None:
             self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
             for parameter in self.copy.parameters():  # buffers (the rotary frequencies) keep their precision
                 parameter.data = parameter.data.to(dtype)
 
     @property
     def lowered(self) -> bool:
-        """Whether the sampler reads a copy (whose log-probs the loss must correct for)."""
-        return self.copy is not None
+        """Whether the sampler reads lower-precision weights (whose log-probs the loss must correct for)."""
+        return self.precision != "fp32"
+
+    @property
+    def int8(self) -> bool:
+        """Whether decoding must quantize the weights it is given (``generate(int8=True)``)."""
+        return self.precision == "int8"
 
     @torch.no_grad()
     def current(self) -> nn.Module:

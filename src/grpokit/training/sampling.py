@@ -210,6 +210,7 @@ class Sampler:
                 temperature=config.temperature, top_p=config.top_p,
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
                 stop_early=not self.sharded, fast=config.fast_path, tools=tools,
+                int8=config.rollout_precision == "int8",  # the policy's weights, quantized as decoding starts
             )
         generated = time.perf_counter()
 

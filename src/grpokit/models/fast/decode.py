@@ -23,20 +23,22 @@ class Decoding(LlamaParts):
     @torch.inference_mode()  # not only no_grad: without autograd's bookkeeping each small operator is cheaper
     def decode(
         self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
-        choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1,
+        choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1, int8: bool = False,
     ) -> None:
         """Run the prompts (B, P, left-padded) once each and then up to ``max_new_tokens`` decode steps
         for N = B × ``repeats`` rows (each prompt's rows contiguous).
 
         ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
         (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
-        (and the cache) once they are a quarter of it.
+        (and the cache) once they are a quarter of it. ``int8``: every projection and the LM head in int8
+        (:mod:`~grpokit.models.fast.int8`), quantized from the weights as they are at this call.
         """
         device = prompt_ids.device.type
         # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
         # cache and attention) stays in the weights' dtype, which on the CPU is also faster for the
         # one-query attention products.
         compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        compute = torch.int8 if int8 else compute
         with torch.autocast(device, enabled=False):
             self._decode(prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats)
 
@@ -46,7 +48,8 @@ class Decoding(LlamaParts):
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
         layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
-        head = decode_product(self.lm_head, rows=n, scale=self._norm_scale(self.backbone.norm))  # own dtype, as head
+        head = decode_product(self.lm_head, rows=n, scale=self._norm_scale(self.backbone.norm),  # own dtype, as head
+                              dtype=torch.int8 if compute == torch.int8 else None)
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
         # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from grpokit.models.fast.int8 import Int8Product
+
 ONEDNN_MIN_WEIGHTS = 150_000  # smaller decode products stay with MKL: oneDNN's fixed cost per call outweighs its speed
 
 
@@ -114,9 +116,13 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
     either MKL layout and without MKL's slow row counts (``benchmarks/dev/profile_step.py``;
     docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``. Under autocast
     (``dtype``), products too small for oneDNN stay in the weights' dtype on the CPU: there the casts
-    cost more than the lower precision saves."""
+    cost more than the lower precision saves. ``dtype=torch.int8``: every plain layer's product in int8
+    (:class:`~grpokit.models.fast.int8.Int8Product`), quantized from the weights as they are now."""
+    int8 = dtype == torch.int8
     weights = [getattr(m, "weight", None) for m in modules]
-    if dtype is not None and all(isinstance(w, Tensor) and w.device.type == "cpu" for w in weights):
+    if int8:
+        dtype = None  # stacked and folded in the weights' own precision, then quantized
+    elif dtype is not None and all(isinstance(w, Tensor) and w.device.type == "cpu" for w in weights):
         dtype = dtype if sum(w.numel() for w in weights) >= ONEDNN_MIN_WEIGHTS else None
     stacked = stacked_weights(modules, dtype)
     if stacked is None:
@@ -131,6 +137,8 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
         weight = weight * scale.to(weight.dtype)
     if order is not None:
         weight, bias = weight[order], None if bias is None else bias[order]
+    if int8:
+        return Int8Product(weight, bias)
     packed = onednn_pack(weight, rows)
     if packed is not None:  # the packed copy is all decoding reads: the unpacked one is not kept as well
         return _onednn_product(packed, bias, weight.dtype)
