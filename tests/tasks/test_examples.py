@@ -88,6 +88,19 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
     assert "| process | 1 | **GRPO's gain** | **+33.3 points** | +0.0 | +50.0 |" in done.stdout
     third = 1 / 3  # the carry problem's tens column, steps 1, 2, 11: right, the carry forgotten, no column
     assert result["carry_mistakes"]["first"] == {"forgot": third, "added_wrong": 0.0, "right": third, "other": third}
+    # --keep: an earlier summary's runs join those on disk, each with its CPU; a run on disk replaces its namesake
+    earlier = {"machine": {"cpu": {"model": "Intel Xeon", "family": "6", "model_number": "207"}},
+               "runs": [{k: v for k, v in result.items() if k != "machine"} | {"variant": "outcome"},
+                        result | {"greedy_correct": {"base": 0, "sft": 0, "grpo": 0}}]}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    done = subprocess.run([sys.executable, str(ROOT / "examples/smollm2/summarize.py"), str(tmp_path), "--keep",
+                           str(tmp_path / "earlier.json"), "--out", str(tmp_path / "out.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads((tmp_path / "out.json").read_text())["runs"]
+    assert [(r["variant"], r["machine"]["model"]) for r in runs] == [("outcome", "Intel Xeon"),
+                                                                     ("process", result["machine"]["model"])]
+    assert runs[1]["greedy_correct"] == result["greedy_correct"] and "(Intel Xeon 6/207) |" in done.stdout
 
 
 def test_the_readme_tools_example_runs_as_written(tmp_path):
