@@ -1,5 +1,6 @@
-"""Sampling in a lower precision (``rollout_precision: bf16`` or ``int8``, with truncated importance sampling) against
-sampling from the float32 policy: the built-in demo's learning, seed by seed, and the sampler's distance from the policy.
+"""Sampling in a lower precision (``rollout_precision: bf16`` or ``int8``, with truncated importance sampling)
+against sampling from the float32 policy: the built-in demo's learning, seed by seed, and the sampler's distance from
+the policy.
 
     python benchmarks/rollout_precision.py --seeds 0 1     # the warm start once per seed (~5 min), then ~2 min a run
     python benchmarks/rollout_precision.py --precisions fp32 int8 --out benchmarks/results/rollout_precision_int8.json

@@ -70,8 +70,9 @@ class Int8Product:
     def __call__(self, x: Tensor, add: Tensor | None = None) -> Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if not self.calibrated:
-            out = F.linear(rows.float(), self.weight, self.bias)
-            self.calibrate(rows.float())
+            rows = rows.float()
+            out = F.linear(rows, self.weight, self.bias)
+            self.calibrate(rows)
         else:  # as few operators as will do: at a few rows each one's fixed cost is much of the product's
             out = rows[:, self.outliers].float() @ self.outlier_weight
             smoothed = rows * self.inverse
