@@ -69,8 +69,8 @@ MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO step
 
 def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
     """What the sampled completions of carry problems write in the tens column, in the first and the last
-    MISTAKE_STEPS steps: share that forget the carry (``7+8=15``), write it but add it wrong (``7+8+1=15``),
-    get it right, or write something else."""
+    MISTAKE_STEPS steps: share that forget the carry (``7+8=15``), write it but add it wrong (``7+8+1=15``, or
+    ``7+8=15``, ``15+1=17`` with the carry in a line of its own), get it right, or write something else."""
     last = max(r["step"] for r in records)
     out = {}
     for name, low, high in (("first", 1, MISTAKE_STEPS), ("last", last - MISTAKE_STEPS + 1, last)):
@@ -79,8 +79,11 @@ def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
             a, b = operands(record["prompt"])
             if not (low <= record["step"] <= high and has_carry(a, b)):
                 continue
-            lines = TENS_LINE.findall(record["completion"])
-            tens = ([int(x) for x in lines[1][0].split("+")], int(lines[1][1])) if len(lines) > 1 else None
+            lines = [([int(x) for x in operands.split("+")], int(result))
+                     for operands, result in TENS_LINE.findall(record["completion"])]
+            tens = lines[1] if len(lines) > 1 else None
+            if tens is not None and len(lines) > 2 and len(tens[0]) == 2 and lines[2][0][1:] == [1]:
+                tens = (tens[0] + [1], lines[2][1])  # the carry in a line of its own: 4+8=12, 12+1=13
             right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
             kind = ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
                     "forgot" if tens == (right[0][:2], right[1] - 1) else "other")

@@ -236,6 +236,13 @@ def test_arithmetic_steps_reward(completion, expected):
         ("<think>\n7+5=12\n4+8+1=13\n1+1=2\n</think><answer>132</answer>", [1.0] * 4 + [0.0, 1.0]),  # extra line
         ("<think>\n7+5=12\n</think>\n<answer>122</answer>", [1.0, 1.0, 0.0, 0.0]),  # the carry's column left out
         ("<answer>132</answer>", [1.0]),
+        # the carry in a line of its own: 4+8=12, then 12+1=13; a wrong sum, a wrong operand
+        (worked_solution(47, 85, carry_line=True), [1.0] * 7),
+        ("<think>\n7+5=12\n4+8=12\n12+1=14\n</think><answer>142</answer>", [1.0] * 5 + [0.0, 0.0]),
+        ("<think>\n7+5=12\n4+8=12\n12+2=14\n</think><answer>142</answer>", [1.0] * 4 + [0.0, 0.0, 0.0]),
+        ("<think>\n7+5=12\n4+8=11\n11+1=12\n</think><answer>122</answer>", [1.0] * 3 + [0.0] * 4),
+        # without a carry there is no third line to write
+        ("<think>\n7+5=12\n4+8+1=13\n13+1=14\n</think><answer>132</answer>", [1.0] * 4 + [0.0, 1.0]),
     ],
 )
 def test_arithmetic_substeps_reward(completion, expected):
@@ -254,6 +261,16 @@ def test_substeps_end_with_the_equals_sign_then_the_line():
         lines = arithmetic_steps_reward(["What is 47 + 85?"], [completion])[0]
         halves = arithmetic_substeps_reward(["What is 47 + 85?"], [completion])[0]
         assert [end for end, _ in lines] == [end for end, _ in halves[1:4:2]] + [halves[-1][0]]
+
+
+def test_carry_line_is_a_correct_plan_only_where_there_is_a_carry():
+    for a, b in ((47, 85), (41, 35), (19, 81)):
+        text = worked_solution(a, b, carry_line=True)
+        assert all(reward == 1.0 for _, reward in arithmetic_steps_reward([f"What is {a} + {b}?"], [text])[0])
+    assert worked_solution(41, 35, carry_line=True) == worked_solution(41, 35)  # nothing to carry
+    # the carry left out is wrong whichever plan the completion follows: a missing line where the block closes
+    text = "<think>\n7+5=12\n4+8=12\n</think><answer>122</answer>"
+    assert [r for _, r in arithmetic_steps_reward(["What is 47 + 85?"], [text])[0]] == [1.0, 0.0, 0.0]
 
 
 def test_step_offsets_point_at_the_end_of_each_line():

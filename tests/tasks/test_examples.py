@@ -59,6 +59,12 @@ def test_the_recipe_data_takes_the_cold_starts_carry_share(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "cold_start.jsonl").read_text().splitlines()]
     pairs = [row["prompt"].removeprefix("What is ").removesuffix("?").split(" + ") for row in rows]
     assert sum(has_carry(int(a), int(b)) for a, b in pairs) == 150
+    subprocess.run([sys.executable, str(ROOT / "examples/smollm2/make_data.py"), str(tmp_path), "0.5", "--carry_line"],
+                   check=True, capture_output=True)
+    lines = [json.loads(line) for line in (tmp_path / "cold_start.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in lines] == [row["prompt"] for row in rows]  # the same problems
+    assert [row["completion"].count("\n") for row in lines] == [
+        row["completion"].count("\n") + has_carry(int(a), int(b)) for row, (a, b) in zip(rows, pairs)]
 
 
 def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
@@ -74,7 +80,8 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
         (run / f"completions_{stage}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     logged = [(1, "What is 47 + 85?", "<think>\n7+5=12\n4+8+1=13\n</think>\n<answer>132</answer>"),
               (2, "What is 47 + 85?", "<think>\n7+5=12\n4+8=12\n</think>\n<answer>122</answer>"),
-              (3, "What is 12 + 13?", "<answer>25</answer>"), (11, "What is 47 + 85?", "<answer>132</answer>")]
+              (3, "What is 12 + 13?", "<answer>25</answer>"), (11, "What is 47 + 85?", "<answer>132</answer>"),
+              (4, "What is 47 + 85?", "<think>\n7+5=12\n4+8=12\n12+1=14\n</think>\n<answer>142</answer>")]
     (run / "grpo" / "completions.jsonl").write_text("".join(
         json.dumps({"step": s, "prompt": p, "completion": c}) + "\n" for s, p, c in logged))
     done = subprocess.run([sys.executable, str(ROOT / "examples/smollm2/summarize.py"), str(tmp_path),
@@ -84,10 +91,11 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
     assert (result["variant"], result["seed"], result["minutes_total"]) == ("process", 1, 1900 / 60)
     assert result["greedy_correct_by_carry"]["sft"] == {"carry": 0.0, "no_carry": 1.0}
     assert result["greedy_correct_by_carry"]["grpo"] == {"carry": 0.5, "no_carry": 1.0}
-    assert result["training_accuracy_by_window"] == {"carry": [0.5, 1.0], "no_carry": [1.0, None]}
+    assert result["training_accuracy_by_window"] == {"carry": [1 / 3, 1.0], "no_carry": [1.0, None]}
     assert "| process | 1 | **GRPO's gain** | **+33.3 points** | +0.0 | +50.0 |" in done.stdout
-    third = 1 / 3  # the carry problem's tens column, steps 1, 2, 11: right, the carry forgotten, no column
-    assert result["carry_mistakes"]["first"] == {"forgot": third, "added_wrong": 0.0, "right": third, "other": third}
+    # the carry problem's tens column, steps 1, 2, 4, 11: right, the carry forgotten, the carry in its own line
+    # added wrong, no column
+    assert result["carry_mistakes"]["first"] == {"forgot": 0.25, "added_wrong": 0.25, "right": 0.25, "other": 0.25}
     # --keep: an earlier summary's runs join those on disk, each with its CPU; a run on disk replaces its namesake
     earlier = {"machine": {"cpu": {"model": "Intel Xeon", "family": "6", "model_number": "207"}},
                "runs": [{k: v for k, v in result.items() if k != "machine"} | {"variant": "outcome"},

@@ -40,20 +40,24 @@ def prompt_text(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
 
-def worked_solution(a: int, b: int, *, forget_carry: bool = False) -> str:
-    """Column addition of two two-digit numbers; ``forget_carry`` makes the corpus's mistake.
+def worked_solution(a: int, b: int, *, forget_carry: bool = False, carry_line: bool = False) -> str:
+    """Column addition of two two-digit numbers; ``forget_carry`` makes the corpus's mistake;
+    ``carry_line`` adds the carry in a line of its own, so that every line adds two numbers.
 
     >>> worked_solution(47, 85)
     '<think>\\n7+5=12\\n4+8+1=13\\n</think>\\n<answer>132</answer>'
     >>> worked_solution(47, 85, forget_carry=True)
     '<think>\\n7+5=12\\n4+8=12\\n</think>\\n<answer>122</answer>'
+    >>> worked_solution(47, 85, carry_line=True)
+    '<think>\\n7+5=12\\n4+8=12\\n12+1=13\\n</think>\\n<answer>132</answer>'
     """
     units = a % 10 + b % 10
-    carry = units // 10 if not forget_carry else 0
-    tens = a // 10 + b // 10 + carry
-    tens_line = f"{a // 10}+{b // 10}+1={tens}" if carry else f"{a // 10}+{b // 10}={tens}"
-    answer = tens * 10 + units % 10
-    return f"<think>\n{a % 10}+{b % 10}={units}\n{tens_line}\n</think>\n<answer>{answer}</answer>"
+    steps = expected_steps(a, b, carry_line=carry_line)
+    if forget_carry:
+        steps = [([a % 10, b % 10], units), ([a // 10, b // 10], a // 10 + b // 10)]
+    lines = "".join("+".join(map(str, operands)) + f"={result}\n" for operands, result in steps)
+    answer = steps[-1][1] * 10 + units % 10
+    return f"<think>\n{lines}</think>\n<answer>{answer}</answer>"
 
 
 _PROMPT_RE = re.compile(r"(\d+)\s*\+\s*(\d+)", re.ASCII)
@@ -62,15 +66,22 @@ _STEP_RE = re.compile(r"[ \t]*(\d+(?:[ \t]*\+[ \t]*\d+)*)[ \t]*=[ \t]*(\d+)[ \t]
 _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
-def expected_steps(a: int, b: int) -> list[tuple[list[int], int]]:
-    """The correct column steps of a + b as (operands, result): units, then tens with its carry.
+def expected_steps(a: int, b: int, *, carry_line: bool = False) -> list[tuple[list[int], int]]:
+    """The correct column steps of a + b as (operands, result): units, then tens with its carry, or
+    with ``carry_line`` the tens and then the carry added to their sum.
 
     >>> expected_steps(47, 85)
     [([7, 5], 12), ([4, 8, 1], 13)]
+    >>> expected_steps(47, 85, carry_line=True)
+    [([7, 5], 12), ([4, 8], 12), ([12, 1], 13)]
     """
     units = a % 10 + b % 10
-    tens_operands = [a // 10, b // 10] + ([1] if units >= 10 else [])
-    return [([a % 10, b % 10], units), (tens_operands, sum(tens_operands))]
+    tens = [a // 10, b // 10]
+    if units < 10:
+        return [([a % 10, b % 10], units), (tens, sum(tens))]
+    if carry_line:
+        return [([a % 10, b % 10], units), (tens, sum(tens)), ([sum(tens), 1], sum(tens) + 1)]
+    return [([a % 10, b % 10], units), (tens + [1], sum(tens) + 1)]
 
 
 def arithmetic_steps_reward(
@@ -81,11 +92,13 @@ def arithmetic_steps_reward(
 
     A line ``x+y(+c)=z`` scores 1.0 when it is the correct column step at its position (the right
     digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines
-    are parsed, never evaluated. Columns the block leaves out are one wrong step ending where the block
-    closes (after ``</think>``): otherwise leaving out a column a model often gets wrong would score
-    better than writing it wrong, and a model learns to skip the carry's column. The final
-    step, ending with the completion, scores 1.0 when the single ``<answer>`` holds a + b. Each step is
-    ``(character offset where it ends, reward)``. Prompts that name no ``a + b`` get None.
+    are parsed, never evaluated. The carry may also be added in a line of its own after a two-operand
+    tens line (``4+8=12``, ``12+1=13``: :func:`worked_solution`'s ``carry_line``). Columns the block
+    leaves out are one wrong step ending where the block closes (after ``</think>``): otherwise leaving
+    out a column a model often gets wrong would score better than writing it wrong, and a model learns
+    to skip the carry's column. The final step, ending with the completion, scores 1.0 when the single
+    ``<answer>`` holds a + b. Each step is ``(character offset where it ends, reward)``.
+    Prompts that name no ``a + b`` get None.
 
     >>> arithmetic_steps_reward(["What is 47 + 85?"], [worked_solution(47, 85, forget_carry=True)])
     [[(14, 1.0), (21, 0.0), (51, 0.0)]]
@@ -115,24 +128,27 @@ def _column_steps(prompt: Text, completion: Text, *, split: bool) -> list[tuple[
     if match is None:
         return None
     a, b = int(match.group(1)), int(match.group(2))
-    expected = expected_steps(a, b)
     steps: list[tuple[int, float]] = []
     think = _THINK_RE.search(completion)
     if think is not None:
-        offset, columns = think.start(1), 0
+        lines = []  # (offset where the line starts, the line, its operands, its result)
+        offset = think.start(1)
         for line in think.group(1).split("\n"):
             parsed = _STEP_RE.fullmatch(line)
             if parsed is not None:
-                operands, result = [int(x) for x in parsed.group(1).split("+")], int(parsed.group(2))
-                want = expected[columns] if columns < len(expected) else None
-                if split and want is not None:
-                    steps.append((offset + line.index("=") + 1, 1.0 if operands == want[0] else 0.0))
-                    steps.append((offset + len(line.rstrip()), 1.0 if result == want[1] else 0.0))
-                else:
-                    steps.append((offset + len(line.rstrip()), 1.0 if (operands, result) == want else 0.0))
-                columns += 1
+                lines.append((offset, line, [int(x) for x in parsed.group(1).split("+")], int(parsed.group(2))))
             offset += len(line) + 1
-        if columns < len(expected) and think.end() < len(completion):
+        # Either plan is a correct method: a carry added within the tens line, or in a line of its own
+        # (a third line after a two-operand tens line). A carry left out is wrong in both.
+        carry_line = has_carry(a, b) and len(lines) > 2 and len(lines[1][2]) == 2
+        expected = expected_steps(a, b, carry_line=carry_line)
+        for (offset, line, operands, result), want in zip(lines, expected + [None] * len(lines)):
+            if split and want is not None:
+                steps.append((offset + line.index("=") + 1, 1.0 if operands == want[0] else 0.0))
+                steps.append((offset + len(line.rstrip()), 1.0 if result == want[1] else 0.0))
+            else:
+                steps.append((offset + len(line.rstrip()), 1.0 if (operands, result) == want else 0.0))
+        if len(lines) < len(expected) and think.end() < len(completion):
             steps.append((think.end(), 0.0))
     predicted = extract_answer(completion)
     correct = predicted is not None and answers_match(predicted, a + b)
