@@ -1,14 +1,15 @@
 """The recipe's data: a cold start, GRPO prompts and a held-out set, as JSONL, from grpokit's addition task.
 
-    python examples/smollm2/make_data.py runs/smollm2/data [CARRY_SHARE] [--carry_line]
+    python examples/smollm2/make_data.py runs/smollm2/data [CARRY_SHARE] [--carry inline|line|always]
     # → cold_start.jsonl, train.jsonl, held_out.jsonl
 
 - ``cold_start.jsonl``: ROWS ``{"prompt", "completion"}`` rows for ``grpokit sft``, each a worked column
   addition (``<think>\\n7+5=12\\n4+8+1=13\\n</think>\\n<answer>132</answer>``); a minority (CARRY_SHARE) carry.
   The cold start teaches the format and the column method, with just enough carrying that the model's samples
   sometimes carry correctly: a problem whose G samples are all wrong gives GRPO no signal, so a cold start
-  without any carry leaves every carry problem out of reach of RL. ``--carry_line``: the carry is added in a
-  line of its own (``4+8=12``, ``12+1=13``), so that every line adds two numbers.
+  without any carry leaves every carry problem out of reach of RL. ``--carry``: how the solutions write
+  the carry (``grpokit.tasks.arithmetic.worked_solution``): within the tens line (``4+8+1=13``), in a line of
+  its own (``4+8=12``, ``12+1=13``), or always, 0 or 1, copied from a two-digit units sum (``1+5=06``, ``4+3+0=7``).
 - ``train.jsonl``: ``{"prompt", "answer"}`` rows for ``grpokit train``: every training pair, carries included.
 - ``held_out.jsonl``: ``{"prompt", "answer", "carry"}``, pairs that neither stage ever sees
   (grpokit.tasks.arithmetic's fixed held-out split), for ``grpokit eval``.
@@ -21,7 +22,15 @@ import json
 import random
 from pathlib import Path
 
-from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, TRAIN_PAIRS, has_carry, make_row, prompt_text, worked_solution
+from grpokit.tasks.arithmetic import (
+    CARRY_STYLES,
+    HELD_OUT_PAIRS,
+    TRAIN_PAIRS,
+    has_carry,
+    make_row,
+    prompt_text,
+    worked_solution,
+)
 
 ROWS = 300  # cold-start rows
 CARRY_SHARE = 0.25  # of the cold-start rows (the held-out problems carry in 45 % of cases)
@@ -33,7 +42,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     print(f"{path}: {len(rows)} rows")
 
 
-def main(out_dir: str, carry_share: float = CARRY_SHARE, carry_line: bool = False) -> None:
+def main(out_dir: str, carry_share: float = CARRY_SHARE, carry: str = "inline") -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
@@ -42,7 +51,7 @@ def main(out_dir: str, carry_share: float = CARRY_SHARE, carry_line: bool = Fals
             + rng.sample([p for p in TRAIN_PAIRS if not has_carry(*p)], ROWS - carries))
     rng.shuffle(cold)
     write_jsonl(out / "cold_start.jsonl", [
-        {"prompt": prompt_text(a, b), "completion": worked_solution(a, b, carry_line=carry_line)} for a, b in cold])
+        {"prompt": prompt_text(a, b), "completion": worked_solution(a, b, carry=carry)} for a, b in cold])
     train = list(TRAIN_PAIRS)
     rng.shuffle(train)
     write_jsonl(out / "train.jsonl", [{k: v for k, v in make_row(a, b).items() if k != "carry"} for a, b in train])
@@ -55,6 +64,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?", default="runs/smollm2/data")
     parser.add_argument("carry_share", nargs="?", type=float, default=CARRY_SHARE)
-    parser.add_argument("--carry_line", action="store_true", help="add the carry in a line of its own")
+    parser.add_argument("--carry", choices=CARRY_STYLES, default="inline", help="how the solutions write the carry")
     args = parser.parse_args()
-    main(args.out_dir, args.carry_share, args.carry_line)
+    main(args.out_dir, args.carry_share, args.carry)

@@ -6,7 +6,7 @@
 set -euo pipefail
 seed=${1:-0}
 variant=${2:-process_carry_cold_start}
-carry_line=()
+carry=inline  # how the cold start's solutions write the carry (make_data.py --carry)
 outcome=(--supervision outcome --reward_funcs "[accuracy, format]" --reward_weights "[1.0, 1.0]")
 # The format reward at a fifth of the weight: without it the model appends prose after </answer>. Small, so that
 # the final step stays on the column steps' scale (docs/math.md, process supervision).
@@ -16,16 +16,17 @@ case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a rea
   carry_cold_start) carry_share=0.5; grpo_args=("${outcome[@]}") ;;  # the same, half of the cold start carries
   process) carry_share=0.25; grpo_args=("${process[@]}") ;;      # a reward per column's operands and result, the answer
   process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;  # the recipe (grpo.yaml)
-  process_carry_line) carry_share=0.5; grpo_args=("${process[@]}"); carry_line=(--carry_line) ;;  # the carry
-    # added in a line of its own in the cold start (4+8=12, 12+1=13): every line adds two numbers
+  process_carry_line) carry_share=0.5; grpo_args=("${process[@]}"); carry=line ;;  # 4+8=12, 12+1=13
+  process_carry_always) carry_share=0.5; grpo_args=("${process[@]}"); carry=always ;;  # 1+5=06, 4+3+0=7
   process_lines) carry_share=0.25  # a reward per column line, the answer
     grpo_args=(--supervision process --reward_funcs "[arithmetic_steps, format]" --reward_weights "[1.0, 0.2]") ;;
   *) echo "unknown variant $variant (process_carry_cold_start, outcome, carry_cold_start, process," \
-          "process_carry_line, process_lines)" >&2
+          "process_carry_line, process_carry_always, process_lines)" >&2
      exit 2 ;;
 esac
 out=runs/smollm2/$variant/seed$seed
-data=runs/smollm2/data/carry_share_$carry_share${carry_line:+_carry_line}
+data=runs/smollm2/data/carry_share_$carry_share
+[ "$carry" = inline ] || data=${data}_carry_$carry
 gguf=$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
 mkdir -p "$out"
 
@@ -34,7 +35,7 @@ evaluate() {  # MODEL NAME DIR: greedy accuracy and format rate on the 200 held-
     --max_completion_length 64 --quiet --output "$3/eval_$2.json" --completions "$3/completions_$2.jsonl"
 }
 
-python examples/smollm2/make_data.py "$data" "$carry_share" "${carry_line[@]}"
+python examples/smollm2/make_data.py "$data" "$carry_share" --carry "$carry"
 # The untrained model's evaluation (0 %: it answers in prose) is the same for every seed and variant: run once.
 base=runs/smollm2/base
 if [ ! -f "$base/eval_base.json" ]; then mkdir -p "$base" && evaluate "gguf:$gguf" base "$base"; fi

@@ -69,8 +69,9 @@ MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO step
 
 def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
     """What the sampled completions of carry problems write in the tens column, in the first and the last
-    MISTAKE_STEPS steps: share that forget the carry (``7+8=15``), write it but add it wrong (``7+8+1=15``, or
-    ``7+8=15``, ``15+1=17`` with the carry in a line of its own), get it right, or write something else."""
+    MISTAKE_STEPS steps: share that forget the carry (``7+8=15``, ``7+8+0=15``), write it but add it wrong
+    (``7+8+1=15``, or ``7+8=15``, ``15+1=17`` with the carry in a line of its own), get it right, or write
+    something else."""
     last = max(r["step"] for r in records)
     out = {}
     for name, low, high in (("first", 1, MISTAKE_STEPS), ("last", last - MISTAKE_STEPS + 1, last)):
@@ -85,8 +86,9 @@ def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
             if tens is not None and len(lines) > 2 and len(tens[0]) == 2 and lines[2][0][1:] == [1]:
                 tens = (tens[0] + [1], lines[2][1])  # the carry in a line of its own: 4+8=12, 12+1=13
             right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
+            forgot = [(right[0][:2] + zero, right[1] - 1) for zero in ([], [0])]  # 4+8=12, or 4+8+0=12
             kind = ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
-                    "forgot" if tens == (right[0][:2], right[1] - 1) else "other")
+                    "forgot" if tens in forgot else "other")
             kinds[kind] += 1
         total = sum(kinds.values())
         out[name] = {kind: count / total for kind, count in kinds.items()} if total else {}

@@ -11,10 +11,16 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from grpokit import group_advantages, process_advantages
+from grpokit.core.answers import extract_answer
 from grpokit.core.offsets import step_token_ends
 from grpokit.rewards.builtin import accuracy_reward
 from grpokit.rewards.calling import RewardError, score_completions, score_steps
-from grpokit.tasks.arithmetic import arithmetic_steps_reward, arithmetic_substeps_reward, worked_solution
+from grpokit.tasks.arithmetic import (
+    CARRY_STYLES,
+    arithmetic_steps_reward,
+    arithmetic_substeps_reward,
+    worked_solution,
+)
 from helpers import brute_force_ends
 
 EPS = 1e-4
@@ -237,7 +243,7 @@ def test_arithmetic_steps_reward(completion, expected):
         ("<think>\n7+5=12\n</think>\n<answer>122</answer>", [1.0, 1.0, 0.0, 0.0]),  # the carry's column left out
         ("<answer>132</answer>", [1.0]),
         # the carry in a line of its own: 4+8=12, then 12+1=13; a wrong sum, a wrong operand
-        (worked_solution(47, 85, carry_line=True), [1.0] * 7),
+        (worked_solution(47, 85, carry="line"), [1.0] * 7),
         ("<think>\n7+5=12\n4+8=12\n12+1=14\n</think><answer>142</answer>", [1.0] * 5 + [0.0, 0.0]),
         ("<think>\n7+5=12\n4+8=12\n12+2=14\n</think><answer>142</answer>", [1.0] * 4 + [0.0, 0.0, 0.0]),
         ("<think>\n7+5=12\n4+8=11\n11+1=12\n</think><answer>122</answer>", [1.0] * 3 + [0.0] * 4),
@@ -263,14 +269,30 @@ def test_substeps_end_with_the_equals_sign_then_the_line():
         assert [end for end, _ in lines] == [end for end, _ in halves[1:4:2]] + [halves[-1][0]]
 
 
-def test_carry_line_is_a_correct_plan_only_where_there_is_a_carry():
-    for a, b in ((47, 85), (41, 35), (19, 81)):
-        text = worked_solution(a, b, carry_line=True)
-        assert all(reward == 1.0 for _, reward in arithmetic_steps_reward([f"What is {a} + {b}?"], [text])[0])
-    assert worked_solution(41, 35, carry_line=True) == worked_solution(41, 35)  # nothing to carry
-    # the carry left out is wrong whichever plan the completion follows: a missing line where the block closes
-    text = "<think>\n7+5=12\n4+8=12\n</think><answer>122</answer>"
-    assert [r for _, r in arithmetic_steps_reward(["What is 47 + 85?"], [text])[0]] == [1.0, 0.0, 0.0]
+@pytest.mark.parametrize("carry", CARRY_STYLES)
+def test_every_carry_style_is_a_correct_plan(carry):
+    for a, b in ((47, 85), (41, 35), (19, 81), (10, 10)):
+        text = worked_solution(a, b, carry=carry)
+        assert extract_answer(text) == str(a + b)
+        for reward in (arithmetic_steps_reward, arithmetic_substeps_reward):
+            assert all(r == 1.0 for _, r in reward([f"What is {a} + {b}?"], [text])[0]), (text, reward)
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<think>\n7+5=12\n4+8=12\n</think><answer>122</answer>", [1.0, 0.0, 0.0]),  # the carry left out
+    ("<think>\n7+5=12\n4+8+0=12\n</think><answer>122</answer>", [1.0, 0.0, 0.0]),  # a carry of 0 where it is 1
+    ("<think>\n7+5=12\n4+8=12\n12+0=12\n</think><answer>122</answer>", [1.0, 1.0, 0.0, 0.0]),  # its own line, 0
+])
+def test_a_carry_left_out_is_wrong_in_every_style(completion, expected):
+    assert [r for _, r in arithmetic_steps_reward(["What is 47 + 85?"], [completion])[0]] == expected
+
+
+def test_a_carry_where_there_is_none_is_wrong():
+    text = "<think>\n1+5=06\n4+3+1=8\n</think><answer>86</answer>"
+    assert [r for _, r in arithmetic_steps_reward(["What is 41 + 35?"], [text])[0]] == [1.0, 0.0, 0.0]
+    assert worked_solution(41, 35, carry="line") == worked_solution(41, 35)  # no carry, no line for it
+    with pytest.raises(ValueError, match="carry must be one of"):
+        worked_solution(41, 35, carry="sideways")
 
 
 def test_step_offsets_point_at_the_end_of_each_line():

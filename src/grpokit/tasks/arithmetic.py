@@ -40,22 +40,30 @@ def prompt_text(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
 
-def worked_solution(a: int, b: int, *, forget_carry: bool = False, carry_line: bool = False) -> str:
-    """Column addition of two two-digit numbers; ``forget_carry`` makes the corpus's mistake;
-    ``carry_line`` adds the carry in a line of its own, so that every line adds two numbers.
+CARRY_STYLES = ("inline", "line", "always")  # how a worked solution writes the carry: worked_solution
+
+
+def worked_solution(a: int, b: int, *, forget_carry: bool = False, carry: str = "inline") -> str:
+    """Column addition of two two-digit numbers; ``forget_carry`` makes the corpus's mistake. ``carry``:
+    ``"inline"`` adds it within the tens line; ``"line"`` in a line of its own, so that every line adds
+    two numbers; ``"always"`` writes every units sum with two digits and always adds its first, 0 or 1,
+    so that every solution has the same shape and the carry is a copied digit.
 
     >>> worked_solution(47, 85)
     '<think>\\n7+5=12\\n4+8+1=13\\n</think>\\n<answer>132</answer>'
     >>> worked_solution(47, 85, forget_carry=True)
     '<think>\\n7+5=12\\n4+8=12\\n</think>\\n<answer>122</answer>'
-    >>> worked_solution(47, 85, carry_line=True)
+    >>> worked_solution(47, 85, carry="line")
     '<think>\\n7+5=12\\n4+8=12\\n12+1=13\\n</think>\\n<answer>132</answer>'
+    >>> worked_solution(41, 35, carry="always")
+    '<think>\\n1+5=06\\n4+3+0=7\\n</think>\\n<answer>76</answer>'
     """
     units = a % 10 + b % 10
-    steps = expected_steps(a, b, carry_line=carry_line)
+    steps = expected_steps(a, b, carry=carry)
     if forget_carry:
         steps = [([a % 10, b % 10], units), ([a // 10, b // 10], a // 10 + b // 10)]
-    lines = "".join("+".join(map(str, operands)) + f"={result}\n" for operands, result in steps)
+    results = [f"{units:02d}" if carry == "always" else str(units)] + [str(result) for _, result in steps[1:]]
+    lines = "".join("+".join(map(str, operands)) + f"={result}\n" for (operands, _), result in zip(steps, results))
     answer = steps[-1][1] * 10 + units % 10
     return f"<think>\n{lines}</think>\n<answer>{answer}</answer>"
 
@@ -66,20 +74,24 @@ _STEP_RE = re.compile(r"[ \t]*(\d+(?:[ \t]*\+[ \t]*\d+)*)[ \t]*=[ \t]*(\d+)[ \t]
 _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
-def expected_steps(a: int, b: int, *, carry_line: bool = False) -> list[tuple[list[int], int]]:
-    """The correct column steps of a + b as (operands, result): units, then tens with its carry, or
-    with ``carry_line`` the tens and then the carry added to their sum.
+def expected_steps(a: int, b: int, *, carry: str = "inline") -> list[tuple[list[int], int]]:
+    """The correct column steps of a + b as (operands, result): units, then tens with the carry as
+    ``carry`` says (:data:`CARRY_STYLES`, :func:`worked_solution`).
 
     >>> expected_steps(47, 85)
     [([7, 5], 12), ([4, 8, 1], 13)]
-    >>> expected_steps(47, 85, carry_line=True)
+    >>> expected_steps(47, 85, carry="line")
     [([7, 5], 12), ([4, 8], 12), ([12, 1], 13)]
+    >>> expected_steps(41, 35, carry="always")
+    [([1, 5], 6), ([4, 3, 0], 7)]
     """
+    if carry not in CARRY_STYLES:
+        raise ValueError(f"carry must be one of {CARRY_STYLES}, not {carry!r}")
     units = a % 10 + b % 10
     tens = [a // 10, b // 10]
     if units < 10:
-        return [([a % 10, b % 10], units), (tens, sum(tens))]
-    if carry_line:
+        return [([a % 10, b % 10], units), (tens + [0] if carry == "always" else tens, sum(tens))]
+    if carry == "line":
         return [([a % 10, b % 10], units), (tens, sum(tens)), ([sum(tens), 1], sum(tens) + 1)]
     return [([a % 10, b % 10], units), (tens + [1], sum(tens) + 1)]
 
@@ -92,13 +104,13 @@ def arithmetic_steps_reward(
 
     A line ``x+y(+c)=z`` scores 1.0 when it is the correct column step at its position (the right
     digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines
-    are parsed, never evaluated. The carry may also be added in a line of its own after a two-operand
-    tens line (``4+8=12``, ``12+1=13``: :func:`worked_solution`'s ``carry_line``). Columns the block
-    leaves out are one wrong step ending where the block closes (after ``</think>``): otherwise leaving
-    out a column a model often gets wrong would score better than writing it wrong, and a model learns
-    to skip the carry's column. The final step, ending with the completion, scores 1.0 when the single
-    ``<answer>`` holds a + b. Each step is ``(character offset where it ends, reward)``.
-    Prompts that name no ``a + b`` get None.
+    are parsed, never evaluated. Any of :func:`worked_solution`'s carry styles is correct: the carry
+    within the tens line, in a line of its own (``4+8=12``, ``12+1=13``), or a carry of 0 added
+    (``4+3+0=7``). Columns the block leaves out are one wrong step ending where the block closes (after
+    ``</think>``): otherwise leaving out a column a model often gets wrong would score better than
+    writing it wrong, and a model learns to skip the carry's column. The final step, ending with the
+    completion, scores 1.0 when the single ``<answer>`` holds a + b. Each step is ``(character offset
+    where it ends, reward)``. Prompts that name no ``a + b`` get None.
 
     >>> arithmetic_steps_reward(["What is 47 + 85?"], [worked_solution(47, 85, forget_carry=True)])
     [[(14, 1.0), (21, 0.0), (51, 0.0)]]
@@ -138,10 +150,15 @@ def _column_steps(prompt: Text, completion: Text, *, split: bool) -> list[tuple[
             if parsed is not None:
                 lines.append((offset, line, [int(x) for x in parsed.group(1).split("+")], int(parsed.group(2))))
             offset += len(line) + 1
-        # Either plan is a correct method: a carry added within the tens line, or in a line of its own
-        # (a third line after a two-operand tens line). A carry left out is wrong in both.
-        carry_line = has_carry(a, b) and len(lines) > 2 and len(lines[1][2]) == 2
-        expected = expected_steps(a, b, carry_line=carry_line)
+        # Each carry style is a correct method; the completion's lines say which it follows: a carry in a
+        # line of its own (a third line after a two-operand tens line), a carry of 0 added (a three-operand
+        # tens line without a carry), else within the tens line. A carry left out is wrong in all.
+        style = "inline"
+        if len(lines) > 2 and has_carry(a, b) and len(lines[1][2]) == 2:
+            style = "line"
+        elif len(lines) > 1 and not has_carry(a, b) and len(lines[1][2]) == 3:
+            style = "always"
+        expected = expected_steps(a, b, carry=style)
         for (offset, line, operands, result), want in zip(lines, expected + [None] * len(lines)):
             if split and want is not None:
                 steps.append((offset + line.index("=") + 1, 1.0 if operands == want[0] else 0.0))
