@@ -9,7 +9,8 @@
   sometimes carry correctly: a problem whose G samples are all wrong gives GRPO no signal, so a cold start
   without any carry leaves every carry problem out of reach of RL. ``--carry``: how the solutions write
   the carry (``grpokit.tasks.arithmetic.worked_solution``): within the tens line (``4+8+1=13``), in a line of
-  its own (``4+8=12``, ``12+1=13``), or always, 0 or 1, copied from a two-digit units sum (``1+5=06``, ``4+3+0=7``).
+  its own (``4+8=12``, ``12+1=13``), always, 0 or 1, copied from a two-digit units sum (``1+5=06``, ``4+3+0=7``), or
+  both (``1+5=06``, ``4+3=7``, ``7+0=7``).
 - ``train.jsonl``: ``{"prompt", "answer"}`` rows for ``grpokit train``: every training pair, carries included.
 - ``held_out.jsonl``: ``{"prompt", "answer", "carry"}``, pairs that neither stage ever sees
   (grpokit.tasks.arithmetic's fixed held-out split), for ``grpokit eval``.

@@ -18,10 +18,11 @@ case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a rea
   process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;  # the recipe (grpo.yaml)
   process_carry_line) carry_share=0.5; grpo_args=("${process[@]}"); carry=line ;;  # 4+8=12, 12+1=13
   process_carry_always) carry_share=0.5; grpo_args=("${process[@]}"); carry=always ;;  # 1+5=06, 4+3+0=7
+  process_carry_line_always) carry_share=0.5; grpo_args=("${process[@]}"); carry=line_always ;;  # 1+5=06, 4+3=7, 7+0=7
   process_lines) carry_share=0.25  # a reward per column line, the answer
     grpo_args=(--supervision process --reward_funcs "[arithmetic_steps, format]" --reward_weights "[1.0, 0.2]") ;;
   *) echo "unknown variant $variant (process_carry_cold_start, outcome, carry_cold_start, process," \
-          "process_carry_line, process_carry_always, process_lines)" >&2
+          "process_carry_line, process_carry_always, process_carry_line_always, process_lines)" >&2
      exit 2 ;;
 esac
 out=runs/smollm2/$variant/seed$seed

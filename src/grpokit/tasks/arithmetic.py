@@ -40,14 +40,15 @@ def prompt_text(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
 
-CARRY_STYLES = ("inline", "line", "always")  # how a worked solution writes the carry: worked_solution
+CARRY_STYLES = ("inline", "line", "always", "line_always")  # how worked_solution writes the carry
 
 
 def worked_solution(a: int, b: int, *, forget_carry: bool = False, carry: str = "inline") -> str:
     """Column addition of two two-digit numbers; ``forget_carry`` makes the corpus's mistake. ``carry``:
     ``"inline"`` adds it within the tens line; ``"line"`` in a line of its own, so that every line adds
     two numbers; ``"always"`` writes every units sum with two digits and always adds its first, 0 or 1,
-    so that every solution has the same shape and the carry is a copied digit.
+    so that every solution has the same shape and the carry is a copied digit; ``"line_always"`` both:
+    the carry, 0 or 1, in a line of its own in every solution.
 
     >>> worked_solution(47, 85)
     '<think>\\n7+5=12\\n4+8+1=13\\n</think>\\n<answer>132</answer>'
@@ -57,12 +58,14 @@ def worked_solution(a: int, b: int, *, forget_carry: bool = False, carry: str = 
     '<think>\\n7+5=12\\n4+8=12\\n12+1=13\\n</think>\\n<answer>132</answer>'
     >>> worked_solution(41, 35, carry="always")
     '<think>\\n1+5=06\\n4+3+0=7\\n</think>\\n<answer>76</answer>'
+    >>> worked_solution(41, 35, carry="line_always")
+    '<think>\\n1+5=06\\n4+3=7\\n7+0=7\\n</think>\\n<answer>76</answer>'
     """
     units = a % 10 + b % 10
     steps = expected_steps(a, b, carry=carry)
     if forget_carry:
         steps = [([a % 10, b % 10], units), ([a // 10, b // 10], a // 10 + b // 10)]
-    results = [f"{units:02d}" if carry == "always" else str(units)] + [str(result) for _, result in steps[1:]]
+    results = [f"{units:02d}" if carry.endswith("always") else str(units)] + [str(result) for _, result in steps[1:]]
     lines = "".join("+".join(map(str, operands)) + f"={result}\n" for (operands, _), result in zip(steps, results))
     answer = steps[-1][1] * 10 + units % 10
     return f"<think>\n{lines}</think>\n<answer>{answer}</answer>"
@@ -84,14 +87,18 @@ def expected_steps(a: int, b: int, *, carry: str = "inline") -> list[tuple[list[
     [([7, 5], 12), ([4, 8], 12), ([12, 1], 13)]
     >>> expected_steps(41, 35, carry="always")
     [([1, 5], 6), ([4, 3, 0], 7)]
+    >>> expected_steps(41, 35, carry="line_always")
+    [([1, 5], 6), ([4, 3], 7), ([7, 0], 7)]
     """
     if carry not in CARRY_STYLES:
         raise ValueError(f"carry must be one of {CARRY_STYLES}, not {carry!r}")
     units = a % 10 + b % 10
     tens = [a // 10, b // 10]
+    if units < 10 and carry == "line_always":
+        return [([a % 10, b % 10], units), (tens, sum(tens)), ([sum(tens), 0], sum(tens))]
     if units < 10:
         return [([a % 10, b % 10], units), (tens + [0] if carry == "always" else tens, sum(tens))]
-    if carry == "line":
+    if carry in ("line", "line_always"):
         return [([a % 10, b % 10], units), (tens, sum(tens)), ([sum(tens), 1], sum(tens) + 1)]
     return [([a % 10, b % 10], units), (tens + [1], sum(tens) + 1)]
 
@@ -106,9 +113,9 @@ def arithmetic_steps_reward(
     digits, the carry included, the right sum) and 0.0 otherwise, a forgotten carry included; lines
     are parsed, never evaluated. Any of :func:`worked_solution`'s carry styles is correct: the carry
     within the tens line, in a line of its own (``4+8=12``, ``12+1=13``), or a carry of 0 added
-    (``4+3+0=7``). Columns the block leaves out are one wrong step ending where the block closes (after
-    ``</think>``): otherwise leaving out a column a model often gets wrong would score better than
-    writing it wrong, and a model learns to skip the carry's column. The final step, ending with the
+    (``4+3+0=7``, or ``4+3=7``, ``7+0=7``). Columns the block leaves out are one wrong step ending where
+    the block closes (after ``</think>``): otherwise leaving out a column a model often gets wrong would
+    score better than writing it wrong, and a model learns to skip the carry's column. The final step, ending with the
     completion, scores 1.0 when the single ``<answer>`` holds a + b. Each step is ``(character offset
     where it ends, reward)``. Prompts that name no ``a + b`` get None.
 
@@ -150,12 +157,13 @@ def _column_steps(prompt: Text, completion: Text, *, split: bool) -> list[tuple[
             if parsed is not None:
                 lines.append((offset, line, [int(x) for x in parsed.group(1).split("+")], int(parsed.group(2))))
             offset += len(line) + 1
-        # Each carry style is a correct method; the completion's lines say which it follows: a carry in a
-        # line of its own (a third line after a two-operand tens line), a carry of 0 added (a three-operand
-        # tens line without a carry), else within the tens line. A carry left out is wrong in all.
+        # Each carry style is a correct method; the completion's lines say which it follows: the carry in a
+        # line of its own (a third line after a two-operand tens line; 0 where there is none), a carry of 0
+        # added (a three-operand tens line without a carry), else within the tens line. A carry left out is
+        # wrong in all.
         style = "inline"
-        if len(lines) > 2 and has_carry(a, b) and len(lines[1][2]) == 2:
-            style = "line"
+        if len(lines) > 2 and len(lines[1][2]) == 2:
+            style = "line_always"
         elif len(lines) > 1 and not has_carry(a, b) and len(lines[1][2]) == 3:
             style = "always"
         expected = expected_steps(a, b, carry=style)
