@@ -1,6 +1,6 @@
 """The recipe's data: a cold start, GRPO prompts and a held-out set, as JSONL, from grpokit's addition task.
 
-    python examples/smollm2/make_data.py runs/smollm2/data [CARRY_SHARE] [--carry inline|line|always]
+    python examples/smollm2/make_data.py runs/smollm2/data [CARRY_SHARE] [--carry inline|line|always|line_always]
     # → cold_start.jsonl, train.jsonl, held_out.jsonl
 
 - ``cold_start.jsonl``: ROWS ``{"prompt", "completion"}`` rows for ``grpokit sft``, each a worked column

@@ -59,14 +59,15 @@ def test_the_recipe_data_takes_the_cold_starts_carry_share(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "cold_start.jsonl").read_text().splitlines()]
     pairs = [row["prompt"].removeprefix("What is ").removesuffix("?").split(" + ") for row in rows]
     assert sum(has_carry(int(a), int(b)) for a, b in pairs) == 150
-    for carry, extra_lines in (("line", 1), ("always", 0)):
+    for carry, extra_lines in (("line", {True: 1, False: 0}), ("always", {True: 0, False: 0}),
+                               ("line_always", {True: 1, False: 1})):  # lines added, by whether a row carries
         subprocess.run([sys.executable, str(ROOT / "examples/smollm2/make_data.py"), str(tmp_path), "0.5",
                         "--carry", carry], check=True, capture_output=True)
         styled = [json.loads(line) for line in (tmp_path / "cold_start.jsonl").read_text().splitlines()]
         assert [row["prompt"] for row in styled] == [row["prompt"] for row in rows]  # the same problems
         assert [r["completion"] for r in styled] == [worked_solution(int(a), int(b), carry=carry) for a, b in pairs]
         assert [row["completion"].count("\n") for row in styled] == [
-            row["completion"].count("\n") + extra_lines * has_carry(int(a), int(b)) for row, (a, b) in zip(rows, pairs)]
+            row["completion"].count("\n") + extra_lines[has_carry(int(a), int(b))] for row, (a, b) in zip(rows, pairs)]
 
 
 def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):

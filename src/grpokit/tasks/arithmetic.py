@@ -115,9 +115,9 @@ def arithmetic_steps_reward(
     within the tens line, in a line of its own (``4+8=12``, ``12+1=13``), or a carry of 0 added
     (``4+3+0=7``, or ``4+3=7``, ``7+0=7``). Columns the block leaves out are one wrong step ending where
     the block closes (after ``</think>``): otherwise leaving out a column a model often gets wrong would
-    score better than writing it wrong, and a model learns to skip the carry's column. The final step, ending with the
-    completion, scores 1.0 when the single ``<answer>`` holds a + b. Each step is ``(character offset
-    where it ends, reward)``. Prompts that name no ``a + b`` get None.
+    score better than writing it wrong, and a model learns to skip the carry's column. The final step,
+    ending with the completion, scores 1.0 when the single ``<answer>`` holds a + b. Each step is
+    ``(character offset where it ends, reward)``. Prompts that name no ``a + b`` get None.
 
     >>> arithmetic_steps_reward(["What is 47 + 85?"], [worked_solution(47, 85, forget_carry=True)])
     [[(14, 1.0), (21, 0.0), (51, 0.0)]]
