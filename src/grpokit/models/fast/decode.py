@@ -48,10 +48,12 @@ class Decoding(LlamaParts):
         device = prompt_ids.device
         total = prompt_width + max_new_tokens
         layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
-        head = decode_product(self.lm_head, rows=n, scale=self._norm_scale(self.backbone.norm),  # own dtype, as head
-                              dtype=torch.int8 if compute == torch.int8 else None)
+        head = decode_product(self.lm_head, rows=n, dtype=torch.int8 if compute == torch.int8 else None)  # own dtype
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
+        # The final norm's weight scales the rows, not the head's weight: that fold would copy the whole
+        # (vocabulary × hidden) matrix at every call, for one small product per decode step.
+        head_scale = self._norm_scale(self.backbone.norm).to(dtype)
         # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:
         # attention then reads keys and values packed close together, not spread over the full length
         # (on the CPU that read is ~2x faster once the cache outgrows the processor's caches).
@@ -76,7 +78,7 @@ class Decoding(LlamaParts):
         alive = torch.ones(n, dtype=torch.bool, device=device)
         finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
         for t in range(max_new_tokens):
-            logits = cast(head(self._normalize(last)), torch.float32)
+            logits = cast(head(self._normalize(last) * head_scale), torch.float32)
             picked = alive.nonzero().squeeze(1) if finished else None
             chosen, stopped = choose(logits, t, rows) if picked is None else choose(logits[picked], t, rows[picked])
             if t == max_new_tokens - 1:
