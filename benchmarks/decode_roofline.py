@@ -7,6 +7,9 @@ architecture at several batch sizes (rows), beside the bound this machine sets, 
     python benchmarks/decode_roofline.py --profile 16                     # where a 16-row step's time goes
     python benchmarks/decode_roofline.py --int8                           # rollout_precision: int8's sampling
 
+On CUDA grpokit is also timed with ``cuda_graphs: true`` (``generate(graph=True)``: the decode step replayed as a
+CUDA graph), column ``grpokit_graph_tokens_s``.
+
 - The model: SmolLM2-135M's config with random weights (decoding's cost does not depend on the values); no token
   stops a completion, so every row decodes ``--new_tokens`` tokens after a ``--prompt_tokens`` prompt. ``rows``
   completions are ``rows / G`` prompts × G (G = min(rows, 8), as GRPO samples them); the time includes each prompt's
@@ -124,10 +127,14 @@ def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: 
                    eos_token_id=[vocab], pad_token_id=0)  # no sampled id equals vocab: every row decodes all its tokens
     theirs = partial(model.generate, input_ids=expanded, attention_mask=torch.ones_like(expanded), do_sample=True,
                      top_k=0, pad_token_id=0)
-    calls = {"grpokit": lambda new: ours(max_new_tokens=new, generator=torch.Generator(device).manual_seed(0)),
-             "transformers": lambda new: theirs(max_new_tokens=new, min_new_tokens=new)}
+    calls = {"grpokit": lambda new: ours(max_new_tokens=new, generator=torch.Generator(device).manual_seed(0))}
+    if device.type == "cuda":  # cuda_graphs: true, the decode step replayed as a CUDA graph
+        calls["grpokit_graph"] = lambda new: ours(max_new_tokens=new, graph=True,
+                                                  generator=torch.Generator(device).manual_seed(0))
+    if not args.no_hf:
+        calls["transformers"] = lambda new: theirs(max_new_tokens=new, min_new_tokens=new)
     result = {}
-    for name, call in list(calls.items())[: 1 if args.no_hf else 2]:
+    for name, call in calls.items():
         call(8)  # warm-up
         result[f"{name}_tokens_s"] = rows * args.new_tokens / best_seconds(partial(call, args.new_tokens), device,
                                                                          args.repeats)
@@ -206,6 +213,9 @@ def main() -> None:
         print(f"| {r['rows']} | {r['bound_tokens_s']:.0f} ({r['binds']}) | {r['grpokit_tokens_s']:.0f} "
               f"| {100 * r['grpokit_tokens_s'] / r['bound_tokens_s']:.0f} % | "
               + (f"{hf:.0f} | {r['grpokit_tokens_s'] / hf:.2f}× |" if hf else "— | — |"))
+        if "grpokit_graph_tokens_s" in r:
+            print(f"|  | CUDA graph: {r['grpokit_graph_tokens_s']:.0f} tokens/s, "
+                  f"{100 * r['grpokit_graph_tokens_s'] / r['bound_tokens_s']:.0f} % of bound | | | | |")
     print(f"\nwrote {out}")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one go (CI has none): the CUDA tests, the whole suite on the
-# machine's own torch/transformers versions, and GRPO vs PPO memory and speed at sizes too large for a
-# CPU. Run from the repository root on a GPU machine with torch, transformers, tokenizers, safetensors,
+# machine's own torch/transformers versions, GRPO vs PPO memory and speed at sizes too large for a
+# CPU, and decoding against the GPU's roofline, with and without CUDA graphs. Run from the repository root on a GPU machine with torch, transformers, tokenizers, safetensors,
 # tqdm, pyyaml, pytest, hypothesis, numpy and matplotlib installed (no install step: nothing is fetched).
 # Results go to ${OUT:-gpu-check}/.
 set -uo pipefail
@@ -16,3 +16,6 @@ python3 -m pytest -q -p no:cacheprovider tests/trainers/test_cuda.py 2>&1 | tee 
 CUDA_VISIBLE_DEVICES="" python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/suite.log"
 python3 benchmarks/grpo_vs_ppo.py --device cuda --sizes medium large --seeds 0 --threads 8 \
   --out "$out/grpo_vs_ppo_cuda.json" --figure "$out/grpo_vs_ppo_cuda.png" 2>&1 | tee "$out/grpo_vs_ppo_cuda.log"
+# decoding against the GPU's roofline, with and without the decode step as a CUDA graph (cuda_graphs: true)
+python3 benchmarks/decode_roofline.py --device cuda --dtype bfloat16 --rows 4 16 64 \
+  --out "$out/decode_roofline_cuda_bfloat16.json" 2>&1 | tee "$out/decode_roofline_cuda.log"

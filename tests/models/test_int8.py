@@ -118,7 +118,7 @@ def test_what_cannot_sample_in_int8_is_refused(tokenizer):
     with pytest.raises(ValueError, match="rollout_precision: int8.*model_type 'gpt2'"):
         RolloutWeights(gpt2, "int8")
     enc = tokenizer(["Hi"], return_tensors="pt")
-    with pytest.raises(ValueError, match="int8 sampling needs a model the fast path runs"):
+    with pytest.raises(ValueError, match="int8 decoding needs a model the fast path runs"):
         generate(gpt2, enc["input_ids"], enc["attention_mask"], num_generations=2, max_new_tokens=2,
                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, int8=True)
     with pytest.raises(ConfigError, match="fast_path"):

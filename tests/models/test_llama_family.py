@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from grpokit.config import ConfigError, GRPOConfig
 from grpokit.models.fast import decode, fused_linear, hidden_states, parts
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.models.logprobs import sequence_logprobs
@@ -134,6 +135,38 @@ def test_sampled_logprobs_match_the_model_forward_while_rows_stop_and_leave(toke
     mask = rollout.completion_mask.bool()
     assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-5)
     assert (rollout.logp[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])
+def test_fixed_shape_decoding_for_cuda_graphs_samples_the_same_tokens(tokenizer, name, decode_products):
+    """generate(graph=True) keeps every shape fixed (finished rows stay in the batch, attention reads every
+    column under a mask that opens one per step) so that CUDA can replay its decode step as a graph; on the
+    CPU the step runs as it is and samples the same tokens with the same log-probs, while rows stop at
+    different steps. Its test on CUDA, graph captured: tests/trainers/test_cuda.py."""
+    model = models(tokenizer)[name].eval()
+    enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think."], padding=True, padding_side="left",
+                    return_tensors="pt")
+    kw = dict(num_generations=8, max_new_tokens=20, temperature=1.3, eos_token_id=list(range(3, 13)),
+              pad_token_id=tokenizer.pad_token_id, fast=True)
+    loop, fixed = (generate(model, enc["input_ids"], enc["attention_mask"], graph=graph,
+                            generator=torch.Generator().manual_seed(0), **kw) for graph in (False, True))
+    assert len(set(loop.lengths.tolist())) > 4 and loop.truncated.any() and not loop.truncated.all()
+    assert torch.equal(fixed.completion_ids, loop.completion_ids)
+    assert torch.equal(fixed.completion_mask, loop.completion_mask)
+    assert torch.allclose(fixed.logp, loop.logp, atol=1e-6)
+    with pytest.raises(ValueError, match="graph decoding runs on the fast path"):
+        generate(model, enc["input_ids"], enc["attention_mask"], graph=True, **{**kw, "fast": False})
+    with pytest.raises(ConfigError, match="cuda_graphs.*fast_path: true"):
+        GRPOConfig(cuda_graphs=True, fast_path=False)
+
+
+def test_cuda_graphs_leave_sampling_on_the_cpu_as_it_is(tokenizer, tiny_model, tmp_path, monkeypatch):
+    def refused(*args):
+        raise AssertionError("fixed-shape decoding on the CPU")
+
+    monkeypatch.setattr(LlamaFamily, "_decode_static", refused)
+    history = make_trainer(tokenizer, tiny_model, tmp_path, cuda_graphs=True, max_steps=1).train()
+    assert history[0]["completion_length_mean"] > 0
 
 
 def test_greedy_completions_equal_the_model_forward_path(tokenizer, decode_products):

@@ -25,11 +25,27 @@ def test_generation_logprobs_match_a_full_forward_pass_on_cuda(tiny_model, token
     assert torch.allclose(logp[mask], rollout.logp[mask], atol=1e-4)
 
 
+def test_decode_step_replayed_as_a_cuda_graph_samples_what_the_loop_samples(tiny_model, tokenizer, monkeypatch):
+    model = tiny_model.cuda().eval()
+    encoded = tokenizer(["Count 1:", "Count 100:"], padding=True, padding_side="left", return_tensors="pt").to("cuda")
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or replay(graph))
+    loop, graphed = (generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=4,
+                              max_new_tokens=12, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id, graph=graph,
+                              generator=torch.Generator(device="cuda").manual_seed(0)) for graph in (False, True))
+    assert len(replays) >= 5  # the steps after the first two (run, then captured and replayed)
+    assert torch.equal(graphed.completion_ids, loop.completion_ids)
+    assert torch.allclose(graphed.logp, loop.logp, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     "options",
     [dict(), dict(supervision="process", reward_funcs=(each_one, ones)), dict(dynamic_sampling=True),
-     dict(algorithm="ppo", num_minibatches=2), dict(num_iterations=2, mask_truncated_completions=True)],
-    ids=["grpo", "process", "dynamic", "ppo", "mu2-mask"],
+     dict(algorithm="ppo", num_minibatches=2), dict(num_iterations=2, mask_truncated_completions=True),
+     dict(cuda_graphs=True, mixed_precision="bf16")],
+    ids=["grpo", "process", "dynamic", "ppo", "mu2-mask", "graphs-bf16"],
 )
 def test_training_steps_on_cuda(tokenizer, tiny_model, tmp_path, options):
     options = dict(options)

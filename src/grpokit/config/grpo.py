@@ -230,6 +230,9 @@ class GRPOConfig(_Config):
         "(same math; docs/benchmarks.md). Other models, and the training passes of parallelism: fsdp, use the "
         "model's own forward; false forces that everywhere.",
     )
+    cuda_graphs: bool = _field(
+        False, "On CUDA, sample with the fast path's decode step captured as a CUDA graph and replayed for each token "
+        "(fixed shapes: the cache sized for all new tokens, finished rows kept); ignored on the CPU.")
     logprob_chunk_mb: float = _field(
         DEFAULT_CHUNK_MB, "Memory (MiB) for one chunk of the LM head's float32 logits when computing log-probs and "
         "entropies: the head runs on as many tokens at a time as fit (at least one) and recomputes them in backward, "
@@ -336,6 +339,8 @@ class GRPOConfig(_Config):
         if self.parallelism == "fsdp" and self.rollout_precision != "fp32":
             raise ConfigError("rollout_precision with parallelism: fsdp is not supported (the sampling copy needs the "
                               "whole policy on every process); use ddp, or rollout_precision: fp32")
+        if self.cuda_graphs and not self.fast_path:
+            raise ConfigError("cuda_graphs captures the fast path's decode step: fast_path: true")
         if self.rollout_precision == "int8" and not self.fast_path:
             raise ConfigError("rollout_precision: int8 samples with the fast path's int8 products: fast_path: true")
         if self.parallelism == "fsdp" and self.dynamic_sampling:

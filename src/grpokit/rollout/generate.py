@@ -157,6 +157,7 @@ def generate(
     fast: bool = True,
     tools: ToolSession | InertSession | None = None,
     int8: bool = False,
+    graph: bool = False,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
@@ -171,6 +172,7 @@ def generate(
     next tokens, through the same cache, while the others keep decoding; the Rollout's ``tool_mask`` marks them.
     An inert session (the empty box's: no tools) is as None: it never sees a decode step. ``int8``: sample with
     the model's projections and LM head in int8 (:mod:`grpokit.models.fast.int8`; the fast path, on the CPU).
+    ``graph``: the fast path with fixed shapes, its decode step captured as a CUDA graph on CUDA (the same tokens).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -178,8 +180,9 @@ def generate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if int8 and not fast:
-        raise ValueError("int8 sampling runs on the fast path: fast=True")
+    for name, asked in (("int8", int8), ("graph", graph)):
+        if asked and not fast:
+            raise ValueError(f"{name} decoding runs on the fast path: fast=True")
     device = next(model.parameters()).device
     unique_ids, unique_mask = prompt_ids.to(device), prompt_mask.to(device)  # (B, P)
     prompt_ids = unique_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
@@ -209,10 +212,11 @@ def generate(
         return chosen, stopped
 
     why = unsupported(model) if fast else None
-    if int8 and why is not None:
-        raise ValueError(f"int8 sampling needs a model the fast path runs: {why}")
+    if (int8 or graph) and why is not None:
+        raise ValueError(f"{'int8' if int8 else 'graph'} decoding needs a model the fast path runs: {why}")
     if fast and why is None:
-        LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations, int8=int8)
+        LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations, int8=int8,
+                                  graph=graph)
     else:
         _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early)
 

@@ -1,7 +1,9 @@
 """Sampling on the fast path: :class:`Decoding` prefills each prompt once for its G completions, keeps keys
 and values in a cache that doubles its room when full (``CACHE_ROOM`` new tokens at first), runs each layer as
 four fused products (:func:`~grpokit.models.fast.fused_linear.decode_product`) with the norms' weights folded
-in, and drops finished completions from the batch."""
+in, and drops finished completions from the batch. ``graph=True`` keeps every shape fixed instead (the cache
+sized for all new tokens, finished rows kept), so that on CUDA one decode step is captured as a graph and replayed
+for each token: one launch per token instead of a few hundred."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Decoding(LlamaParts):
     def decode(
         self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
         choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1, int8: bool = False,
+        graph: bool = False,
     ) -> None:
         """Run the prompts (B, P, left-padded) once each and then up to ``max_new_tokens`` decode steps
         for N = B × ``repeats`` rows (each prompt's rows contiguous).
@@ -31,7 +34,8 @@ class Decoding(LlamaParts):
         ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
         (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
         (and the cache) once they are a quarter of it. ``int8``: every projection and the LM head in int8
-        (:mod:`~grpokit.models.fast.int8`), quantized from the weights as they are at this call.
+        (:mod:`~grpokit.models.fast.int8`), quantized from the weights as they are at this call. ``graph``:
+        :meth:`_decode_static` (the same tokens; on CUDA, the decode step captured and replayed as a graph).
         """
         device = prompt_ids.device.type
         # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
@@ -40,13 +44,16 @@ class Decoding(LlamaParts):
         compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         compute = torch.int8 if int8 else compute
         with torch.autocast(device, enabled=False):
-            self._decode(prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats)
+            (self._decode_static if graph else self._decode)(
+                prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats)
 
-    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+    def _start(self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, compute: torch.dtype | None,
+               repeats: int, room: int) -> tuple:
+        """The products, the prefill and what decoding continues from: a cache with ``room`` columns after
+        the prompt, each row's last hidden state, the additive mask over the columns, the next positions."""
         b, prompt_width = prompt_ids.shape
         n = b * repeats
         device = prompt_ids.device
-        total = prompt_width + max_new_tokens
         layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
         head = decode_product(self.lm_head, rows=n, dtype=torch.int8 if compute == torch.int8 else None)  # own dtype
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
@@ -54,28 +61,34 @@ class Decoding(LlamaParts):
         # The final norm's weight scales the rows, not the head's weight: that fold would copy the whole
         # (vocabulary × hidden) matrix at every call, for one small product per decode step.
         head_scale = self._norm_scale(self.backbone.norm).to(dtype)
-        # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:
-        # attention then reads keys and values packed close together, not spread over the full length
-        # (on the CPU that read is ~2x faster once the cache outgrows the processor's caches).
-        cache = torch.zeros(len(layers), 2, b, self.kv_heads, min(total, prompt_width + CACHE_ROOM), self.head_dim,
+        cache = torch.zeros(len(layers), 2, b, self.kv_heads, prompt_width + room, self.head_dim,
                             dtype=dtype, device=device)
-        turns = self._rotary_turns(total, x)
+        turns = self._rotary_turns(prompt_width + max_new_tokens, x)
         positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
         # Additive mask over cache columns: left padding is never attended to.
-        bias = torch.zeros(b, total, dtype=dtype, device=device)
+        bias = torch.zeros(b, prompt_width + max_new_tokens, dtype=dtype, device=device)
         bias[:, :prompt_width] = torch.where(prompt_mask.bool(), 0.0, float("-inf"))
         # Causal over the prompt; a padding position sees itself only (finite, and never seen by others).
         causal = torch.full((prompt_width, prompt_width), float("-inf"), dtype=dtype, device=device).triu(1)
         prefill_mask = bias[:, None, :prompt_width] + causal  # (B, P, P)
         prefill_mask.diagonal(dim1=-2, dim2=-1).zero_()
-        rows = torch.arange(n, device=device)
 
         last = self._prefill(x, layers, cache, turns[positions].unsqueeze(2), prefill_mask)[:, -1]  # (B, hidden)
         # Each prompt's cache, last hidden state, positions and mask, once per row that continues it.
         cache = cache.repeat_interleave(repeats, dim=2)
         last, bias = last.repeat_interleave(repeats, dim=0), bias.repeat_interleave(repeats, dim=0)
         next_positions = positions[:, -1].repeat_interleave(repeats) + 1
-        alive = torch.ones(n, dtype=torch.bool, device=device)
+        return layers, head, head_scale, turns, cache, last, bias, next_positions
+
+    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+        prompt_width, total = prompt_ids.shape[1], prompt_ids.shape[1] + max_new_tokens
+        # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:
+        # attention then reads keys and values packed close together, not spread over the full length
+        # (on the CPU that read is ~2x faster once the cache outgrows the processor's caches).
+        layers, head, head_scale, turns, cache, last, bias, next_positions = self._start(
+            prompt_ids, prompt_mask, max_new_tokens, compute, repeats, room=min(max_new_tokens, CACHE_ROOM))
+        rows = torch.arange(len(last), device=last.device)
+        alive = torch.ones(len(rows), dtype=torch.bool, device=last.device)
         finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
         for t in range(max_new_tokens):
             logits = cast(head(self._normalize(last) * head_scale), torch.float32)
@@ -103,9 +116,51 @@ class Decoding(LlamaParts):
                 grown[..., :column, :] = cache
                 cache = grown
             x = self.backbone.embed_tokens(tokens)  # (A, hidden)
-            last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column,
-                                     bias[:, : column + 1])
+            last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column, bias)
             next_positions = next_positions + 1
+
+    def _decode_static(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+        """:meth:`_decode` with every shape and address fixed for the whole call: the cache has room for all
+        new tokens, finished rows stay in the batch (their picks are not asked for), the column and the
+        positions are tensors the step advances itself, and attention reads every column under a mask that
+        opens one column per step (a closed column weighs exactly 0). On CUDA the step after the first is
+        captured as a graph and replayed for every further token; elsewhere it runs as it is (the tests
+        compare its tokens with :meth:`_decode`'s on the CPU)."""
+        prompt_width = prompt_ids.shape[1]
+        layers, head, head_scale, turns, cache, last, bias, positions = self._start(
+            prompt_ids, prompt_mask, max_new_tokens, compute, repeats, room=max_new_tokens)
+        bias[:, prompt_width:] = float("-inf")  # opened one column per step
+        rows = torch.arange(len(last), device=last.device)
+        alive = torch.ones(len(rows), dtype=torch.bool, device=last.device)
+        tokens = torch.zeros_like(rows)
+        column = torch.tensor([prompt_width], device=last.device)
+        logits = cast(head(self._normalize(last) * head_scale), torch.float32)
+
+        def step() -> None:  # the same kernels, on the same buffers, at every token
+            bias.index_fill_(1, column, 0.0)
+            x = self.backbone.embed_tokens(tokens)
+            h = self._decode_step(x, layers, cache, turns[positions].unsqueeze(1), column, bias)
+            logits.copy_(cast(head(self._normalize(h) * head_scale), torch.float32))
+            positions.add_(1)
+            column.add_(1)
+
+        graph = None
+        for t in range(max_new_tokens):
+            picked = alive.nonzero().squeeze(1)
+            chosen, stopped = choose(logits[picked], t, rows[picked])
+            alive[picked[stopped]] = False
+            if t == max_new_tokens - 1 or not alive.any():
+                break
+            tokens[picked] = chosen
+            if graph is not None:
+                graph.replay()
+            elif t == 0 or last.device.type != "cuda":
+                step()  # on CUDA also the warm-up the capture needs (libraries' workspaces, lazy setup)
+            else:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):  # recorded, not run
+                    step()
+                graph.replay()
 
     def _decode_products(self, layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
         """A layer's four products for decoding (q/k/v and gate/up fused), each RMSNorm's weight folded
@@ -131,23 +186,29 @@ class Decoding(LlamaParts):
         x32 = cast(x, torch.float32)
         return cast(x32 / torch.hypot(torch.linalg.vector_norm(x32, dim=-1, keepdim=True), self.norm_floor), x.dtype)
 
-    def _decode_step(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, column: int,
+    def _decode_step(self, x: Tensor, layers: list, cache: Tensor, turns: Tensor, column: int | Tensor,
                      mask: Tensor) -> Tensor:
         """Every layer on one new token per row, ``x`` (A, hidden); writes its keys and values at ``column``
-        of ``cache`` and attends to columns 0..column under the additive ``mask`` (A, column + 1)."""
+        of ``cache`` and attends to columns 0..column under the additive ``mask`` (A, ≥ column + 1). A
+        ``column`` tensor (1,) (:meth:`_decode_static`): written at that index, every column attended to."""
         a = x.shape[0]
         heads, kv, groups, d = self.heads, self.kv_heads, self.heads // self.kv_heads, self.head_dim
-        end, inner = column + 1, self.intermediate
-        mask = mask[:, None, None].expand(a, kv, 1, end).reshape(a * kv, 1, end)
+        static = isinstance(column, Tensor)
+        end, inner = cache.shape[-2] if static else column + 1, self.intermediate
+        mask = mask[:, None, None, :end].expand(a, kv, 1, end).reshape(a * kv, 1, end)
         # Every layer's views, taken once per step (each view is a dispatch too): where this column's
         # keys and values go, (layers, A, 2, kv, D), and the filled columns, (layers, 2, A · kv, end, D).
-        slots = cache[..., column, :].transpose(1, 2)
+        slots = None if static else cache[..., column, :].transpose(1, 2)
         filled = cache[..., :end, :].flatten(2, 3)
         for i, (qkv_proj, o_proj, gate_up, down) in enumerate(layers):
             # in the cache's dtype before the rotation: one cast (under autocast), then all in place
             qkv = cast(qkv_proj(self._normalize(x)), cache.dtype).view(a, heads + 2 * kv, d)
             rope_pairs(qkv[:, : heads + kv], turns)
-            slots[i].copy_(qkv[:, heads:].view(a, 2, kv, d))  # keys and values
+            new = qkv[:, heads:].view(a, 2, kv, d)  # keys and values
+            if static:
+                cache[i].index_copy_(3, column, new.transpose(0, 1).unsqueeze(3))
+            else:
+                slots[i].copy_(new)
             q = qkv[:, :heads].reshape(a * kv, groups, d)
             keys, values = filled[i]
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
