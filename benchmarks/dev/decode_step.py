@@ -39,15 +39,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        build(args.config, Path(tmp))
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(build(args.config, Path(tmp)), dtype=torch.float32)
     family, config, end = LlamaFamily(model), model.config, args.column + 1
     kv, d = family.kv_heads, family.head_dim
     calls = {}
     with torch.inference_mode():
         for a in args.rows:
             layers = [family._decode_products(layer, a, None) for layer in family.backbone.layers]
-            head = decode_product(family.lm_head, rows=a, scale=family._norm_scale(family.backbone.norm))
+            head = decode_product(family.lm_head, rows=a)
+            head_scale = family._norm_scale(family.backbone.norm)
             cache = torch.randn(len(layers), 2, a, kv, end + 32, d)  # room beyond the column, as in decoding
             turns = family._rotary_turns(end, cache)[torch.full((a,), args.column)].unsqueeze(1)
             mask = torch.zeros(a, end)
@@ -56,8 +56,8 @@ def main() -> None:
             filled = cache[..., :end, :].flatten(2, 3)
             scores_mask = torch.zeros(a * kv, 1, end)
 
-            def step(x=x, layers=layers, head=head, cache=cache, turns=turns, mask=mask):
-                head(family._normalize(family._decode_step(x, layers, cache, turns, args.column, mask)))
+            def step(x=x, layers=layers, head=head, head_scale=head_scale, cache=cache, turns=turns, mask=mask):
+                head(family._normalize(family._decode_step(x, layers, cache, turns, args.column, mask)) * head_scale)
 
             def products(x=x, inner=inner, layers=layers, head=head):
                 for qkv, o, gate_up, down in layers:

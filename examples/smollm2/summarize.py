@@ -22,6 +22,8 @@ import re
 import sys
 from pathlib import Path
 
+import yaml
+
 from grpokit.core.answers import answers_match, extract_answer
 from grpokit.tasks.arithmetic import expected_steps, has_carry
 
@@ -95,13 +97,16 @@ def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def sampling(metrics: list[dict]) -> dict[str, float | None]:
-    """Seconds GRPO spent sampling, and with ``rollout_precision`` bf16 or int8 the sampler's mean KL to the policy
-    and the mean importance weight and capped share (docs/math.md); None for a float32 sampler."""
+def sampling(metrics: list[dict], completions_per_step: int) -> dict[str, float | None]:
+    """Seconds GRPO spent sampling and milliseconds per sampled token (a run that samples shorter completions
+    takes less time for that alone), and with ``rollout_precision`` bf16 or int8 the sampler's mean KL to the
+    policy and the mean importance weight and capped share (docs/math.md); None for a float32 sampler."""
     def mean(key: str) -> float | None:
         values = [m[key] for m in metrics if m.get(key) is not None]
         return sum(values) / len(values) if values else None
-    return {"seconds": sum(m["time_generate"] for m in metrics), "sampler_kl": mean("sampler_kl"),
+    seconds = sum(m["time_generate"] for m in metrics)
+    tokens = completions_per_step * sum(m["completion_length_mean"] for m in metrics)
+    return {"seconds": seconds, "ms_per_token": 1000 * seconds / tokens, "sampler_kl": mean("sampler_kl"),
             "is_weight": mean("is_weight_mean"), "is_capped": mean("is_capped_frac")}
 
 
@@ -112,11 +117,13 @@ def load(run: Path) -> dict:
     greedy_by_carry = {stage: by_carry([(has_carry(*operands(r["prompt"])), r["correct"]) for r in rows])
                        for stage, rows in completions.items()}
     sampled = read_jsonl(run / "grpo" / "completions.jsonl")
+    config = yaml.safe_load((run / "grpo" / "config.yaml").read_text())
     steps = max(record["step"] for record in sampled)
     return {"variant": run.parent.name, "seed": int(run.name.removeprefix("seed")), "machine": cpu_model(),
             "minutes_total": times["grpo_eval"] / 60, "seconds": times,
             "grpo_seconds_per_step": (times["grpo"] - times["sft_eval"]) / steps,
-            "sampling": sampling(read_jsonl(run / "grpo" / "metrics.jsonl")),
+            "sampling": sampling(read_jsonl(run / "grpo" / "metrics.jsonl"),
+                                 config["prompts_per_step"] * config["num_generations"]),
             "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
             "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES},
             "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(sampled),
@@ -151,13 +158,15 @@ def markdown(runs: list[dict]) -> str:
         lines.append(f"| {run['variant']} | {run['seed']} | **GRPO's gain** | **{gain['all']:+.1f} points** "
                      f"| {gain['no_carry']:+.1f} | {gain['carry']:+.1f} | "
                      f"| {run['grpo_seconds_per_step']:.1f} s/step ({cpu_name(run['machine'])}) |")
-    lines += ["", "GRPO's sampling: seconds in all; the sampler against the policy (`rollout_precision`):", "",
-              "| variant | seed | s sampling | sampler_kl (mean) | IS weight (mean) | capped |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "GRPO's sampling: seconds in all, per sampled token; the sampler against the policy "
+              "(`rollout_precision`):", "",
+              "| variant | seed | s sampling | ms per token | sampler_kl (mean) | IS weight (mean) | capped |",
+              "|---|---|---|---|---|---|---|"]
     for run in runs:
         if "sampling" in run:  # older results files (--keep) do not record it
             sampled = run["sampling"]
-            lines.append(f"| {run['variant']} | {run['seed']} | {sampled['seconds']:.0f} | " + " | ".join(
+            lines.append(f"| {run['variant']} | {run['seed']} | {sampled['seconds']:.0f} "
+                         f"| {sampled['ms_per_token']:.2f} | " + " | ".join(
                 "—" if sampled[k] is None else f"{sampled[k]:{f}}"
                 for k, f in (("sampler_kl", ".1e"), ("is_weight", ".4f"), ("is_capped", ".2%"))) + " |")
     windows = max(len(r["training_accuracy_by_window"]["carry"]) for r in runs)

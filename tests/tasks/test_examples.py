@@ -87,9 +87,12 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
               (4, "What is 47 + 85?", "<think>\n7+5=12\n4+8=12\n12+1=14\n</think>\n<answer>142</answer>")]
     (run / "grpo" / "completions.jsonl").write_text("".join(
         json.dumps({"step": s, "prompt": p, "completion": c}) + "\n" for s, p, c in logged))
-    metrics = [{"step": 1, "time_generate": 2.5, "sampler_kl": 0.01, "is_weight_mean": 1.0, "is_capped_frac": 0.0},
-               {"step": 2, "time_generate": 3.5, "sampler_kl": 0.03, "is_weight_mean": 0.98, "is_capped_frac": 0.02}]
+    metrics = [{"step": 1, "time_generate": 2.5, "completion_length_mean": 10, "sampler_kl": 0.01,
+                "is_weight_mean": 1.0, "is_capped_frac": 0.0},
+               {"step": 2, "time_generate": 3.5, "completion_length_mean": 20, "sampler_kl": 0.03,
+                "is_weight_mean": 0.98, "is_capped_frac": 0.02}]
     (run / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (run / "grpo" / "config.yaml").write_text("prompts_per_step: 2\nnum_generations: 2\n")  # 4 per step
     done = subprocess.run([sys.executable, str(ROOT / "examples/smollm2/summarize.py"), str(tmp_path),
                            "--out", str(tmp_path / "out.json")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -99,9 +102,9 @@ def test_the_recipe_summary_splits_accuracy_by_carry(tmp_path):
     assert result["greedy_correct_by_carry"]["grpo"] == {"carry": 0.5, "no_carry": 1.0}
     assert result["training_accuracy_by_window"] == {"carry": [1 / 3, 1.0], "no_carry": [1.0, None]}
     assert "| process | 1 | **GRPO's gain** | **+33.3 points** | +0.0 | +50.0 |" in done.stdout
-    assert result["sampling"] == pytest.approx({"seconds": 6.0, "sampler_kl": 0.02, "is_weight": 0.99,
-                                                "is_capped": 0.01})
-    assert "| process | 1 | 6 | 2.0e-02 | 0.9900 | 1.00% |" in done.stdout
+    assert result["sampling"] == pytest.approx({"seconds": 6.0, "ms_per_token": 6000 / (4 * 30), "sampler_kl": 0.02,
+                                                "is_weight": 0.99, "is_capped": 0.01})
+    assert "| process | 1 | 6 | 50.00 | 2.0e-02 | 0.9900 | 1.00% |" in done.stdout
     # the carry problem's tens column, steps 1, 2, 4, 11: right, the carry forgotten, the carry in its own line
     # added wrong, no column
     assert result["carry_mistakes"]["first"] == {"forgot": 0.25, "added_wrong": 0.25, "right": 0.25, "other": 0.25}
