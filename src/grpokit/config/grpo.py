@@ -232,7 +232,7 @@ class GRPOConfig(_Config):
     )
     cuda_graphs: bool = _field(
         False, "On CUDA, sample with the fast path's decode step captured as a CUDA graph and replayed for each token "
-        "(fixed shapes: the cache sized for all new tokens, finished rows kept); ignored on the CPU.")
+        "(fixed shapes: the cache sized for all new tokens, finished rows kept); ignored on the CPU and under FSDP.")
     logprob_chunk_mb: float = _field(
         DEFAULT_CHUNK_MB, "Memory (MiB) for one chunk of the LM head's float32 logits when computing log-probs and "
         "entropies: the head runs on as many tokens at a time as fit (at least one) and recomputes them in backward, "

@@ -211,7 +211,7 @@ class Sampler:
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
                 stop_early=not self.sharded, fast=config.fast_path, tools=tools,
                 int8=config.rollout_precision == "int8",  # the policy's weights, quantized as decoding starts
-                graph=config.cuda_graphs and self.device.type == "cuda",
+                graph=config.cuda_graphs and self.device.type == "cuda" and not self.sharded,  # FSDP gathers per pass
             )
         generated = time.perf_counter()
 
