@@ -154,8 +154,14 @@ class Decoding(LlamaParts):
             tokens[picked] = chosen
             if graph is not None:
                 graph.replay()
-            elif t == 0 or last.device.type != "cuda":
-                step()  # on CUDA also the warm-up the capture needs (libraries' workspaces, lazy setup)
+            elif last.device.type != "cuda":
+                step()
+            elif t == 0:  # the warm-up a capture needs (libraries' workspaces, lazy setup), on a side stream as
+                side = torch.cuda.Stream()  # PyTorch's CUDA-graph notes do it
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    step()
+                torch.cuda.current_stream().wait_stream(side)
             else:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):  # recorded, not run
