@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one go (CI has none): the CUDA tests, the whole suite on the
 # machine's own torch/transformers versions, GRPO vs PPO memory and speed at sizes too large for a
-# CPU, and decoding against the GPU's roofline, with and without CUDA graphs. Run from the repository root on a GPU machine with torch, transformers, tokenizers, safetensors,
-# tqdm, pyyaml, pytest, hypothesis, numpy and matplotlib installed (no install step: nothing is fetched).
+# CPU, and decoding against the GPU's roofline, with and without CUDA graphs. Run from the repository
+# root on a GPU machine with torch, transformers, tokenizers, safetensors, tqdm, pyyaml, pytest,
+# hypothesis, numpy and matplotlib installed (no install step: nothing is fetched).
 # Results go to ${OUT:-gpu-check}/.
 set -uo pipefail
 out="${OUT:-gpu-check}"

@@ -180,9 +180,9 @@ def generate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    for name, asked in (("int8", int8), ("graph", graph)):
-        if asked and not fast:
-            raise ValueError(f"{name} decoding runs on the fast path: fast=True")
+    fast_only = "int8" if int8 else "graph" if graph else None  # what only the fast path decodes
+    if fast_only and not fast:
+        raise ValueError(f"{fast_only} decoding runs on the fast path: fast=True")
     device = next(model.parameters()).device
     unique_ids, unique_mask = prompt_ids.to(device), prompt_mask.to(device)  # (B, P)
     prompt_ids = unique_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
@@ -212,8 +212,8 @@ def generate(
         return chosen, stopped
 
     why = unsupported(model) if fast else None
-    if (int8 or graph) and why is not None:
-        raise ValueError(f"{'int8' if int8 else 'graph'} decoding needs a model the fast path runs: {why}")
+    if fast_only and why is not None:
+        raise ValueError(f"{fast_only} decoding needs a model the fast path runs: {why}")
     if fast and why is None:
         LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations, int8=int8,
                                   graph=graph)

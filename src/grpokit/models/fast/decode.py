@@ -52,7 +52,7 @@ class Decoding(LlamaParts):
         """The products, the prefill and what decoding continues from: a cache with ``room`` columns after
         the prompt, each row's last hidden state, the additive mask over the columns, the next positions."""
         b, prompt_width = prompt_ids.shape
-        n = b * repeats
+        n, total = b * repeats, prompt_width + max_new_tokens
         device = prompt_ids.device
         layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
         head = decode_product(self.lm_head, rows=n, dtype=torch.int8 if compute == torch.int8 else None)  # own dtype
@@ -63,10 +63,10 @@ class Decoding(LlamaParts):
         head_scale = self._norm_scale(self.backbone.norm).to(dtype)
         cache = torch.zeros(len(layers), 2, b, self.kv_heads, prompt_width + room, self.head_dim,
                             dtype=dtype, device=device)
-        turns = self._rotary_turns(prompt_width + max_new_tokens, x)
+        turns = self._rotary_turns(total, x)
         positions = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
         # Additive mask over cache columns: left padding is never attended to.
-        bias = torch.zeros(b, prompt_width + max_new_tokens, dtype=dtype, device=device)
+        bias = torch.zeros(b, total, dtype=dtype, device=device)
         bias[:, :prompt_width] = torch.where(prompt_mask.bool(), 0.0, float("-inf"))
         # Causal over the prompt; a padding position sees itself only (finite, and never seen by others).
         causal = torch.full((prompt_width, prompt_width), float("-inf"), dtype=dtype, device=device).triu(1)
