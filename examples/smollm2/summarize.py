@@ -69,29 +69,32 @@ TENS_LINE = re.compile(r"^(\d+(?:\+\d+)*)=(\d+)$", re.MULTILINE)
 MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO steps
 
 
+def tens_column(a: int, b: int, completion: str) -> str:
+    """What a carry problem's completion writes in the tens column: ``forgot`` the carry (``7+8=15``, ``7+8+0=15``),
+    writes it but ``added_wrong`` (``7+8+1=15``, or ``7+8=15``, ``15+1=17`` with the carry in a line of its own),
+    ``right``, or ``other``."""
+    lines = [([int(x) for x in operands.split("+")], int(result))
+             for operands, result in TENS_LINE.findall(completion)]
+    tens = lines[1] if len(lines) > 1 else None
+    if tens is not None and len(lines) > 2 and len(tens[0]) == 2 and lines[2][0][1:] == [1]:
+        tens = (tens[0] + [1], lines[2][1])  # the carry in a line of its own: 4+8=12, 12+1=13
+    right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
+    forgot = [(right[0][:2] + zero, right[1] - 1) for zero in ([], [0])]  # 4+8=12, or 4+8+0=12
+    return ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
+            "forgot" if tens in forgot else "other")
+
+
 def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
-    """What the sampled completions of carry problems write in the tens column, in the first and the last
-    MISTAKE_STEPS steps: share that forget the carry (``7+8=15``, ``7+8+0=15``), write it but add it wrong
-    (``7+8+1=15``, or ``7+8=15``, ``15+1=17`` with the carry in a line of its own), get it right, or write
-    something else."""
+    """The shares of :func:`tens_column`'s kinds among the sampled completions of carry problems in the first and the
+    last MISTAKE_STEPS steps."""
     last = max(r["step"] for r in records)
     out = {}
     for name, low, high in (("first", 1, MISTAKE_STEPS), ("last", last - MISTAKE_STEPS + 1, last)):
         kinds = {"forgot": 0, "added_wrong": 0, "right": 0, "other": 0}
         for record in records:
             a, b = operands(record["prompt"])
-            if not (low <= record["step"] <= high and has_carry(a, b)):
-                continue
-            lines = [([int(x) for x in operands.split("+")], int(result))
-                     for operands, result in TENS_LINE.findall(record["completion"])]
-            tens = lines[1] if len(lines) > 1 else None
-            if tens is not None and len(lines) > 2 and len(tens[0]) == 2 and lines[2][0][1:] == [1]:
-                tens = (tens[0] + [1], lines[2][1])  # the carry in a line of its own: 4+8=12, 12+1=13
-            right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
-            forgot = [(right[0][:2] + zero, right[1] - 1) for zero in ([], [0])]  # 4+8=12, or 4+8+0=12
-            kind = ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
-                    "forgot" if tens in forgot else "other")
-            kinds[kind] += 1
+            if low <= record["step"] <= high and has_carry(a, b):
+                kinds[tens_column(a, b, record["completion"])] += 1
         total = sum(kinds.values())
         out[name] = {kind: count / total for kind, count in kinds.items()} if total else {}
     return out

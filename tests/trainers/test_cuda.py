@@ -47,12 +47,16 @@ def test_decode_step_replayed_as_a_cuda_graph_samples_what_the_loop_samples(tiny
      dict(cuda_graphs=True, mixed_precision="bf16")],
     ids=["grpo", "process", "dynamic", "ppo", "mu2-mask", "graphs-bf16"],
 )
-def test_training_steps_on_cuda(tokenizer, tiny_model, tmp_path, options):
+def test_training_steps_on_cuda(tokenizer, tiny_model, tmp_path, options, monkeypatch):
     options = dict(options)
     funcs = options.pop("reward_funcs", (ones,))
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or replay(graph))
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=funcs, device="cuda", max_steps=3, **options)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     history = trainer.train()
     assert next(trainer.model.parameters()).is_cuda
     assert all(torch.isfinite(torch.tensor([m["loss"], m["grad_norm"]])).all() for m in history)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert bool(replays) == options.get("cuda_graphs", False)  # the trainer's sampler takes the graph, and only then

@@ -35,18 +35,17 @@ def test_the_bf16_sampler_holds_the_policys_weights_at_every_step(tokenizer, tin
 def test_the_loss_gets_the_samplers_logprobs_only_with_a_lower_precision(tokenizer, tiny_model, tmp_path,
                                                                           monkeypatch):
     given, real = [], grpokit.trainers.grpo.grpo_loss
-    monkeypatch.setattr(grpokit.trainers.grpo, "grpo_loss",
-                        lambda *args, **kwargs: given.append((kwargs["sample_logp"], kwargs["is_cap"]))
-                        or real(*args, **kwargs))
+    monkeypatch.setattr(grpokit.trainers.grpo, "grpo_loss", lambda *args, **kwargs: given.append(
+        (kwargs["sample_logp"], kwargs["is_cap"], kwargs["is_mode"])) or real(*args, **kwargs))
     plain = make_trainer(tokenizer, tiny_model, tmp_path / "fp32", max_steps=1)
     assert plain.rollout_weights.current() is plain.model  # no copy
     plain.train()
-    assert given and all(sample is None for sample, _ in given)
+    assert given and all(sample is None for sample, _, _ in given)
     given.clear()
     lowered = make_trainer(tokenizer, tiny_model, tmp_path / "bf16", max_steps=1, rollout_precision="bf16",
-                           rollout_is_cap=1.5)
+                           rollout_is_cap=1.5, rollout_is_mode="sequence_mask")
     lowered.train()
-    assert given and all(sample is not None and cap == 1.5 for sample, cap in given)
+    assert given and all(sample is not None and (cap, mode) == (1.5, "sequence_mask") for sample, cap, mode in given)
 
 
 def test_rollout_precision_is_checked():
@@ -54,3 +53,7 @@ def test_rollout_precision_is_checked():
         GRPOConfig(rollout_precision="int4")
     with pytest.raises(ConfigError, match="rollout_is_cap"):
         GRPOConfig(rollout_is_cap=0.5)
+    with pytest.raises(ConfigError, match="rollout_is_mode"):
+        GRPOConfig(rollout_is_mode="sequence")
+    with pytest.raises(ConfigError, match="TRL's 'vllm_importance_sampling_mode' is rollout_is_mode"):
+        GRPOConfig.from_dict({"vllm_importance_sampling_mode": "sequence_mask"})

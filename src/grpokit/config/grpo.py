@@ -6,6 +6,7 @@ import typing
 from dataclasses import dataclass
 
 from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _field, check_reward_weights
+from grpokit.core.importance import IS_MODES
 from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
@@ -16,7 +17,9 @@ DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at S
 class GRPOConfig(_Config):
     """A GRPO run, or a PPO one (``algorithm: ppo``): ``grpokit train``'s config (docs/usage.md)."""
 
-    TRL_NAMES: typing.ClassVar[dict[str, str]] = {"optim": TRL_OPTIM}
+    TRL_NAMES: typing.ClassVar[dict[str, str]] = {
+        "optim": TRL_OPTIM, "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
+        "vllm_importance_sampling_cap": "rollout_is_cap", "vllm_importance_sampling_clip_max": "rollout_is_cap"}
 
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
@@ -35,8 +38,7 @@ class GRPOConfig(_Config):
     )
     prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
     answer_column: str = _field(
-        "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name)."
-    )
+        "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name).")
     output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.",
                              resumable=True)
     seed: int = _field(0, "Seed for data order, sampling and initialisation.")
@@ -61,8 +63,7 @@ class GRPOConfig(_Config):
         "bare DIR too) or 'process_model:DIR'; the Python API also takes callables.",
     )
     reward_weights: list[float] | None = _field(
-        None, "Weight of each reward function in the total reward; None means 1.0 each."
-    )
+        None, "Weight of each reward function in the total reward; None means 1.0 each.")
 
     # ---- iterative RL (docs/reward_models.md, "Iterative RL") -------------------------------------
     rl_iterations: int = _field(
@@ -81,8 +82,7 @@ class GRPOConfig(_Config):
         "process model."
     )
     reward_model_label_weights: list[float] | None = _field(
-        None, "Iterative RL: the weight of each of reward_model_labels; None means 1.0 each."
-    )
+        None, "Iterative RL: the weight of each of reward_model_labels; None means 1.0 each.")
     reward_model_prompts: int = _field(
         64, "Iterative RL: training prompts sampled (num_generations completions each) to retrain the reward model "
         "after each iteration.", min=1
@@ -110,8 +110,10 @@ class GRPOConfig(_Config):
         "importance sampling (docs/math.md, \"Sampling in a lower precision\"; speed: docs/benchmarks.md).",
         choices=("fp32", "bf16", "int8"))
     rollout_is_cap: float = _field(
-        2.0, "C, the cap of the importance weights min(π_old/π_sample, C) with rollout_precision other than fp32.",
-        min=1)
+        2.0, "C, the cap of the importance weights (π_old/π_sample) with rollout_precision other than fp32.", min=1)
+    rollout_is_mode: str = _field(
+        "token_truncate", "The importance weights: each token's ratio or each completion's (token_*, sequence_*), "
+        "truncated at C or masked above it (*_truncate, *_mask); TRL's names (docs/math.md).", choices=IS_MODES)
 
     # ---- tools (docs/tools.md) ---------------------------------------------------------------------
     tools: list[str] = _field(
@@ -323,33 +325,32 @@ class GRPOConfig(_Config):
         if not self.reward_funcs:
             raise ConfigError("reward_funcs is empty; give at least one reward function")
         check_reward_weights(self.reward_weights, len(self.reward_funcs))
-        if self.num_minibatches > self.num_completions:
-            raise ConfigError(
-                f"num_minibatches={self.num_minibatches} exceeds the {self.num_completions} completions of a step "
-                "(prompts_per_step × num_generations)"
-            )
-        if self.algorithm == "ppo" and self.dynamic_sampling:
-            raise ConfigError("dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups")
-        if self.lora_rank and self.algorithm == "ppo":
-            raise ConfigError("lora_rank with algorithm: ppo is not supported yet: the value model copies the full "
-                              "policy; use GRPO, or lora_rank: 0")
-        if self.parallelism == "fsdp" and self.optimizer == "adamw_8bit":
-            raise ConfigError("optimizer: adamw_8bit with parallelism: fsdp is not supported (bitsandbytes does not "
-                              "step sharded parameters); use ddp, or optimizer: adamw")
-        if self.parallelism == "fsdp" and self.rollout_precision != "fp32":
-            raise ConfigError("rollout_precision with parallelism: fsdp is not supported (the sampling copy needs the "
-                              "whole policy on every process); use ddp, or rollout_precision: fp32")
-        if self.cuda_graphs and not self.fast_path:
-            raise ConfigError("cuda_graphs captures the fast path's decode step: fast_path: true")
-        if self.rollout_precision == "int8" and not self.fast_path:
-            raise ConfigError("rollout_precision: int8 samples with the fast path's int8 products: fast_path: true")
-        if self.parallelism == "fsdp" and self.dynamic_sampling:
-            raise ConfigError("dynamic_sampling with parallelism: fsdp: processes would run different numbers of "
-                              "sharded passes; use ddp")
-        if "python" in self.tools and self.tool_timeout is not None and self.tool_timeout <= self.sandbox_timeout:
-            raise ConfigError(f"tool_timeout={self.tool_timeout} must exceed sandbox_timeout={self.sandbox_timeout} "
-                              "with the python tool, so that a slow program is killed by the sandbox (and the model "
-                              "reads 'timed out') before the call is abandoned")
+        refusals = (  # (refused, why): settings that cannot run together
+            (self.num_minibatches > self.num_completions, f"num_minibatches={self.num_minibatches} exceeds the "
+             f"{self.num_completions} completions of a step (prompts_per_step × num_generations)"),
+            (self.algorithm == "ppo" and self.dynamic_sampling,
+             "dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups"),
+            (self.lora_rank and self.algorithm == "ppo", "lora_rank with algorithm: ppo is not supported yet: the "
+             "value model copies the full policy; use GRPO, or lora_rank: 0"),
+            (self.parallelism == "fsdp" and self.optimizer == "adamw_8bit", "optimizer: adamw_8bit with parallelism: "
+             "fsdp is not supported (bitsandbytes does not step sharded parameters); use ddp, or optimizer: adamw"),
+            (self.parallelism == "fsdp" and self.rollout_precision != "fp32", "rollout_precision with parallelism: "
+             "fsdp is not supported (the sampling copy needs the whole policy on every process); use ddp, or "
+             "rollout_precision: fp32"),
+            (self.cuda_graphs and not self.fast_path, "cuda_graphs captures the fast path's decode step: fast_path: "
+             "true"),
+            (self.rollout_precision == "int8" and not self.fast_path,
+             "rollout_precision: int8 samples with the fast path's int8 products: fast_path: true"),
+            (self.parallelism == "fsdp" and self.dynamic_sampling, "dynamic_sampling with parallelism: fsdp: "
+             "processes would run different numbers of sharded passes; use ddp"),
+            ("python" in self.tools and self.tool_timeout is not None and self.tool_timeout <= self.sandbox_timeout,
+             f"tool_timeout={self.tool_timeout} must exceed sandbox_timeout={self.sandbox_timeout} with the python "
+             "tool, so that a slow program is killed by the sandbox (and the model reads 'timed out') before the "
+             "call is abandoned"),
+        )
+        for refused, why in refusals:
+            if refused:
+                raise ConfigError(why)
         if self.rl_iterations > 1:
             self._check_iterations()
         elif self.steps_per_iteration is not None:

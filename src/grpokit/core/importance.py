@@ -1,25 +1,41 @@
-"""Truncated importance sampling: the correction of the loss for completions sampled from a lower-precision copy
-of the policy (``rollout_precision``; docs/math.md, "Sampling in a lower precision")."""
+"""Importance sampling for completions sampled from a lower-precision copy of the policy (``rollout_precision``;
+docs/math.md, "Sampling in a lower precision"): per token or per sequence, the ratio truncated at a cap or masked
+above it — the four modes TRL names ``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
-def truncated_importance_weights(old_logp: Tensor, sample_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """Per-token weights ``min(π_old / π_sample, cap)`` = min(exp(old_logp − sample_logp), cap) that correct for
-    sampling from a copy of π_old in a lower precision (docs/math.md, "Sampling in a lower precision"); 1 on
-    padding. Without gradient: the weight rescales the token's term, it is not trained through.
 
-    >>> truncated_importance_weights(torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 5.0]]),
-    ...                              torch.tensor([[1, 1, 0]]), cap=1.5).tolist()
+def importance_weights(old_logp: Tensor, sample_logp: Tensor, mask: Tensor, cap: float,
+                       mode: str = "token_truncate") -> Tensor:
+    """Weights (N, T) for tokens sampled from π_sample instead of π_old (docs/math.md, "Sampling in a lower
+    precision"), from the ratio r = π_old / π_sample of each token (``token_*``) or of each whole completion, the
+    product over its tokens (``sequence_*``, every token of the completion given its completion's weight):
+    ``*_truncate``: min(r, cap); ``*_mask``: r where r ≤ cap, else 0 (the token or completion left out). 1 on
+    padding. Without gradient: the weight rescales a term, it is not trained through.
+
+    >>> old, sample = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 5.0]])
+    >>> mask = torch.tensor([[1, 1, 0]])
+    >>> importance_weights(old, sample, mask, cap=1.5).tolist()  # e^0.5 = 1.65 → 1.5, e^-1
     [[1.5, 0.3678794503211975, 1.0]]
+    >>> importance_weights(old, sample, mask, cap=1.5, mode="sequence_mask").tolist()  # e^(0.5 − 1) = 0.61
+    [[0.6065306663513184, 0.6065306663513184, 1.0]]
     """
+    if mode not in IS_MODES:
+        raise ValueError(f"the importance sampling mode must be one of {', '.join(IS_MODES)}, got {mode!r}")
     if old_logp.shape != sample_logp.shape:
         raise ValueError(f"old_logp and sample_logp must have the same shape, got {tuple(old_logp.shape)} and "
                          f"{tuple(sample_logp.shape)}")
     if cap < 1:
         raise ValueError(f"the importance weights' cap must be >= 1, got {cap}")
-    log_ratio = torch.where(mask.bool(), old_logp.detach() - sample_logp, 0.0)
-    return torch.exp(log_ratio).clamp(max=cap)
+    valid = mask.bool()
+    log_ratio = torch.where(valid, old_logp.detach() - sample_logp, 0.0)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)
+    weights = ratio.clamp(max=cap) if mode.endswith("truncate") else torch.where(ratio > cap, 0.0, ratio)
+    return torch.where(valid, weights, 1.0)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from grpokit.core.importance import truncated_importance_weights
+from grpokit.core.importance import importance_weights
 
 SCALES = ("group", "batch", "none")
 KL_KINDS = ("k1", "k2", "k3")
@@ -318,6 +318,7 @@ def grpo_loss(
     num_tokens: float | None = None,
     sample_logp: Tensor | None = None,
     is_cap: float = 2.0,
+    is_mode: str = "token_truncate",
 ) -> tuple[Tensor, dict[str, float]]:
     """The negative GRPO objective (docs/math.md, "The objective") and its diagnostics.
 
@@ -331,14 +332,15 @@ def grpo_loss(
     completion, exp of the mean over its tokens of logp − old_logp (the R1 paper's form).
 
     ``sample_logp`` (N, T): the tokens were sampled from a lower-precision copy of π_old with these log-probs; each
-    token's clipped term is then weighted by :func:`truncated_importance_weights` (capped at ``is_cap``), and the
-    KL term is not (docs/math.md, "Sampling in a lower precision"). None: sampled from π_old itself.
+    token's clipped term is then weighted by :func:`~grpokit.core.importance.importance_weights` (``is_mode``, the
+    cap ``is_cap``), and the KL term is not (docs/math.md, "Sampling in a lower precision"). None: sampled from
+    π_old itself.
 
     The returned dict holds floats: ``kl`` (mean per-token KL, 0 without a reference), ``clipfrac_low``
     (fraction of tokens where ρ < 1−ε with A < 0, so the clip binds), ``clipfrac_high`` (ρ > 1+ε_high
     with A > 0), ``clipfrac`` (their sum), ``ratio_mean``; with ``sample_logp`` also ``sampler_kl`` (KL(π_sample ‖
     π_old) per token, the k3 estimate on the sampled tokens), ``is_weight_mean`` and ``is_capped_frac`` (tokens whose
-    weight the cap cut).
+    weight the cap cut, or zeroed in a ``*_mask`` mode).
     """
     _check_choice("aggregation", aggregation, AGGREGATIONS)
     _check_choice("ratio_level", ratio_level, RATIO_LEVELS)
@@ -362,7 +364,7 @@ def grpo_loss(
     clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     per_token = torch.min(ratio * advantages, clipped_ratio * advantages)  # (N, T)
     if sample_logp is not None:
-        weights = truncated_importance_weights(old_logp, sample_logp, mask, is_cap)
+        weights = importance_weights(old_logp, sample_logp, mask, is_cap, is_mode)
         per_token = per_token * weights
 
     kl = kl_penalty(logp, torch.where(valid, ref_logp, logp), kl_kind) if ref_logp is not None else None
@@ -386,5 +388,6 @@ def grpo_loss(
             sampled = torch.where(valid, sample_logp, old_logp)
             stats["sampler_kl"] = masked_mean(kl_penalty(sampled, old_logp, "k3"), mask).item()
             stats["is_weight_mean"] = masked_mean(weights, mask).item()
-            stats["is_capped_frac"] = masked_mean(weights.ge(is_cap).to(mask.dtype), mask).item()
+            cut = weights.ge(is_cap) if is_mode.endswith("truncate") else weights.eq(0)
+            stats["is_capped_frac"] = masked_mean(cut.to(mask.dtype), mask).item()
     return loss, stats

@@ -1,0 +1,121 @@
+"""Does a lower-precision sampler write the SmolLM2 recipe's carry line less often than the float32 policy?
+
+    bash examples/smollm2/run.sh 0      # a cold-started model per seed (its sft/model), or any local model directory
+    python benchmarks/sampler_carry.py --models runs/smollm2/process_carry_line_always/seed{0,1}/sft/model
+
+The recipe's GRPO runs that lost the carry (docs/sampling.md) sampled with bf16 or int8 weights. This samples the
+model GRPO starts from, as GRPO does (the recipe's prompts and system prompt, T = 1, ≤ 48 new tokens), on the
+held-out carry problems with each ``rollout_precision`` — the same prompts and the same random seed for each — and
+classifies the tens column of every completion as examples/smollm2/summarize.py does: forgets the carry, writes it
+but adds it wrong, right, other. A sampler biased against the carry shows as shares unlike float32's, beyond the
+binomial standard errors printed beside them. Each lower-precision sampler's completions are then scored by the
+float32 model and the shares recomputed with each completion weighted by its sequence ratio π_fp32/π_sample (as is,
+truncated at --cap, masked above it; ``rollout_is_mode``'s ``sequence_*``): where these land near float32's own
+shares, sequence-level weights undo the sampler's bias (token-level weights, the default mode, have no such
+reading). Writes ``benchmarks/results/sampler_carry.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from common import cpu_model
+
+from grpokit.models.loading import load_pretrained
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.generate import generate
+from grpokit.tasks.arithmetic import has_carry
+from grpokit.training.sampling import render_prompt
+
+RECIPE = Path(__file__).resolve().parents[1] / "examples" / "smollm2"
+sys.path.insert(0, str(RECIPE))
+from summarize import carry_mistakes, operands, tens_column  # noqa: E402  (the recipe's own classification)
+
+
+def sample(model, policy, tokenizer, prompts: list[str], samples: int, seed: int, int8: bool,
+           batch: int) -> tuple[list[str], list[float]]:
+    """The completions ``model`` samples, and each one's log(π_policy / π_sample), summed over its tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    completions, log_ratios = [], []
+    for start in range(0, len(prompts), batch):
+        encoded = tokenizer(prompts[start:start + batch], padding=True, padding_side="left", return_tensors="pt",
+                            add_special_tokens=False)
+        rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=samples,
+                           max_new_tokens=48, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                           generator=generator, int8=int8)
+        completions += rollout.decode(tokenizer)
+        with torch.no_grad():
+            logp, _ = sequence_logprobs(policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                        rollout.completion_mask, fast=False)
+        log_ratios += ((logp - rollout.logp) * rollout.completion_mask).sum(dim=1).tolist()
+    return completions, log_ratios
+
+
+def reweighted(sampled: list[dict], log_ratios: list[float], cap: float | None, mask: bool) -> dict[str, float]:
+    """carry_mistakes' shares with each completion weighted by its sequence ratio π_policy/π_sample (truncated at
+    ``cap``, or left out above it with ``mask``), normalised by the weights' sum: what the policy itself would
+    sample, as far as the weights can tell from the sampler's completions."""
+    ratios = torch.tensor(log_ratios).exp()
+    weights = ratios if cap is None else torch.where(ratios > cap, 0.0, ratios) if mask else ratios.clamp(max=cap)
+    kinds = dict.fromkeys(("forgot", "added_wrong", "right", "other"), 0.0)
+    for record, weight in zip(sampled, weights.tolist()):
+        kinds[tens_column(*operands(record["prompt"]), record["completion"])] += weight
+    return {kind: share / sum(kinds.values()) for kind, share in kinds.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", required=True, help="local Hugging Face model directories")
+    parser.add_argument("--dataset", default="runs/smollm2/data/carry_share_0.5_carry_line_always/held_out.jsonl")
+    parser.add_argument("--prompts", type=int, default=64, help="held-out carry problems")
+    parser.add_argument("--samples", type=int, default=16, help="completions per problem")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=4, help="problems sampled at once")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
+    parser.add_argument("--cap", type=float, default=3.0, help="C of the sequence modes (TRL's default: 3)")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_carry.json"))
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    system = yaml.safe_load((RECIPE / "grpo.yaml").read_text())["system_prompt"]
+    rows = [json.loads(line) for line in Path(args.dataset).read_text().splitlines()]
+    rows = [row for row in rows if has_carry(*operands(row["prompt"]))][: args.prompts]
+    records = []
+    for path in args.models:
+        model, tokenizer = load_pretrained(path)
+        model.eval()
+        prompts = [render_prompt(tokenizer, row["prompt"], system_prompt=system) for row in rows]
+        for precision in args.precisions:
+            sampler = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
+            completions, log_ratios = sample(sampler, model, tokenizer, prompts, args.samples, args.seed,
+                                             precision == "int8", args.batch)
+            del sampler
+            sampled = [{"step": 1, "prompt": row["prompt"], "completion": text}
+                       for row, start in zip(rows, range(0, len(completions), args.samples))
+                       for text in completions[start:start + args.samples]]
+            kinds = carry_mistakes(sampled)["first"]
+            n = len(sampled)
+            record = {"model": path, "rollout_precision": precision, "completions": n, **kinds,
+                      "forgot_standard_error": (kinds["forgot"] * (1 - kinds["forgot"]) / n) ** 0.5,
+                      "right_standard_error": (kinds["right"] * (1 - kinds["right"]) / n) ** 0.5}
+            if precision != "fp32":  # the shares with the completions weighted as each sequence-level mode does
+                record["sequence_log_ratio_std"] = torch.tensor(log_ratios).std().item()
+                record["reweighted"] = {"sequence": reweighted(sampled, log_ratios, None, False),
+                                        "sequence_truncate": reweighted(sampled, log_ratios, args.cap, False),
+                                        "sequence_mask": reweighted(sampled, log_ratios, args.cap, True)}
+            records.append(record)
+            print(json.dumps(record), flush=True)
+    Path(args.out).write_text(json.dumps({"machine": {"cpu": cpu_model(), "platform": platform.platform()},
+                                          "torch": torch.__version__, "args": vars(args), "records": records},
+                                         indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
