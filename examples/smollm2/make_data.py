@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from pathlib import Path
 
@@ -39,7 +40,10 @@ HELD_OUT = 200
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # Written aside and renamed: recipe runs started side by side rewrite the same files while others read them.
+    aside = path.with_name(f".{path.name}.{os.getpid()}")
+    aside.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    aside.replace(path)
     print(f"{path}: {len(rows)} rows")
 
 
