@@ -9,6 +9,11 @@ products alone (each product on its own input, all layers) and the layers' one-q
 (scores, softmax and the weighted sum over the filled columns), so the step can be read against its
 parts. Row counts alternate in blocks of 50 calls, 20 blocks; prints min and median per call. No
 sampling, so the tokens do not differ between variants. Run it alone on the machine.
+
+``--compile``: also the step under ``torch.compile(dynamic=True)``, with each product an opaque custom op
+(Inductor lowers oneDNN's packed linear only for weights it froze itself); prints the seconds to compile, to
+compile again for the next cache column and for fewer rows (as decoding moves on and drops finished rows), and
+the compiled step's largest difference from the eager one in the logits, and both steps' best of 5 calls.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
@@ -36,7 +42,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--column", type=int, default=40, help="cache column of the new token (prompt included)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="also the step under torch.compile (see above)")
     args = parser.parse_args()
+    if args.compile:
+        opaque_products()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model = AutoModelForCausalLM.from_pretrained(build(args.config, Path(tmp)), dtype=torch.float32)
@@ -50,7 +59,7 @@ def main() -> None:
             head_scale = family._norm_scale(family.backbone.norm)
             cache = torch.randn(len(layers), 2, a, kv, end + 32, d)  # room beyond the column, as in decoding
             turns = family._rotary_turns(end, cache)[torch.full((a,), args.column)].unsqueeze(1)
-            mask = torch.zeros(a, end)
+            mask = torch.zeros(a, end + 32)  # as wide as the cache: the compiled step also runs a column on
             x, inner = torch.randn(a, config.hidden_size), torch.randn(a, family.intermediate)
             q = torch.randn(a * kv, family.heads // kv, d)
             filled = cache[..., :end, :].flatten(2, 3)
@@ -70,7 +79,10 @@ def main() -> None:
                     torch.bmm(torch.softmax(scores, dim=-1), values)
 
             calls[a] = {"step": step, "products": products, "attention": attention}
-        times = {(a, part): [] for a in args.rows for part in ("step", "products", "attention")}
+            if args.compile:
+                compiled_step(family, layers, head, head_scale, x, cache, turns, mask, args.column)
+        parts = ("step", "products", "attention")
+        times = {(a, part): [] for a in args.rows for part in parts}
         for block in range(20):
             for a in args.rows if block % 2 == 0 else args.rows[::-1]:
                 for part, call in calls[a].items():
@@ -84,7 +96,48 @@ def main() -> None:
     for a in args.rows:
         print(f"{a:3d} rows: " + "; ".join(
             f"{part} {min(times[a, part]):.0f} / {statistics.median(times[a, part]):.0f}"
-            for part in ("step", "products", "attention")))
+            for part in parts))
+
+
+def opaque_products() -> None:
+    """Every oneDNN product the fast path builds from here on calls one custom op, which Inductor leaves alone."""
+    import torch
+
+    import grpokit.models.fast.fused_linear as fused_linear
+
+    @torch.library.custom_op("grpokit_dev::packed_linear", mutates_args=(),
+                             schema="(Tensor x, Tensor packed, Tensor? bias, Tensor? add) -> Tensor")
+    def packed_linear(x, packed, bias, add):
+        if add is not None:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    packed_linear.register_fake(lambda x, packed, bias, add: x.new_empty(x.shape[0], packed.shape[0]))
+    fused_linear._onednn_product = lambda packed, bias, dtype: (
+        lambda x, add=None: packed_linear(fused_linear.cast(x, dtype), packed, bias, add))
+
+
+def compiled_step(family, layers, head, head_scale, x, cache, turns, mask, column: int) -> None:
+    """The step under torch.compile: the seconds to compile it for ``column``, the next column and fewer rows,
+    then the best of 5 calls beside the eager step's."""
+    import torch
+
+    def step(x, cache, turns, mask, column):
+        return head(family._normalize(family._decode_step(x, layers, cache, turns, column, mask)) * head_scale)
+
+    compiled = torch.compile(step, dynamic=True)
+    f = len(x) * 3 // 4
+    for what, args in (("compile", (x, cache.clone(), turns, mask, column)),
+                       ("the next column", (x, cache.clone(), turns, mask, column + 1)),
+                       (f"{f} rows", (x[:f], cache[:, :, :f].clone(), turns[:f], mask[:f], column))):
+        start = time.perf_counter()
+        out = compiled(*args)
+        seconds = time.perf_counter() - start
+        print(f"{len(x)} rows: {what} {seconds:.1f} s; largest logit difference from eager "
+              f"{(out - step(*args)).abs().max().item():.2g}", flush=True)
+    for name, call in (("compiled", compiled), ("eager", step)):
+        best = min(timeit.timeit(lambda call=call: call(x, cache, turns, mask, column), number=1) for _ in range(5))
+        print(f"{len(x)} rows: {name} step {best * 1e3:.0f} ms (best of 5)", flush=True)
 
 
 if __name__ == "__main__":
