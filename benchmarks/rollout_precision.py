@@ -4,6 +4,8 @@ the policy.
 
     python benchmarks/rollout_precision.py --seeds 0 1     # the warm start once per seed (~5 min), then ~2 min a run
     python benchmarks/rollout_precision.py --precisions fp32 int8 --out benchmarks/results/rollout_precision_int8.json
+    python benchmarks/rollout_precision.py --seeds 0 --precisions bf16 int8 --is_mode sequence_mask --is_cap 3 \
+        --out benchmarks/results/rollout_precision_sequence_mask.json   # another correction (rollout_is_mode)
 
 Each seed's warm start (cached, shared by both settings) is followed by the demo's 60 GRPO steps (float32 training,
 ``mixed_precision: no``) with each ``rollout_precision``, in the same process, one after the other, and the demo's
@@ -25,6 +27,7 @@ import torch
 from common import cpu_model
 
 from grpokit.cli.demo import run_demo
+from grpokit.core.importance import IS_MODES
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -37,16 +40,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--is_mode", default="token_truncate", choices=IS_MODES, help="rollout_is_mode")
+    parser.add_argument("--is_cap", type=float, default=None, help="rollout_is_cap (the config's default if not given)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_precision.json"))
     args = parser.parse_args()
+    correction = {"rollout_is_mode": args.is_mode, **({} if args.is_cap is None else {"rollout_is_cap": args.is_cap})}
     records = []
     for seed in args.seeds:
         for precision in args.precisions:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run_demo(seed, tmp, progress=False, rollout_precision=precision, mixed_precision="no")
+                result = run_demo(seed, tmp, progress=False, rollout_precision=precision, mixed_precision="no",
+                                  **correction)
                 metrics = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
             after, before = result["after"], result["before"]
-            record = {"seed": seed, "rollout_precision": precision,
+            record = {"seed": seed, "rollout_precision": precision, **correction,
                       "greedy_before": before["all"]["greedy_correct"], "greedy_after": after["all"]["greedy_correct"],
                       "sampled_after": after["all"]["sampled_correct"],
                       "carry_greedy_after": after["carry"]["greedy_correct"],
