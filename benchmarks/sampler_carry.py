@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import platform
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 import yaml
 from common import cpu_model
 
+from grpokit.core.importance import importance_weights
 from grpokit.models.loading import load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
@@ -62,8 +64,11 @@ def reweighted(sampled: list[dict], log_ratios: list[float], cap: float | None, 
     """carry_mistakes' shares with each completion weighted by its sequence ratio π_policy/π_sample (truncated at
     ``cap``, or left out above it with ``mask``), normalised by the weights' sum: what the policy itself would
     sample, as far as the weights can tell from the sampler's completions."""
-    ratios = torch.tensor(log_ratios).exp()
-    weights = ratios if cap is None else torch.where(ratios > cap, 0.0, ratios) if mask else ratios.clamp(max=cap)
+    # the trainer's own weights, each completion one row of one token: its summed log-ratio against 0
+    log_ratio = torch.tensor(log_ratios).unsqueeze(1)
+    mode = "sequence_mask" if mask else "sequence_truncate"
+    weights = importance_weights(log_ratio, torch.zeros_like(log_ratio), torch.ones_like(log_ratio),
+                                 math.inf if cap is None else cap, mode)[:, 0]
     kinds = dict.fromkeys(("forgot", "added_wrong", "right", "other"), 0.0)
     for record, weight in zip(sampled, weights.tolist()):
         kinds[tens_column(*operands(record["prompt"]), record["completion"])] += weight
