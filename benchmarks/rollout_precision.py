@@ -1,11 +1,11 @@
-"""Sampling in a lower precision (``rollout_precision: bf16`` or ``int8``, with truncated importance sampling)
-against sampling from the float32 policy: the built-in demo's learning, seed by seed, and the sampler's distance from
-the policy.
+"""Sampling in a lower precision (``rollout_precision: bf16`` or ``int8``, with importance sampling) against
+sampling from the float32 policy: the built-in demo's learning, seed by seed, and the sampler's distance from the
+policy.
 
     python benchmarks/rollout_precision.py --seeds 0 1     # the warm start once per seed (~5 min), then ~2 min a run
-    python benchmarks/rollout_precision.py --precisions fp32 int8 --out benchmarks/results/rollout_precision_int8.json
-    python benchmarks/rollout_precision.py --seeds 0 --precisions bf16 int8 --is_mode sequence_mask --is_cap 3 \
-        --out benchmarks/results/rollout_precision_sequence_mask.json   # another correction (rollout_is_mode)
+    python benchmarks/rollout_precision.py --seeds 0 --precisions bf16 int8 \
+        --out benchmarks/results/rollout_precision_sequence_mask.json   # the default correction (sequence_mask, C = 3)
+    python benchmarks/rollout_precision.py --seeds 0 --is_mode token_truncate --is_cap 2   # per token (C = 2)
 
 Each seed's warm start (cached, shared by both settings) is followed by the demo's 60 GRPO steps (float32 training,
 ``mixed_precision: no``) with each ``rollout_precision``, in the same process, one after the other, and the demo's
@@ -27,6 +27,7 @@ import torch
 from common import cpu_model
 
 from grpokit.cli.demo import run_demo
+from grpokit.config import GRPOConfig
 from grpokit.core.importance import IS_MODES
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -40,11 +41,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
-    parser.add_argument("--is_mode", default="token_truncate", choices=IS_MODES, help="rollout_is_mode")
-    parser.add_argument("--is_cap", type=float, default=None, help="rollout_is_cap (the config's default if not given)")
+    parser.add_argument("--is_mode", default=GRPOConfig().rollout_is_mode, choices=IS_MODES, help="rollout_is_mode")
+    parser.add_argument("--is_cap", type=float, default=GRPOConfig().rollout_is_cap, help="rollout_is_cap")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_precision.json"))
     args = parser.parse_args()
-    correction = {"rollout_is_mode": args.is_mode, **({} if args.is_cap is None else {"rollout_is_cap": args.is_cap})}
+    correction = {"rollout_is_mode": args.is_mode, "rollout_is_cap": args.is_cap}
     records = []
     for seed in args.seeds:
         for precision in args.precisions:

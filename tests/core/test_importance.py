@@ -14,7 +14,7 @@ def test_weights_are_the_capped_ratio_and_one_on_padding():
     old = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
     sample = torch.tensor([[-1.5, -1.0, -3.0, 7.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
-    weights = importance_weights(old, sample, mask, cap=2.0)
+    weights = importance_weights(old, sample, mask, cap=2.0, mode="token_truncate")
     # e^0.5 = 1.6487 (under the cap), e^-1 = 0.3679, e^2.5 = 12.18 → 2 (capped), padding → 1
     assert weights[0].tolist() == pytest.approx([math.exp(0.5), math.exp(-1.0), 2.0, 1.0])
     # token_mask: the token over the cap left out, the others keep their ratio
@@ -45,7 +45,8 @@ def test_the_loss_weights_each_tokens_clipped_term_and_not_the_kl():
     ref = torch.tensor([[-1.1, -2.2], [-0.4, -1.0]])
     advantages = torch.tensor([1.0, -0.5])
     mask = torch.ones(2, 2)
-    loss, stats = grpo_loss(logp, None, ref, advantages, mask, beta=0.1, sample_logp=sample, is_cap=3.0)
+    loss, stats = grpo_loss(logp, None, ref, advantages, mask, beta=0.1, sample_logp=sample, is_cap=3.0,
+                            is_mode="token_truncate")
     assert stats["is_capped_frac"] == 0.25
     # μ = 1: ρ = 1, so each token's clipped term is A; weights min(e^(logp − sample), 3)
     w = [[math.exp(0.2), math.exp(-1.0)], [1.0, 3.0]]

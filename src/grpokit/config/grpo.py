@@ -110,10 +110,10 @@ class GRPOConfig(_Config):
         "importance sampling (docs/math.md, \"Sampling in a lower precision\"; speed: docs/benchmarks.md).",
         choices=("fp32", "bf16", "int8"))
     rollout_is_cap: float = _field(
-        2.0, "C, the cap of the importance weights (π_old/π_sample) with rollout_precision other than fp32.", min=1)
+        3.0, "C, the cap of the importance weights (π_old/π_sample) with rollout_precision other than fp32.", min=1)
     rollout_is_mode: str = _field(
-        "token_truncate", "The importance weights: each token's ratio or each completion's (token_*, sequence_*), "
-        "truncated at C or masked above it (*_truncate, *_mask); TRL's names (docs/math.md).", choices=IS_MODES)
+        "sequence_mask", "The importance weights: each completion's ratio or each token's (sequence_*, token_*), "
+        "masked above C or truncated at it (*_mask, *_truncate); TRL's modes (docs/math.md).", choices=IS_MODES)
 
     # ---- tools (docs/tools.md) ---------------------------------------------------------------------
     tools: list[str] = _field(

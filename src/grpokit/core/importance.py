@@ -11,7 +11,7 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 
 
 def importance_weights(old_logp: Tensor, sample_logp: Tensor, mask: Tensor, cap: float,
-                       mode: str = "token_truncate") -> Tensor:
+                       mode: str = "sequence_mask") -> Tensor:
     """Weights (N, T) for tokens sampled from π_sample instead of π_old (docs/math.md, "Sampling in a lower
     precision"), from the ratio r = π_old / π_sample of each token (``token_*``) or of each whole completion, the
     product over its tokens (``sequence_*``, every token of the completion given its completion's weight):
@@ -20,9 +20,9 @@ def importance_weights(old_logp: Tensor, sample_logp: Tensor, mask: Tensor, cap:
 
     >>> old, sample = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 5.0]])
     >>> mask = torch.tensor([[1, 1, 0]])
-    >>> importance_weights(old, sample, mask, cap=1.5).tolist()  # e^0.5 = 1.65 → 1.5, e^-1
+    >>> importance_weights(old, sample, mask, cap=1.5, mode="token_truncate").tolist()  # e^0.5 = 1.65 → 1.5, e^-1
     [[1.5, 0.3678794503211975, 1.0]]
-    >>> importance_weights(old, sample, mask, cap=1.5, mode="sequence_mask").tolist()  # e^(0.5 − 1) = 0.61
+    >>> importance_weights(old, sample, mask, cap=1.5).tolist()  # sequence_mask: e^(0.5 − 1) = 0.61
     [[0.6065306663513184, 0.6065306663513184, 1.0]]
     """
     if mode not in IS_MODES:

@@ -317,8 +317,8 @@ def grpo_loss(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
     sample_logp: Tensor | None = None,
-    is_cap: float = 2.0,
-    is_mode: str = "token_truncate",
+    is_cap: float = 3.0,
+    is_mode: str = "sequence_mask",
 ) -> tuple[Tensor, dict[str, float]]:
     """The negative GRPO objective (docs/math.md, "The objective") and its diagnostics.
 
