@@ -106,8 +106,8 @@ class GRPOConfig(_Config):
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
     rollout_precision: str = _field(
         "fp32", "The weights completions are sampled with: 'fp32', the policy's; 'bf16', a copy refreshed before each "
-        "sampling; 'int8' (CPU, fast path), the policy's quantized at each sampling; the loss corrected by truncated "
-        "importance sampling (docs/math.md, \"Sampling in a lower precision\"; speed: docs/benchmarks.md).",
+        "sampling; 'int8' (CPU, fast path), the policy's quantized at each sampling; the loss corrected by importance "
+        "sampling, rollout_is_mode (docs/math.md, \"Sampling in a lower precision\"; speed: docs/benchmarks.md).",
         choices=("fp32", "bf16", "int8"))
     rollout_is_cap: float = _field(
         3.0, "C, the cap of the importance weights (π_old/π_sample) with rollout_precision other than fp32.", min=1)
