@@ -1,6 +1,8 @@
 """`rollout_precision`: the sampler reads a bfloat16 copy of the policy that is never stale, the loss is corrected by
-truncated importance sampling and its mismatch logged; with fp32 the sampler is the policy and nothing changes."""
+importance sampling (by default per completion) and its mismatch logged; with fp32 the sampler is the policy and
+nothing changes."""
 
+import inspect
 import json
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 
 import grpokit.trainers.grpo
 from grpokit.config import ConfigError, GRPOConfig
+from grpokit.core.importance import importance_weights
 from helpers import documented_metrics, logged_keys, make_trainer
 
 
@@ -43,9 +46,18 @@ def test_the_loss_gets_the_samplers_logprobs_only_with_a_lower_precision(tokeniz
     assert given and all(sample is None for sample, _, _ in given)
     given.clear()
     lowered = make_trainer(tokenizer, tiny_model, tmp_path / "bf16", max_steps=1, rollout_precision="bf16",
-                           rollout_is_cap=1.5, rollout_is_mode="sequence_mask")
+                           rollout_is_cap=1.5, rollout_is_mode="token_truncate")
     lowered.train()
-    assert given and all(sample is not None and (cap, mode) == (1.5, "sequence_mask") for sample, cap, mode in given)
+    assert given and all(sample is not None and (cap, mode) == (1.5, "token_truncate") for sample, cap, mode in given)
+
+
+def test_the_default_correction_is_trls_per_completion_mask_in_the_config_and_the_loss():
+    # sequence_mask at C = 3: TRL's default, and what kept the SmolLM2 recipe's carry (docs/sampling.md)
+    config = GRPOConfig()
+    assert (config.rollout_is_mode, config.rollout_is_cap) == ("sequence_mask", 3.0)
+    loss_defaults = inspect.signature(grpokit.trainers.grpo.grpo_loss).parameters
+    assert (loss_defaults["is_mode"].default, loss_defaults["is_cap"].default) == ("sequence_mask", 3.0)
+    assert inspect.signature(importance_weights).parameters["mode"].default == "sequence_mask"
 
 
 def test_rollout_precision_is_checked():
