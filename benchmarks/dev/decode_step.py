@@ -6,9 +6,10 @@ Builds ``vs_trl.py``'s model for ``--config`` and, for each row count, what a ro
 runs: the layers' products, norms, RoPE, the cache write and one-query attention, then the final norm
 and the LM head (``LlamaFamily._decode_step``), at cache column ``--column``. Also times the layers'
 products alone (each product on its own input, all layers) and the layers' one-query attention alone
-(scores, softmax and the weighted sum over the filled columns), so the step can be read against its
-parts. Row counts alternate in blocks of 50 calls, 20 blocks; prints min and median per call. No
-sampling, so the tokens do not differ between variants. Run it alone on the machine.
+(scores, softmax and the weighted sum over the filled columns), and the filled keys and values merely read
+(summed), so the step can be read against its parts and attention against its memory traffic. Row counts
+alternate in blocks of 50 calls, 20 blocks; prints min and median per call. No sampling, so the tokens do not
+differ between variants. Run it alone on the machine.
 
 ``--compile``: also the step under ``torch.compile(dynamic=True)``, with each product an opaque custom op
 (Inductor lowers oneDNN's packed linear only for weights it froze itself); prints the seconds to compile, to
@@ -78,10 +79,14 @@ def main() -> None:
                     scores = torch.baddbmm(scores_mask, q, keys.transpose(1, 2), alpha=family.scaling)
                     torch.bmm(torch.softmax(scores, dim=-1), values)
 
-            calls[a] = {"step": step, "products": products, "attention": attention}
+            def cache_read(filled=filled):  # what attention reads, summed: its floor in memory traffic
+                for keys, values in filled:
+                    keys.sum(), values.sum()
+
+            calls[a] = {"step": step, "products": products, "attention": attention, "cache read": cache_read}
             if args.compile:
                 compiled_step(family, layers, head, head_scale, x, cache, turns, mask, args.column)
-        parts = ("step", "products", "attention")
+        parts = ("step", "products", "attention", "cache read")
         times = {(a, part): [] for a in args.rows for part in parts}
         for block in range(20):
             for a in args.rows if block % 2 == 0 else args.rows[::-1]:
