@@ -1,7 +1,7 @@
 """How far a lower-precision sampler is from the float32 policy on a real model: completions sampled with
 ``rollout_precision``'s bf16 copy (the whole model in bfloat16: weights, residual stream, cache), with bf16 autocast
-on the float32 model (bfloat16 products, the residual stream, norms, cache and LM head in float32: not a
-``rollout_precision`` yet) and with int8 products, scored by the float32 model's own forward; float32's own sampling
+on the float32 model (``bf16_autocast``: bfloat16 products, the residual stream, norms, cache and LM head in
+float32) and with int8 products, scored by the float32 model's own forward; float32's own sampling
 for the time.
 
     bash examples/smollm2/run.sh 3     # a cold-started SmolLM2 (or pass any local model directory)

@@ -1,6 +1,6 @@
-"""`rollout_precision`: the sampler reads a bfloat16 copy of the policy that is never stale, the loss is corrected by
-importance sampling (by default per completion) and its mismatch logged; with fp32 the sampler is the policy and
-nothing changes."""
+"""`rollout_precision`: the sampler reads a bfloat16 copy of the policy that is never stale, or the policy under
+bfloat16 autocast; the loss is corrected by importance sampling (by default per completion) and its mismatch logged;
+with fp32 the sampler is the policy and nothing changes."""
 
 import inspect
 import json
@@ -8,7 +8,9 @@ import json
 import pytest
 import torch
 
+import grpokit.models.fast.fused_linear
 import grpokit.trainers.grpo
+import grpokit.training.sampling
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.core.importance import importance_weights
 from helpers import documented_metrics, logged_keys, make_trainer
@@ -32,6 +34,25 @@ def test_the_bf16_sampler_holds_the_policys_weights_at_every_step(tokenizer, tin
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert logged_keys(metrics[0]) == documented_metrics(lowered=True)[0] - {"accuracy", "format_rate"}
     for m in history:  # bfloat16 differs from float32, a little
+        assert 0 < m["sampler_kl"] < 0.05 and m["is_weight_mean"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_bf16_autocast_samples_the_policy_itself_under_bf16_autocast(tokenizer, tiny_model, tmp_path, monkeypatch):
+    # the tiny model's products are all below the size the CPU fast path computes in bfloat16 under autocast
+    monkeypatch.setattr(grpokit.models.fast.fused_linear, "ONEDNN_MIN_WEIGHTS", 0)
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, rollout_precision="bf16_autocast")
+    seen, real = [], grpokit.training.sampling.generate
+
+    def generate(model, *args, **kwargs):
+        seen.append((model is trainer.model, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(grpokit.training.sampling, "generate", generate)
+    assert trainer.rollout_weights.current() is trainer.model  # no copy to refresh or go stale
+    history = trainer.train()
+    assert len(seen) == 2 and all(s == (True, True, torch.bfloat16) for s in seen)
+    assert not torch.is_autocast_enabled("cpu")  # only the sampling ran under it
+    for m in history:  # bfloat16 products differ from float32's, a little; the loss is corrected for it
         assert 0 < m["sampler_kl"] < 0.05 and m["is_weight_mean"] == pytest.approx(1.0, abs=0.1)
 
 

@@ -1,8 +1,10 @@
 """The weights completions are sampled with (``rollout_precision``): the policy itself; a bfloat16 copy of it that
-:meth:`RolloutWeights.current` brings up to date before each step's sampling; or the policy's weights quantized to
-int8 by the fast decoding path at each sampling call (:mod:`grpokit.models.fast.int8`). Decoding reads the weights
-once per token, so fewer bytes per weight sample faster where the hardware computes in that precision; the loss
-keeps the policy's precision and corrects for the difference (docs/math.md, "Sampling in a lower precision")."""
+:meth:`RolloutWeights.current` brings up to date before each step's sampling; the policy under bfloat16 autocast
+(``bf16_autocast``: its products in bfloat16, the residual stream, norms, cache and LM head in float32); or the
+policy's weights quantized to int8 by the fast decoding path at each sampling call (:mod:`grpokit.models.fast.int8`).
+Decoding reads the weights once per token, so fewer bytes per weight sample faster where the hardware computes in
+that precision; the loss keeps the policy's precision and corrects for the difference (docs/math.md, "Sampling in a
+lower precision")."""
 
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ from torch import nn
 
 from grpokit.models.fast.llama_family import unsupported
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.int8}
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "bf16_autocast": None, "int8": torch.int8}
 
 
 class RolloutWeights:
-    """What the sampler reads: :meth:`current`, the policy itself for ``fp32`` and ``int8`` (with :attr:`int8`
-    decoding quantizes it), its copy for ``bf16``."""
+    """What the sampler reads: :meth:`current`, the policy itself for ``fp32``, ``bf16_autocast`` (the sampler
+    runs it under autocast) and ``int8`` (with :attr:`int8` decoding quantizes it), its copy for ``bf16``."""
 
     def __init__(self, policy: nn.Module, precision: str = "fp32"):
         if precision not in PRECISIONS:

@@ -168,7 +168,7 @@ class GRPOTrainer(Trainer):
         config = self.config
         start = time.perf_counter()
 
-        # 1-2. Sample G completions for each of B prompts from π_old (or in bf16 or int8: rollout_precision)
+        # 1-2. Sample G completions for each of B prompts from π_old (or in a lower precision: rollout_precision)
         #      and score them; with dynamic sampling, groups without signal are replaced by further rounds' groups.
         batch, sampled, sampling = self.sampler.sample(self.rollout_weights.current(), self.step)
         rollout = batch.rollout

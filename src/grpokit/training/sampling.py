@@ -203,7 +203,8 @@ class Sampler:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         tools = self.toolbox.session(rows, g, config.max_completion_length)
         model.eval()
-        with autocast(self.mixed_precision, self.device):
+        # rollout_precision bf16_autocast: the products in bfloat16, the rest in the policy's precision
+        with autocast("bf16" if config.rollout_precision == "bf16_autocast" else self.mixed_precision, self.device):
             rollout = generate(
                 model, prompt_ids, prompt_mask,
                 num_generations=g, max_new_tokens=config.max_completion_length,
