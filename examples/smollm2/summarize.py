@@ -102,7 +102,7 @@ def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
 
 def sampling(metrics: list[dict], completions_per_step: int) -> dict[str, float | None]:
     """Seconds GRPO spent sampling and milliseconds per sampled token (a run that samples shorter completions
-    takes less time for that alone), and with ``rollout_precision`` bf16 or int8 the sampler's mean KL to the
+    takes less time for that alone), and with a ``rollout_precision`` other than fp32 the sampler's mean KL to the
     policy and the mean importance weight and capped share (docs/math.md); None for a float32 sampler."""
     def mean(key: str) -> float | None:
         values = [m[key] for m in metrics if m.get(key) is not None]

@@ -335,8 +335,8 @@ class GRPOConfig(_Config):
             (self.parallelism == "fsdp" and self.optimizer == "adamw_8bit", "optimizer: adamw_8bit with parallelism: "
              "fsdp is not supported (bitsandbytes does not step sharded parameters); use ddp, or optimizer: adamw"),
             (self.parallelism == "fsdp" and self.rollout_precision != "fp32", "rollout_precision with parallelism: "
-             "fsdp is not supported (the sampling copy needs the whole policy on every process); use ddp, or "
-             "rollout_precision: fp32"),
+             "fsdp is not supported (the bf16 copy and int8 products need the whole policy on every process; "
+             "bf16_autocast is untested there); use ddp, or rollout_precision: fp32"),
             (self.cuda_graphs and not self.fast_path, "cuda_graphs captures the fast path's decode step: fast_path: "
              "true"),
             (self.rollout_precision == "int8" and not self.fast_path,
