@@ -84,6 +84,9 @@ def test_the_default_correction_is_trls_per_completion_mask_in_the_config_and_th
 def test_rollout_precision_is_checked():
     with pytest.raises(ConfigError, match="rollout_precision"):
         GRPOConfig(rollout_precision="int4")
+    for precision in ("bf16", "bf16_autocast", "int8"):
+        with pytest.raises(ConfigError, match="rollout_precision with parallelism: fsdp is not supported"):
+            GRPOConfig(rollout_precision=precision, parallelism="fsdp")
     with pytest.raises(ConfigError, match="rollout_is_cap"):
         GRPOConfig(rollout_is_cap=0.5)
     with pytest.raises(ConfigError, match="rollout_is_mode"):
