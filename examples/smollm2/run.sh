@@ -10,7 +10,7 @@
 set -euo pipefail
 seed=${1:-0}
 variant=${2:-process_carry_line_always}
-precision=${3:-fp32}  # rollout_precision: fp32, bf16, bf16_autocast or int8 (docs/math.md, "Sampling in a lower precision")
+precision=${3:-fp32}  # rollout_precision: fp32, bf16, bf16_autocast or int8 (docs/math.md)
 is_mode=${4:-sequence_mask}  # rollout_is_mode, with a lower precision: sequence_* at C = 3 (the default), token_* at C = 2
 carry=inline  # how the cold start's solutions write the carry (make_data.py --carry)
 outcome=(--supervision outcome --reward_funcs "[accuracy, format]" --reward_weights "[1.0, 1.0]")
