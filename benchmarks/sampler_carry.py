@@ -2,6 +2,8 @@
 
     bash examples/smollm2/run.sh 0      # a cold-started model per seed (its sft/model), or any local model directory
     python benchmarks/sampler_carry.py --models runs/smollm2/process_carry_line_always/seed{0,1}/sft/model
+    python benchmarks/sampler_carry.py --models runs/smollm2/process_carry_line_always/seed3/sft/model \
+      --precisions fp32 bf16 bf16_autocast int8 --out benchmarks/results/sampler_carry_seed3.json
 
 The recipe's GRPO runs that lost the carry (docs/sampling.md) sampled with bf16 or int8 weights. This samples the
 model GRPO starts from, as GRPO does (the recipe's prompts and system prompt, T = 1, ≤ 48 new tokens), on the
@@ -30,7 +32,7 @@ import yaml
 from common import cpu_model
 
 from grpokit.core.importance import importance_weights
-from grpokit.models.loading import load_pretrained
+from grpokit.models.loading import autocast, load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
 from grpokit.tasks.arithmetic import has_carry
@@ -41,17 +43,19 @@ sys.path.insert(0, str(RECIPE))
 from summarize import carry_mistakes, operands, tens_column  # noqa: E402  (the recipe's own classification)
 
 
-def sample(model, policy, tokenizer, prompts: list[str], samples: int, seed: int, int8: bool,
+def sample(model, policy, tokenizer, prompts: list[str], samples: int, seed: int, precision: str,
            batch: int) -> tuple[list[str], list[float]]:
-    """The completions ``model`` samples, and each one's log(π_policy / π_sample), summed over its tokens."""
+    """The completions ``model`` samples in ``precision`` (its int8 products, or under bfloat16 autocast for
+    ``bf16_autocast``, as the trainer samples), and each one's log(π_policy / π_sample), summed over its tokens."""
     generator = torch.Generator().manual_seed(seed)
     completions, log_ratios = [], []
     for start in range(0, len(prompts), batch):
         encoded = tokenizer(prompts[start:start + batch], padding=True, padding_side="left", return_tensors="pt",
                             add_special_tokens=False)
-        rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=samples,
-                           max_new_tokens=48, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                           generator=generator, int8=int8)
+        with autocast("bf16" if precision == "bf16_autocast" else "no", torch.device("cpu")):
+            rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=samples,
+                               max_new_tokens=48, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id, generator=generator, int8=precision == "int8")
         completions += rollout.decode(tokenizer)
         with torch.no_grad():
             logp, _ = sequence_logprobs(policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
@@ -83,7 +87,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16, help="completions per problem")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=4, help="problems sampled at once")
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"],
+                        choices=["fp32", "bf16", "bf16_autocast", "int8"])
     parser.add_argument("--cap", type=float, default=3.0, help="C of the sequence modes (TRL's default: 3)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_carry.json"))
     args = parser.parse_args()
@@ -98,8 +103,8 @@ def main() -> None:
         prompts = [render_prompt(tokenizer, row["prompt"], system_prompt=system) for row in rows]
         for precision in args.precisions:
             sampler = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
-            completions, log_ratios = sample(sampler, model, tokenizer, prompts, args.samples, args.seed,
-                                             precision == "int8", args.batch)
+            completions, log_ratios = sample(sampler, model, tokenizer, prompts, args.samples, args.seed, precision,
+                                             args.batch)
             del sampler
             sampled = [{"step": 1, "prompt": row["prompt"], "completion": text}
                        for row, start in zip(rows, range(0, len(completions), args.samples))

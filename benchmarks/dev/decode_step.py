@@ -5,9 +5,12 @@
 Builds ``vs_trl.py``'s model for ``--config`` and, for each row count, what a rollout's decode step
 runs: the layers' products, norms, RoPE, the cache write and one-query attention, then the final norm
 and the LM head (``LlamaFamily._decode_step``), at cache column ``--column``. Also times the layers'
-products alone (each product on its own input, all layers) and the layers' one-query attention alone
-(scores, softmax and the weighted sum over the filled columns), and the filled keys and values merely read
-(summed), so the step can be read against its parts and attention against its memory traffic. Row counts
+products alone (each product on its own input, all layers), the LM head's product alone, the layers' products
+all on the first layer's weights (which then stay in the processor's caches: the arithmetic without the reading),
+the layers' weights merely read (summed: the reading without the arithmetic), the layers' one-query attention alone
+(scores, softmax and the weighted sum over the filled columns) and the filled keys and values merely read (summed),
+so the step can be read against its parts, the products against their arithmetic and memory traffic (how much the
+two overlap), and attention against its memory traffic. Row counts
 alternate in blocks of 50 calls, 20 blocks; prints min and median per call. No sampling, so the tokens do not
 differ between variants. Run it alone on the machine.
 
@@ -69,10 +72,20 @@ def main() -> None:
             def step(x=x, layers=layers, head=head, head_scale=head_scale, cache=cache, turns=turns, mask=mask):
                 head(family._normalize(family._decode_step(x, layers, cache, turns, args.column, mask)) * head_scale)
 
-            def products(x=x, inner=inner, layers=layers, head=head):
+            def products(x=x, inner=inner, layers=layers):
                 for qkv, o, gate_up, down in layers:
                     qkv(x), o(x, add=x), gate_up(x), down(inner, add=x)
-                head(x)
+
+            def products_cached(x=x, inner=inner, layers=layers):
+                qkv, o, gate_up, down = layers[0]
+                for _ in layers:
+                    qkv(x), o(x, add=x), gate_up(x), down(inner, add=x)
+
+            weights = [p for layer in family.backbone.layers for p in layer.parameters() if p.dim() == 2]
+
+            def weights_read(weights=weights):
+                for w in weights:
+                    w.sum()
 
             def attention(q=q, filled=filled, scores_mask=scores_mask):
                 for keys, values in filled:
@@ -83,10 +96,12 @@ def main() -> None:
                 for keys, values in filled:
                     keys.sum(), values.sum()
 
-            calls[a] = {"step": step, "products": products, "attention": attention, "cache read": cache_read}
+            calls[a] = {"step": step, "products": products, "head": lambda x=x, head=head: head(x),
+                        "products cached": products_cached, "weights read": weights_read,
+                        "attention": attention, "cache read": cache_read}
             if args.compile:
                 compiled_step(family, layers, head, head_scale, x, cache, turns, mask, args.column)
-        parts = ("step", "products", "attention", "cache read")
+        parts = tuple(calls[args.rows[0]])
         times = {(a, part): [] for a in args.rows for part in parts}
         for block in range(20):
             for a in args.rows if block % 2 == 0 else args.rows[::-1]:
