@@ -3,7 +3,7 @@
     bash examples/smollm2/run.sh 0      # a cold-started model per seed (its sft/model), or any local model directory
     python benchmarks/sampler_carry.py --models runs/smollm2/process_carry_line_always/seed{0,1}/sft/model
     python benchmarks/sampler_carry.py --models runs/smollm2/process_carry_line_always/seed3/sft/model \
-      --precisions fp32 bf16 bf16_autocast int8 --out benchmarks/results/sampler_carry_seed3.json
+      --precisions fp32 bf16 bf16_autocast int8 --keep benchmarks/results/sampler_carry.json  # beside the others
 
 The recipe's GRPO runs that lost the carry (docs/sampling.md) sampled with bf16 or int8 weights. This samples the
 model GRPO starts from, as GRPO does (the recipe's prompts and system prompt, T = 1, ≤ 48 new tokens), on the
@@ -91,6 +91,8 @@ def main() -> None:
                         choices=["fp32", "bf16", "bf16_autocast", "int8"])
     parser.add_argument("--cap", type=float, default=3.0, help="C of the sequence modes (TRL's default: 3)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_carry.json"))
+    parser.add_argument("--keep", nargs="*", default=[], metavar="FILE",
+                        help="earlier results whose records for other (model, precision) pairs --out keeps")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     system = yaml.safe_load((RECIPE / "grpo.yaml").read_text())["system_prompt"]
@@ -121,6 +123,10 @@ def main() -> None:
                                         "sequence_mask": reweighted(sampled, log_ratios, args.cap, True)}
             records.append(record)
             print(json.dumps(record), flush=True)
+    done = {(r["model"], r["rollout_precision"]) for r in records}
+    kept = [r for path in args.keep for r in json.loads(Path(path).read_text())["records"]
+            if (r["model"], r["rollout_precision"]) not in done]
+    records = kept + records
     Path(args.out).write_text(json.dumps({"machine": {"cpu": cpu_model(), "platform": platform.platform()},
                                           "torch": torch.__version__, "args": vars(args), "records": records},
                                          indent=1))

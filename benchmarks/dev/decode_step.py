@@ -10,9 +10,9 @@ all on the first layer's weights (which then stay in the processor's caches: the
 the layers' weights merely read (summed: the reading without the arithmetic), the layers' one-query attention alone
 (scores, softmax and the weighted sum over the filled columns) and the filled keys and values merely read (summed),
 so the step can be read against its parts, the products against their arithmetic and memory traffic (how much the
-two overlap), and attention against its memory traffic. Row counts
-alternate in blocks of 50 calls, 20 blocks; prints min and median per call. No sampling, so the tokens do not
-differ between variants. Run it alone on the machine.
+two overlap), and attention against its memory traffic. Row counts alternate in blocks of 50 calls, 20 blocks;
+prints min and median per call. No sampling, so the tokens do not differ between variants. Run it alone on the
+machine.
 
 ``--compile``: also the step under ``torch.compile(dynamic=True)``, with each product an opaque custom op
 (Inductor lowers oneDNN's packed linear only for weights it froze itself); prints the seconds to compile, to
