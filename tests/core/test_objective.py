@@ -84,6 +84,14 @@ def test_kl_kinds_hand_computed():
     assert kl_penalty(logp, logp, "k3").item() == 0.0
 
 
+def test_k3_keeps_its_precision_for_nearly_equal_policies():
+    # k3 ≈ r²/2 for a small log-ratio r: 5e-9 at r = 1e-4, below float32's spacing near 1 (exp(r) − r − 1 gives 0)
+    r = torch.tensor([1e-4, -3e-4, 1e-3])
+    k3 = kl_penalty(torch.zeros(3), r, "k3")
+    assert k3.dtype == torch.float32
+    assert torch.allclose(k3.double(), r.double().exp() - r.double() - 1, rtol=1e-3, atol=0)
+
+
 def test_kl_errors():
     with pytest.raises(ValueError, match="kind='k4' is not valid"):
         kl_penalty(torch.zeros(2), torch.zeros(2), "k4")

@@ -226,7 +226,8 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
         return -log_ratio
     if kind == "k2":
         return 0.5 * log_ratio**2
-    return torch.exp(log_ratio) - log_ratio - 1
+    # expm1: exp(r) − 1 rounds to float32's spacing near 1 (~1e-7), which would swamp the r²/2 of a small log-ratio
+    return torch.expm1(log_ratio) - log_ratio
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
