@@ -52,10 +52,11 @@ def sample(model, policy, tokenizer, prompts: list[str], samples: int, seed: int
     for start in range(0, len(prompts), batch):
         encoded = tokenizer(prompts[start:start + batch], padding=True, padding_side="left", return_tensors="pt",
                             add_special_tokens=False)
-        with autocast("bf16" if precision == "bf16_autocast" else "no", torch.device("cpu")):
+        with autocast("bf16" if precision.startswith("bf16_autocast") else "no", torch.device("cpu")):
             rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=samples,
                                max_new_tokens=48, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id, generator=generator, int8=precision == "int8")
+                               pad_token_id=tokenizer.pad_token_id, generator=generator, int8=precision == "int8",
+                               exact_prefill=precision == "bf16_autocast")
         completions += rollout.decode(tokenizer)
         with torch.no_grad():
             logp, _ = sequence_logprobs(policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=4, help="problems sampled at once")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"],
-                        choices=["fp32", "bf16", "bf16_autocast", "int8"])
+                        choices=["fp32", "bf16", "bf16_autocast", "bf16_autocast_bf16_prefill", "int8"])
     parser.add_argument("--cap", type=float, default=3.0, help="C of the sequence modes (TRL's default: 3)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_carry.json"))
     parser.add_argument("--keep", nargs="*", default=[], metavar="FILE",

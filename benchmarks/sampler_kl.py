@@ -1,8 +1,8 @@
 """How far a lower-precision sampler is from the float32 policy on a real model: completions sampled with
 ``rollout_precision``'s bf16 copy (the whole model in bfloat16: weights, residual stream, cache), with bf16 autocast
-on the float32 model (``bf16_autocast``: bfloat16 products, the residual stream, norms, cache and LM head in
-float32) and with int8 products, scored by the float32 model's own forward; float32's own sampling
-for the time.
+on the float32 model (``bf16_autocast``: bfloat16 products after the prompts' float32 prefill, the residual
+stream, norms, cache and LM head in float32, as the trainer samples) and with int8 products, scored by the float32
+model's own forward; float32's own sampling for the time.
 
     bash examples/smollm2/run.sh 3     # a cold-started SmolLM2 (or pass any local model directory)
     python benchmarks/sampler_kl.py --model runs/smollm2/process_carry_line_always/seed3/sft/model
@@ -59,7 +59,7 @@ def main() -> None:
             return generate(sampler, encoded["input_ids"], encoded["attention_mask"], num_generations=4,
                             max_new_tokens=48, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
-                            int8=int8)
+                            int8=int8, exact_prefill=autocast)
 
     torch.set_num_threads(args.threads)
     for sampler in samplers.values():  # warm-up: first calls pay for allocations and oneDNN's set-up

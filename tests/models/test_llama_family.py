@@ -259,6 +259,31 @@ def test_bf16_autocast_stays_close_to_float32(tokenizer):
     assert (logp - rollout.logp).abs().max() < 0.1
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_exact_prefill_reads_the_prompts_in_float32_under_bf16_autocast(tokenizer, fast, monkeypatch):
+    """``exact_prefill``: the first token's distribution is float32's (it depends on the prompts alone), the later
+    ones under autocast; without it the first is bfloat16's too. Both decoders, the same generator."""
+    monkeypatch.setattr(fused_linear, "ONEDNN_MIN_WEIGHTS", 0)  # the tiny products in bfloat16 too
+    model = models(tokenizer)["qwen2-gqa-bias"].eval()
+    enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
+
+    def sample(bf16: bool, exact_prefill: bool):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return generate(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=10,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, fast=fast,
+                            generator=torch.Generator().manual_seed(0), exact_prefill=exact_prefill)
+
+    exact, prefilled, autocast = sample(False, False), sample(True, True), sample(True, False)
+    assert torch.equal(prefilled.completion_ids[:, 0], exact.completion_ids[:, 0])
+    assert (prefilled.logp[:, 0] - exact.logp[:, 0]).abs().max() < 1e-5
+    assert (autocast.logp[:, 0] - exact.logp[:, 0]).abs().max() > 1e-4  # bfloat16 products reading the prompts
+    # the later tokens in bfloat16: float32's log-probs of the same tokens differ
+    policy, _ = sequence_logprobs(model, prefilled.prompt_ids, prefilled.prompt_mask, prefilled.completion_ids,
+                                  prefilled.completion_mask, fast=False)
+    gap = (policy - prefilled.logp).abs()
+    assert gap[:, 0].max() < 1e-5 and gap[:, 1:][prefilled.completion_mask[:, 1:].bool()].max() > 1e-4
+
+
 def test_bf16_training_steps_run(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="bf16", max_steps=2)
     history = trainer.train()

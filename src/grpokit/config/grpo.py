@@ -105,9 +105,9 @@ class GRPOConfig(_Config):
     temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
     rollout_precision: str = _field(
-        "fp32", "Completions are sampled with 'fp32', the policy; 'bf16', its copy refreshed before each sampling; "
-        "'bf16_autocast', the policy under bfloat16 autocast; 'int8' (CPU, fast path), its weights quantized at each "
-        "sampling; the loss corrected by importance sampling (docs/math.md, \"Sampling in a lower precision\").",
+        "fp32", "Completions sampled with 'fp32', the policy; 'bf16', its copy refreshed before each sampling; "
+        "'bf16_autocast', the policy under bfloat16 autocast (prompts read in float32); 'int8' (CPU, fast path), its "
+        "weights quantized per sampling; loss corrected by importance sampling (docs/math.md, lower precision).",
         choices=("fp32", "bf16", "bf16_autocast", "int8"))
     rollout_is_cap: float = _field(
         3.0, "C, the cap of the importance weights (π_old/π_sample) with rollout_precision other than fp32.", min=1)

@@ -12,6 +12,7 @@ and train a model that never stops.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -158,6 +159,7 @@ def generate(
     tools: ToolSession | InertSession | None = None,
     int8: bool = False,
     graph: bool = False,
+    exact_prefill: bool = False,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each of the B left-padded prompts (B, P).
 
@@ -173,6 +175,8 @@ def generate(
     An inert session (the empty box's: no tools) is as None: it never sees a decode step. ``int8``: sample with
     the model's projections and LM head in int8 (:mod:`grpokit.models.fast.int8`; the fast path, on the CPU).
     ``graph``: the fast path with fixed shapes, its decode step captured as a CUDA graph on CUDA (the same tokens).
+    ``exact_prefill``: under autocast, the prompts read with autocast off (in the weights' precision), the decode
+    steps under it (``rollout_precision: bf16_autocast``).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -216,9 +220,9 @@ def generate(
         raise ValueError(f"{fast_only} decoding needs a model the fast path runs: {why}")
     if fast and why is None:
         LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations, int8=int8,
-                                  graph=graph)
+                                  graph=graph, exact_prefill=exact_prefill)
     else:
-        _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early)
+        _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early, exact_prefill)
 
     # Every step's picks written at once (a few operators, not a few per decode step). A row is chosen
     # for until it stops, so it stops at most once.
@@ -248,7 +252,7 @@ def generate(
     )
 
 
-def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early) -> None:
+def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early, exact_prefill) -> None:
     """The decode loop over the model's own forward and its KV cache (any Hugging Face causal LM)."""
     n = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
@@ -259,14 +263,16 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early) 
     cache_name = _cache_argument(model)
     input_ids, cache = prompt_ids, None
     for t in range(max_new_tokens):
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_name: cache},
-        )
+        exact = exact_prefill and t == 0  # the prompts with autocast off
+        with torch.autocast(prompt_ids.device.type, enabled=False) if exact else contextlib.nullcontext():
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_name: cache},
+            )
         cache = getattr(out, cache_name)
         running = ~finished
         if running.any():  # finished rows keep feeding their last token: never read again

@@ -212,6 +212,7 @@ class Sampler:
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
                 stop_early=not self.sharded, fast=config.fast_path, tools=tools,
                 int8=config.rollout_precision == "int8",  # the policy's weights, quantized as decoding starts
+                exact_prefill=config.rollout_precision == "bf16_autocast",  # prompts in float32: less biased
                 graph=config.cuda_graphs and self.device.type == "cuda" and not self.sharded,  # FSDP gathers per pass
             )
         generated = time.perf_counter()

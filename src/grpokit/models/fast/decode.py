@@ -26,7 +26,7 @@ class Decoding(LlamaParts):
     def decode(
         self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
         choose: Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor]], repeats: int = 1, int8: bool = False,
-        graph: bool = False,
+        graph: bool = False, exact_prefill: bool = False,
     ) -> None:
         """Run the prompts (B, P, left-padded) once each and then up to ``max_new_tokens`` decode steps
         for N = B × ``repeats`` rows (each prompt's rows contiguous).
@@ -36,6 +36,8 @@ class Decoding(LlamaParts):
         (and the cache) once they are a quarter of it. ``int8``: every projection and the LM head in int8
         (:mod:`~grpokit.models.fast.int8`), quantized from the weights as they are at this call. ``graph``:
         :meth:`_decode_static` (the same tokens; on CUDA, the decode step captured and replayed as a graph).
+        ``exact_prefill``: under autocast, the prompts read in the weights' precision, only the decode steps'
+        projections in autocast's dtype (int8's prefill is exact already).
         """
         device = prompt_ids.device.type
         # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
@@ -45,16 +47,16 @@ class Decoding(LlamaParts):
         compute = torch.int8 if int8 else compute
         with torch.autocast(device, enabled=False):
             (self._decode_static if graph else self._decode)(
-                prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats)
+                prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats, exact_prefill)
 
     def _start(self, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, compute: torch.dtype | None,
-               repeats: int, room: int) -> tuple:
+               repeats: int, exact_prefill: bool, room: int) -> tuple:
         """The products, the prefill and what decoding continues from: a cache with ``room`` columns after
         the prompt, each row's last hidden state, the additive mask over the columns, the next positions."""
         b, prompt_width = prompt_ids.shape
         n, total = b * repeats, prompt_width + max_new_tokens
         device = prompt_ids.device
-        layers = [self._decode_products(layer, n, compute) for layer in self.backbone.layers]
+        layers = [self._decode_products(layer, n, compute, exact_prefill) for layer in self.backbone.layers]
         head = decode_product(self.lm_head, rows=n, dtype=torch.int8 if compute == torch.int8 else None)  # own dtype
         x = self.backbone.embed_tokens(prompt_ids)  # (B, P, hidden)
         dtype = x.dtype
@@ -80,13 +82,14 @@ class Decoding(LlamaParts):
         next_positions = positions[:, -1].repeat_interleave(repeats) + 1
         return layers, head, head_scale, turns, cache, last, bias, next_positions
 
-    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+    def _decode(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats, exact_prefill) -> None:
         prompt_width, total = prompt_ids.shape[1], prompt_ids.shape[1] + max_new_tokens
         # The cache holds the prompt and room for CACHE_ROOM new tokens, and grows by doubling that room:
         # attention then reads keys and values packed close together, not spread over the full length
         # (on the CPU that read is ~2x faster once the cache outgrows the processor's caches).
         layers, head, head_scale, turns, cache, last, bias, next_positions = self._start(
-            prompt_ids, prompt_mask, max_new_tokens, compute, repeats, room=min(max_new_tokens, CACHE_ROOM))
+            prompt_ids, prompt_mask, max_new_tokens, compute, repeats, exact_prefill,
+            room=min(max_new_tokens, CACHE_ROOM))
         rows = torch.arange(len(last), device=last.device)
         alive = torch.ones(len(rows), dtype=torch.bool, device=last.device)
         finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
@@ -119,7 +122,8 @@ class Decoding(LlamaParts):
             last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column, bias)
             next_positions = next_positions + 1
 
-    def _decode_static(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats) -> None:
+    def _decode_static(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats,
+                       exact_prefill) -> None:
         """:meth:`_decode` with every shape and address fixed for the whole call: the cache has room for all
         new tokens, finished rows stay in the batch (their picks are not asked for), the column and the
         positions are tensors the step advances itself, and attention reads every column under a mask that
@@ -128,7 +132,7 @@ class Decoding(LlamaParts):
         compare its tokens with :meth:`_decode`'s on the CPU)."""
         prompt_width = prompt_ids.shape[1]
         layers, head, head_scale, turns, cache, last, bias, positions = self._start(
-            prompt_ids, prompt_mask, max_new_tokens, compute, repeats, room=max_new_tokens)
+            prompt_ids, prompt_mask, max_new_tokens, compute, repeats, exact_prefill, room=max_new_tokens)
         bias[:, prompt_width:] = float("-inf")  # opened one column per step
         rows = torch.arange(len(last), device=last.device)
         alive = torch.ones(len(rows), dtype=torch.bool, device=last.device)
@@ -168,17 +172,19 @@ class Decoding(LlamaParts):
                     step()
                 graph.replay()
 
-    def _decode_products(self, layer: nn.Module, rows: int, dtype: torch.dtype | None) -> tuple:
+    def _decode_products(self, layer: nn.Module, rows: int, dtype: torch.dtype | None,
+                         exact_prefill: bool = False) -> tuple:
         """A layer's four products for decoding (q/k/v and gate/up fused), each RMSNorm's weight folded
         into the product after it, and q and k in :func:`rope_pairs`' layout (:meth:`_pair_order`)."""
         attention, mlp = layer.self_attn, layer.mlp
         order = self._pair_order(layer.input_layernorm.weight.device)
-        return (decode_product(attention.q_proj, attention.k_proj, attention.v_proj, rows=rows, dtype=dtype,
+        options = dict(rows=rows, dtype=dtype, exact_first=exact_prefill)
+        return (decode_product(attention.q_proj, attention.k_proj, attention.v_proj, **options,
                                scale=self._norm_scale(layer.input_layernorm), order=order),
-                decode_product(attention.o_proj, rows=rows, dtype=dtype),
-                decode_product(mlp.gate_proj, mlp.up_proj, rows=rows, dtype=dtype,
+                decode_product(attention.o_proj, **options),
+                decode_product(mlp.gate_proj, mlp.up_proj, **options,
                                scale=self._norm_scale(layer.post_attention_layernorm)),
-                decode_product(mlp.down_proj, rows=rows, dtype=dtype))
+                decode_product(mlp.down_proj, **options))
 
     def _norm_scale(self, norm: nn.Module) -> Tensor:
         """What :meth:`_normalize` leaves to the product after it: the norm's weight times √hidden."""

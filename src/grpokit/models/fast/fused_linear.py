@@ -105,7 +105,8 @@ def swiglu_down(gate: Tensor, up: Tensor, down: nn.Module) -> Tensor:
 
 
 def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = None,
-                   scale: Tensor | None = None, order: Tensor | None = None) -> Callable[..., Tensor]:
+                   scale: Tensor | None = None, order: Tensor | None = None,
+                   exact_first: bool = False) -> Callable[..., Tensor]:
     """:func:`fused` for decoding (prompts once, then few rows with the same weights every token), as
     ``f(x, add=None)``.
 
@@ -117,14 +118,17 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
     docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``. Under autocast
     (``dtype``), products too small for oneDNN stay in the weights' dtype on the CPU: there the casts
     cost more than the lower precision saves. ``dtype=torch.int8``: every plain layer's product in int8
-    (:class:`~grpokit.models.fast.int8.Int8Product`), quantized from the weights as they are now."""
+    (:class:`~grpokit.models.fast.int8.Int8Product`), quantized from the weights as they are now.
+    ``exact_first`` (with a ``dtype``): the first call, decoding's prefill, in the weights' own precision, the
+    later ones in ``dtype`` (as int8's products do)."""
     int8 = dtype == torch.int8
     weights = [getattr(m, "weight", None) for m in modules]
     if int8:
         dtype = None  # stacked and folded in the weights' own precision, then quantized
     elif dtype is not None and all(isinstance(w, Tensor) and w.device.type == "cpu" for w in weights):
         dtype = dtype if sum(w.numel() for w in weights) >= ONEDNN_MIN_WEIGHTS else None
-    stacked = stacked_weights(modules, dtype)
+    later = dtype if exact_first else None  # stacked and folded in the weights' precision, cast after the first call
+    stacked = stacked_weights(modules, None if later is not None else dtype)
     if stacked is None:
         product = fused(*modules, dtype=dtype, order=order)
 
@@ -139,6 +143,28 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
         weight, bias = weight[order], None if bias is None else bias[order]
     if int8:
         return Int8Product(weight, bias)
+    if later is not None:
+        return _exact_first(weight, bias, later, rows)
+    return _weights_product(weight, bias, rows)
+
+
+def _exact_first(weight: Tensor, bias: Tensor | None, dtype: torch.dtype, rows: int) -> Callable[..., Tensor]:
+    """A product whose first call computes in ``weight``'s precision and the later ones in ``dtype``."""
+    later = None
+
+    def product(x: Tensor, add: Tensor | None = None) -> Tensor:
+        nonlocal later, weight, bias
+        if later is not None:
+            return later(x, add)
+        out = F.linear(cast(x, weight.dtype), weight, bias)
+        later = _weights_product(weight.to(dtype), None if bias is None else bias.to(dtype), rows)
+        weight = bias = None  # from now on decoding reads only the lower-precision copy
+        return out if add is None else add + out
+    return product
+
+
+def _weights_product(weight: Tensor, bias: Tensor | None, rows: int) -> Callable[..., Tensor]:
+    """``f(x, add=None)`` with ``weight`` packed for oneDNN where it can be, else MKL/``F.linear``."""
     packed = onednn_pack(weight, rows)
     if packed is not None:  # the packed copy is all decoding reads: the unpacked one is not kept as well
         return _onednn_product(packed, bias, weight.dtype)
