@@ -1,8 +1,9 @@
 """How far a lower-precision sampler is from the float32 policy on a real model: completions sampled with
 ``rollout_precision``'s bf16 copy (the whole model in bfloat16: weights, residual stream, cache), with bf16 autocast
 on the float32 model (``bf16_autocast``: bfloat16 products after the prompts' float32 prefill, the residual
-stream, norms, cache and LM head in float32, as the trainer samples) and with int8 products, scored by the float32
-model's own forward; float32's own sampling for the time.
+stream, norms, cache and LM head in float32, as the trainer samples; ``bf16_autocast_bf16_prefill``: the prompts
+under autocast too) and with int8 products, scored by the float32 model's own forward; float32's own sampling for
+the time.
 
     bash examples/smollm2/run.sh 3     # a cold-started SmolLM2 (or pass any local model directory)
     python benchmarks/sampler_kl.py --model runs/smollm2/process_carry_line_always/seed3/sft/model
@@ -50,16 +51,18 @@ def main() -> None:
     rows = [json.loads(line) for line in Path(args.dataset).read_text().splitlines()[:8]]
     prompts = [render_prompt(tokenizer, row["prompt"], system_prompt=system) for row in rows]
     encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
-    # name: (the model sampled, int8 products, under bf16 autocast)
-    samplers = {"fp32": (model, False, False), "bf16": (copy.deepcopy(model).to(torch.bfloat16), False, False),
-                "bf16_autocast": (model, False, True), "int8": (model, True, False)}
+    # name: (the model sampled, int8 products, under bf16 autocast, the prompts read in float32 under it)
+    samplers = {"fp32": (model, False, False, False),
+                "bf16": (copy.deepcopy(model).to(torch.bfloat16), False, False, False),
+                "bf16_autocast": (model, False, True, True), "bf16_autocast_bf16_prefill": (model, False, True, False),
+                "int8": (model, True, False, False)}
 
-    def sample(sampler: torch.nn.Module, int8: bool, autocast: bool, seed: int):
+    def sample(sampler: torch.nn.Module, int8: bool, autocast: bool, exact_prefill: bool, seed: int):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             return generate(sampler, encoded["input_ids"], encoded["attention_mask"], num_generations=4,
                             max_new_tokens=48, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
-                            int8=int8, exact_prefill=autocast)
+                            int8=int8, exact_prefill=exact_prefill)
 
     torch.set_num_threads(args.threads)
     for sampler in samplers.values():  # warm-up: first calls pay for allocations and oneDNN's set-up

@@ -37,7 +37,8 @@ class Decoding(LlamaParts):
         (:mod:`~grpokit.models.fast.int8`), quantized from the weights as they are at this call. ``graph``:
         :meth:`_decode_static` (the same tokens; on CUDA, the decode step captured and replayed as a graph).
         ``exact_prefill``: under autocast, the prompts read in the weights' precision, only the decode steps'
-        projections in autocast's dtype (int8's prefill is exact already).
+        projections in autocast's dtype (int8's prefill is exact already); until the prefill, the products hold
+        their weights in that precision, as without autocast.
         """
         device = prompt_ids.device.type
         # Under autocast, projections compute in its dtype with weights cast once; the rest (norms, the
