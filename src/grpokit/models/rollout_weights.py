@@ -1,8 +1,8 @@
 """The weights completions are sampled with (``rollout_precision``): the policy itself; a bfloat16 copy of it that
 :meth:`RolloutWeights.current` brings up to date before each step's sampling; the policy under bfloat16 autocast
 (``bf16_autocast``: its decode steps' products in bfloat16, the prompts' prefill, residual stream, norms, cache and
-LM head in float32); or the
-policy's weights quantized to int8 by the fast decoding path at each sampling call (:mod:`grpokit.models.fast.int8`).
+LM head in float32); or the policy's weights quantized to int8 by the fast decoding path at each sampling call
+(:mod:`grpokit.models.fast.int8`).
 Decoding reads the weights once per token, so fewer bytes per weight sample faster where the hardware computes in
 that precision; the loss keeps the policy's precision and corrects for the difference (docs/math.md, "Sampling in a
 lower precision")."""
