@@ -259,10 +259,11 @@ def test_bf16_autocast_stays_close_to_float32(tokenizer):
     assert (logp - rollout.logp).abs().max() < 0.1
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_exact_prefill_reads_the_prompts_in_float32_under_bf16_autocast(tokenizer, fast, monkeypatch):
+@pytest.mark.parametrize("fast, graph", [(True, False), (True, True), (False, False)])
+def test_exact_prefill_reads_the_prompts_in_float32_under_bf16_autocast(tokenizer, fast, graph, monkeypatch):
     """``exact_prefill``: the first token's distribution is float32's (it depends on the prompts alone), the later
-    ones under autocast; without it the first is bfloat16's too. Both decoders, the same generator."""
+    ones under autocast; without it the first is bfloat16's too. Both decoders and the fixed-shape one the CUDA
+    graph captures (the products switch to bfloat16 at the prefill, before any capture), the same generator."""
     monkeypatch.setattr(fused_linear, "ONEDNN_MIN_WEIGHTS", 0)  # the tiny products in bfloat16 too
     model = models(tokenizer)["qwen2-gqa-bias"].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")
@@ -271,7 +272,7 @@ def test_exact_prefill_reads_the_prompts_in_float32_under_bf16_autocast(tokenize
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return generate(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=10,
                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, fast=fast,
-                            generator=torch.Generator().manual_seed(0), exact_prefill=exact_prefill)
+                            graph=graph, generator=torch.Generator().manual_seed(0), exact_prefill=exact_prefill)
 
     exact, prefilled, autocast = sample(False, False), sample(True, True), sample(True, False)
     assert torch.equal(prefilled.completion_ids[:, 0], exact.completion_ids[:, 0])
