@@ -18,6 +18,10 @@ machine.
 (Inductor lowers oneDNN's packed linear only for weights it froze itself); prints the seconds to compile, to
 compile again for the next cache column and for fewer rows (as decoding moves on and drops finished rows), and
 the compiled step's largest difference from the eager one in the logits, and both steps' best of 5 calls.
+
+``--compile_attention``: also the layers' one-query attention written as elementwise products and sums (no batched
+matrix products), under ``torch.compile(dynamic=True)``: Inductor fuses it into loops of its own; prints its largest
+difference from the eager attention.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--column", type=int, default=40, help="cache column of the new token (prompt included)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="also the step under torch.compile (see above)")
+    parser.add_argument("--compile_attention", action="store_true", help="also attention compiled (see above)")
     args = parser.parse_args()
     if args.compile:
         opaque_products()
@@ -56,6 +61,11 @@ def main() -> None:
     family, config, end = LlamaFamily(model), model.config, args.column + 1
     kv, d = family.kv_heads, family.head_dim
     calls = {}
+
+    def products_and_sums(mask, q, keys, values):  # the attention below, as elementwise products and sums
+        scores = (q.unsqueeze(2) * keys.unsqueeze(1)).sum(-1) * family.scaling + mask
+        return (torch.softmax(scores, dim=-1).unsqueeze(-1) * values.unsqueeze(1)).sum(2)
+    fused_attention = torch.compile(products_and_sums, dynamic=True)
     with torch.inference_mode():
         for a in args.rows:
             layers = [family._decode_products(layer, a, None) for layer in family.backbone.layers]
@@ -92,6 +102,10 @@ def main() -> None:
                     scores = torch.baddbmm(scores_mask, q, keys.transpose(1, 2), alpha=family.scaling)
                     torch.bmm(torch.softmax(scores, dim=-1), values)
 
+            def attention_compiled(q=q, filled=filled, scores_mask=scores_mask):
+                for keys, values in filled:
+                    fused_attention(scores_mask, q, keys, values)
+
             def cache_read(filled=filled):  # what attention reads, summed: its floor in memory traffic
                 for keys, values in filled:
                     keys.sum(), values.sum()
@@ -99,6 +113,13 @@ def main() -> None:
             calls[a] = {"step": step, "products": products, "head": lambda x=x, head=head: head(x),
                         "products cached": products_cached, "weights read": weights_read,
                         "attention": attention, "cache read": cache_read}
+            if args.compile_attention:
+                calls[a]["attention compiled"] = attention_compiled
+                keys, values = filled[0]
+                eager = torch.bmm(torch.softmax(torch.baddbmm(scores_mask, q, keys.transpose(1, 2),
+                                                              alpha=family.scaling), dim=-1), values)
+                print(f"{a} rows: compiled attention's largest difference from eager "
+                      f"{(fused_attention(scores_mask, q, keys, values) - eager).abs().max().item():.2g}", flush=True)
             if args.compile:
                 compiled_step(family, layers, head, head_scale, x, cache, turns, mask, args.column)
         parts = tuple(calls[args.rows[0]])
