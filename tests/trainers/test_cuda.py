@@ -40,12 +40,37 @@ def test_decode_step_replayed_as_a_cuda_graph_samples_what_the_loop_samples(tiny
     assert torch.allclose(graphed.logp, loop.logp, atol=1e-4)
 
 
+def test_bf16_sampler_reads_the_prompts_in_float32_under_a_cuda_graph(tiny_model, tokenizer, monkeypatch):
+    """``exact_prefill`` under autocast with the decode step as a graph: the products switch to bfloat16 at the
+    prefill, before the capture, so the first token is float32's and the replayed steps are bfloat16's."""
+    model = tiny_model.cuda().eval()
+    encoded = tokenizer(["Count 1:", "Count 100:"], padding=True, padding_side="left", return_tensors="pt").to("cuda")
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or replay(graph))
+
+    def sample(bf16: bool):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            return generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=4,
+                            max_new_tokens=12, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                            graph=True, exact_prefill=bf16, generator=torch.Generator(device="cuda").manual_seed(0))
+
+    exact, graphed = sample(False), sample(True)
+    assert len(replays) >= 10  # both calls replayed their steps
+    assert torch.equal(graphed.completion_ids[:, 0], exact.completion_ids[:, 0])
+    assert (graphed.logp[:, 0] - exact.logp[:, 0]).abs().max() < 1e-4
+    with torch.no_grad():
+        policy, _ = sequence_logprobs(model, graphed.prompt_ids, graphed.prompt_mask, graphed.completion_ids,
+                                      graphed.completion_mask)
+    assert (policy - graphed.logp)[:, 1:][graphed.completion_mask[:, 1:].bool()].abs().max() > 1e-4  # bfloat16 later
+
+
 @pytest.mark.parametrize(
     "options",
     [dict(), dict(supervision="process", reward_funcs=(each_one, ones)), dict(dynamic_sampling=True),
      dict(algorithm="ppo", num_minibatches=2), dict(num_iterations=2, mask_truncated_completions=True),
-     dict(cuda_graphs=True, mixed_precision="bf16")],
-    ids=["grpo", "process", "dynamic", "ppo", "mu2-mask", "graphs-bf16"],
+     dict(cuda_graphs=True, mixed_precision="bf16"), dict(cuda_graphs=True, rollout_precision="bf16_autocast")],
+    ids=["grpo", "process", "dynamic", "ppo", "mu2-mask", "graphs-bf16", "graphs-bf16-sampler"],
 )
 def test_training_steps_on_cuda(tokenizer, tiny_model, tmp_path, options, monkeypatch):
     options = dict(options)
