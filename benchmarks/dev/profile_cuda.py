@@ -67,5 +67,6 @@ def profile_step(args: argparse.Namespace, device: torch.device, tokenizer) -> N
         print("the step's phases (s): " + ", ".join(f"{k} {metrics[k]:.3f}" for k in
                                                     ("time_generate", "time_frozen_logprobs", "time_update")))
 
+
 if __name__ == "__main__":
     main()
