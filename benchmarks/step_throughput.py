@@ -55,6 +55,11 @@ VARIANTS = {  # name → config overrides
 PHASES = ("time_generate", "time_frozen_logprobs", "time_update", "time_step")
 
 
+def dtype_of(variant: str) -> str:
+    """The dtype a variant's bounds are taken in: the one its products run in."""
+    return "float32" if variant == "fp32" else "bfloat16"
+
+
 def gpu_peak(device: torch.device, dtype: torch.dtype) -> float:
     """A GPU's matmul throughput in ``dtype`` (GFLOP/s), the best of five 8192³ products: decode_roofline's 2048³
     product leaves a large GPU partly idle."""
@@ -134,12 +139,12 @@ def main() -> None:
             records.append(record)
             print(json.dumps({k: v for k, v in record.items() if k != "steps"}), flush=True)
     bounds = {}
-    for dtype in sorted({"float32" if r["variant"] == "fp32" else "bfloat16" for r in records}):
+    for dtype in sorted({dtype_of(r["variant"]) for r in records}):
         bounds[dtype] = machine_bounds(device, getattr(torch, dtype))
         if device.type == "cuda":
             bounds[dtype]["matmul_gflop_s"] = gpu_peak(device, getattr(torch, dtype))
     for r in records:
-        dtype = "float32" if r["variant"] == "fp32" else "bfloat16"
+        dtype = dtype_of(r["variant"])
         bound, binds = roofline(r["completions"], r["prompt_tokens"], r["new_tokens"], getattr(torch, dtype).itemsize,
                                 bounds[dtype])
         peak = bounds[dtype]["matmul_gflop_s"] * 1e9
@@ -155,10 +160,10 @@ def main() -> None:
     print(f"\n{gpu or cpu_model()}, torch {torch.__version__}; bounds: " + "; ".join(
         f"{d}: {b['bandwidth_gb_s']:.0f} GB/s, {b['matmul_gflop_s'] / 1000:.1f} TFLOP/s" for d, b in bounds.items()))
     print("\n| variant | B × G | step, s (generate / reference / update) | generation, tokens/s (% of bound) "
-          "| update, tokens/s (MFU) | reference MFU | peak CUDA, MB |")
+          "| update, tokens/s (MFU) | reference MFU | peak CUDA, GiB |")
     print("|---|---|---|---|---|---|---|")
     for r in records:
-        peak = f"{r['peak_cuda_mb']:.0f}" if r["peak_cuda_mb"] is not None else "—"
+        peak = f"{r['peak_cuda_mb'] / 1024:.1f}" if r["peak_cuda_mb"] is not None else "—"
         print(f"| {r['variant']} | {r['prompts']} × 8 | {r['time_step']:.2f} ({r['time_generate']:.2f} / "
               f"{r['time_frozen_logprobs']:.2f} / {r['time_update']:.2f}) | {r['generate_tokens_s']:.0f} "
               f"({100 * r['generate_tokens_s'] / r['generate_bound_tokens_s']:.1f} %) | {r['update_tokens_s']:.0f} "

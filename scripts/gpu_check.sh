@@ -20,7 +20,7 @@ python3 benchmarks/step_throughput.py --device cuda --prompts 16 64 \
 # decoding against the GPU's roofline, with and without the decode step as a CUDA graph (cuda_graphs: true)
 python3 benchmarks/decode_roofline.py --device cuda --dtype bfloat16 --rows 4 16 64 \
   --out "$out/decode_roofline_cuda_bfloat16.json" 2>&1 | tee "$out/decode_roofline_cuda.log"
-[ "${GPU_CHECK_QUICK:-0}" = 1 ] && exit 0  # the checks above only (about 5 minutes on an H200)
+[ "${GPU_CHECK_QUICK:-0}" = 1 ] && exit 0  # the checks above only (about 4 minutes on an H200)
 python3 benchmarks/grpo_vs_ppo.py --device cuda --sizes medium large --seeds 0 --threads 8 \
   --out "$out/grpo_vs_ppo_cuda.json" --figure "$out/grpo_vs_ppo_cuda.png" 2>&1 | tee "$out/grpo_vs_ppo_cuda.log"
 # the whole suite, on this machine's library versions (CPU: the tests build CPU generators)
