@@ -60,7 +60,7 @@ def profile_step(args: argparse.Namespace, device: torch.device, tokenizer) -> N
         trainer = build_trainer(args.variant, args, device, tokenizer, tmp)
         trainer.training_step()  # warm-up
         label = f"{args.variant}, {args.prompts} × 8 completions, {args.prompt_tokens} + {args.new_tokens} tokens"
-        profiled(lambda: trainer.sampler.sample(trainer.rollout_weights.current(), trainer.step),
+        profiled(lambda: trainer.sampler.sample(trainer.step),
                  f"{label}: sampling", args.rows)
         metrics = {}
         profiled(lambda: metrics.update(trainer.training_step()), f"{label}: a whole step", args.rows)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-import grpokit.cli.evaluate
+import grpokit.rollout.engines
 from grpokit.cli.evaluate import pass_at_k
 from grpokit.cli.main import main
 from grpokit.sandbox import Limits
@@ -49,7 +49,7 @@ def test_eval_judges_programming_problems_by_their_tests(tmp_path, tiny_model_di
         def decode(self, tokenizer):
             return self.texts
 
-    monkeypatch.setattr(grpokit.cli.evaluate, "generate",
+    monkeypatch.setattr(grpokit.rollout.engines, "generate",
                         lambda model, input_ids, *args, **kwargs: Scripted(scripted[:len(input_ids)]))
     out, completions = tmp_path / "eval.json", tmp_path / "completions.jsonl"
     assert main(["eval", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "0", "--quiet",

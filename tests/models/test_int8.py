@@ -104,7 +104,7 @@ def test_int8_decoding_reads_the_weights_as_they_are_now(tokenizer):
 
 def test_the_int8_trainer_corrects_the_loss_and_logs_the_mismatch(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, rollout_precision="int8")
-    assert trainer.rollout_weights.current() is trainer.model and trainer.rollout_weights.lowered  # no copy
+    assert trainer.engine.weights.current() is trainer.model and trainer.engine.lowered  # no copy
     history = trainer.train()
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert logged_keys(json.loads(metrics[0])) == documented_metrics(lowered=True)[0] - {"accuracy", "format_rate"}

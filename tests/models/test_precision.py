@@ -6,8 +6,8 @@ import torch
 import yaml
 
 import grpokit.models.loading
+import grpokit.rollout.engines
 import grpokit.trainers.grpo
-import grpokit.training.sampling
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.models.loading import cpu_flags, describe_precision, native_bf16, resolve_precision
 from helpers import make_trainer
@@ -107,7 +107,7 @@ def test_the_trainer_runs_every_pass_at_the_resolved_precision(monkeypatch, toke
         return real(mixed_precision, device, **kwargs)
 
     monkeypatch.setattr(grpokit.trainers.grpo, "autocast", spy)
-    monkeypatch.setattr(grpokit.training.sampling, "autocast", spy)
+    monkeypatch.setattr(grpokit.rollout.engines, "autocast", spy)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto", max_steps=1,
                            num_iterations=2, device="cpu")  # μ = 2: the π_old pass runs too
     assert trainer.mixed_precision == expected
@@ -138,7 +138,7 @@ def test_an_explicit_setting_reaches_the_passes_whatever_the_cpu(monkeypatch, to
     monkeypatch.setattr(grpokit.models.loading, "cpu_flags", lambda cpuinfo="/proc/cpuinfo": {"amx_bf16"})
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="no", max_steps=1,
                            device="cpu")
-    assert trainer.mixed_precision == "no" and trainer.sampler.mixed_precision == "no"
+    assert trainer.mixed_precision == "no" and trainer.engine.options.mixed_precision == "no"
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2-gqa-bias"])

@@ -391,3 +391,24 @@ def test_the_reward_model_examples_in_the_docs_run(tmp_path, monkeypatch):
     functions, weights = resolve_reward_functions(config["reward_funcs"], config["reward_weights"])
     assert functions[0](prompts=["q"], completions=["c"]) == namespace["reward"](prompts=["q"], completions=["c"])
     assert isinstance(resolve_reward_functions(["runs/my-rm"])[0][0], OutcomeRewardModel)
+
+
+def test_process_steps_do_not_depend_on_the_rows_batched_with_them(dirs):
+    """A completion's steps are the same scored alone, beside longer or cut texts, or in batches of any size:
+    whether a step falls past the context is decided by the row's own tokens, not by the batch's padded width."""
+    reward = ProcessRewardModel(dirs["prm_1"])  # 48 positions
+    long_text = "\n".join(["abcdefghi"] * 8)  # cut: its later steps get no reward
+    completions = ["1+1=2\n2", long_text, "x", "ab\ncd\n" * 4, long_text[:44]]
+    prompts = ["q"] * len(completions)
+    with pytest.warns(UserWarning, match="keeping their start"):
+        together = reward(prompts=prompts, completions=completions)
+    for batch_size in (1, 2):
+        apart = ProcessRewardModel(dirs["prm_1"], batch_size=batch_size)
+        with pytest.warns(UserWarning, match="keeping their start"):
+            got = apart(prompts=prompts, completions=completions)
+        for a, b in zip(got, together):
+            assert_same_steps(a, b)
+    alone = [reward(prompts=["q"], completions=[c])[0] for c in completions]
+    for a, b in zip(alone, together):
+        assert_same_steps(a, b)
+    assert [end for end, _ in together[1]] == [9, 19, 29, 39] and len(together[3]) == 8

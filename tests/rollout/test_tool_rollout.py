@@ -192,7 +192,7 @@ def trainer_for(tok, tmp_path, **overrides):
 def test_training_with_tools_leaves_results_out_of_the_loss_and_the_lengths(tok, tmp_path, algorithm):
     trainer = trainer_for(tok, tmp_path, algorithm=algorithm)
     history = trainer.train()
-    batch, _, _ = trainer.sampler.sample(trainer.model)
+    batch, _, _ = trainer.sampler.sample()
     rollout = batch.rollout
     assert rollout.tool_mask.sum() > 0  # the random model closes calls now and then
     assert torch.equal(rollout.model_mask, rollout.completion_mask * (1 - rollout.tool_mask))
@@ -216,9 +216,9 @@ def test_the_loss_mask_drops_exactly_the_inserted_tokens(tok, tmp_path, monkeypa
 
     monkeypatch.setattr(trainer_module, "grpo_loss", spy)
     trainer = trainer_for(tok, tmp_path)
-    batch, _, _ = trainer.sampler.sample(trainer.model)
+    batch, _, _ = trainer.sampler.sample()
     assert batch.rollout.tool_mask.sum() > 0  # else the model mask is the completion mask and this shows nothing
-    trainer.sampler.sample = lambda model, step=0: (batch, batch, {})
+    trainer.sampler.sample = lambda step=0: (batch, batch, {})
     trainer.training_step()
     assert torch.equal(torch.cat(seen), batch.rollout.model_mask)
 

@@ -130,7 +130,7 @@ def test_dynamic_sampling_drops_groups_without_signal_and_keeps_the_batch_size(t
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, rows=DYNAMIC_ROWS, reward_funcs=(half_constant,),
                            dynamic_sampling=True, max_sampling_rounds=5)
     for _ in range(3):
-        batch, sampled, stats = trainer.sampler.sample(trainer.model)
+        batch, sampled, stats = trainer.sampler.sample()
         assert len(batch.rows) == 4 and batch.rollout.completion_ids.shape[0] == 32 and len(batch.completions) == 32
         assert not any(row["constant"] for row in batch.rows)  # every group kept carries signal
         assert not trainer.sampler.no_signal_groups(batch).any()
@@ -165,7 +165,7 @@ def test_without_dynamic_sampling_one_round(tokenizer, tiny_model, tmp_path):
 def test_process_advantages_come_from_the_steps_mapped_to_tokens(tokenizer, tiny_model, tmp_path):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(each_one, ones),
                            reward_weights=[1.0, 0.5], supervision="process")
-    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
+    batch = trainer.sampler.generate_and_score([0, 1, 2, 3])
     # each character's step ends on the token that holds it; the outcome reward `ones` ends with the EOS
     for i, (text, steps) in enumerate(zip(batch.completions, batch.steps)):
         ids = batch.rollout.completion_ids[i, : int(batch.rollout.lengths[i])].tolist()

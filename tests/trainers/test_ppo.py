@@ -154,7 +154,7 @@ def make_ppo(tokenizer, model, tmp_path, **overrides):
 
 def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.5)
-    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
+    batch = trainer.sampler.generate_and_score([0, 1, 2, 3])
     mask = batch.rollout.completion_mask
     logp = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
     ref = logp + 0.25
@@ -168,7 +168,7 @@ def test_token_rewards_outcome_and_kl(tokenizer, tiny_model, tmp_path):
 def test_token_rewards_process_steps(tokenizer, tiny_model, tmp_path):
 
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, beta=0.0, supervision="process", reward_funcs=(each_one,))
-    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
+    batch = trainer.sampler.generate_and_score([0, 1, 2, 3])
     rewards = token_rewards(batch, None, None, beta=0.0)
     assert any(len(steps) > 1 for steps in batch.steps)  # a step per character
     for i, steps in enumerate(batch.steps):
@@ -253,7 +253,7 @@ def test_ppo_through_the_cli(tmp_path, tiny_model_dir, data_file, capsys):  # no
 def test_gamma_and_lam_reach_gae(tokenizer, tiny_model, tmp_path):
     """The critic's advantages and returns are gae(token rewards, V_old, mask) with the configured γ and λ."""
     trainer = make_ppo(tokenizer, tiny_model, tmp_path, gamma=0.9, lam=0.5, beta=0.2, whiten_advantages=False)
-    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1, 2, 3])
+    batch = trainer.sampler.generate_and_score([0, 1, 2, 3])
     rollout, mask = batch.rollout, batch.rollout.completion_mask
     old_logp = trainer.frozen_logprobs(trainer.model, rollout)
     ref_logp = old_logp + 0.1

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import grpokit.models.fast.fused_linear
+import grpokit.rollout.engines
 import grpokit.trainers.grpo
-import grpokit.training.sampling
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.core.importance import importance_weights
 from helpers import documented_metrics, logged_keys, make_trainer
@@ -18,17 +18,17 @@ from helpers import documented_metrics, logged_keys, make_trainer
 
 def test_the_bf16_sampler_holds_the_policys_weights_at_every_step(tokenizer, tiny_model, tmp_path, monkeypatch):
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=3, rollout_precision="bf16")
-    seen, real = [], trainer.sampler.sample
+    seen, real = [], grpokit.rollout.engines.generate
 
-    def sample(model, step=0):
+    def generate(model, *args, **kwargs):
         assert model is not trainer.model
         # the weights it samples with are the policy's now, in bfloat16: after each optimizer step, refreshed
         for mine, theirs in zip(model.parameters(), trainer.model.parameters(), strict=True):
             assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs.detach().to(torch.bfloat16))
         seen.append({name: p.detach().clone() for name, p in model.named_parameters()})
-        return real(model, step)
+        return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(trainer.sampler, "sample", sample)
+    monkeypatch.setattr(grpokit.rollout.engines, "generate", generate)
     history = trainer.train()
     assert len(seen) == 3 and any(not torch.equal(seen[0][k], seen[1][k]) for k in seen[0])  # the policy moved
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -41,14 +41,14 @@ def test_bf16_autocast_samples_the_policy_itself_under_bf16_autocast(tokenizer, 
     # the tiny model's products are all below the size the CPU fast path computes in bfloat16 under autocast
     monkeypatch.setattr(grpokit.models.fast.fused_linear, "ONEDNN_MIN_WEIGHTS", 0)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, rollout_precision="bf16_autocast")
-    seen, real = [], grpokit.training.sampling.generate
+    seen, real = [], grpokit.rollout.engines.generate
 
     def generate(model, *args, **kwargs):
         seen.append((model is trainer.model, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(grpokit.training.sampling, "generate", generate)
-    assert trainer.rollout_weights.current() is trainer.model  # no copy to refresh or go stale
+    monkeypatch.setattr(grpokit.rollout.engines, "generate", generate)
+    assert trainer.engine.weights.current() is trainer.model  # no copy to refresh or go stale
     history = trainer.train()
     assert len(seen) == 2 and all(s == (True, True, torch.bfloat16) for s in seen)
     assert not torch.is_autocast_enabled("cpu")  # only the sampling ran under it
@@ -62,7 +62,7 @@ def test_the_loss_gets_the_samplers_logprobs_only_with_a_lower_precision(tokeniz
     monkeypatch.setattr(grpokit.trainers.grpo, "grpo_loss", lambda *args, **kwargs: given.append(
         (kwargs["sample_logp"], kwargs["is_cap"], kwargs["is_mode"])) or real(*args, **kwargs))
     plain = make_trainer(tokenizer, tiny_model, tmp_path / "fp32", max_steps=1)
-    assert plain.rollout_weights.current() is plain.model  # no copy
+    assert plain.engine.weights.current() is plain.model  # no copy
     plain.train()
     assert given and all(sample is None for sample, _, _ in given)
     given.clear()

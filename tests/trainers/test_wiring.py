@@ -15,9 +15,9 @@ from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
 from grpokit.models import logprobs as grpokit_rollout
 from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout import engines as grpokit_engines
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
 from grpokit.trainers import grpo as grpokit_trainer
-from grpokit.trainers import sample as grpokit_sample
 from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.training import sampling as grpokit_sampling
 from helpers import TINY
@@ -136,7 +136,7 @@ def test_masked_truncations_keep_tool_results_out_of_the_loss(tokenizer, tiny_mo
     """mask_truncated_completions builds the loss mask from model_mask (tool results are context), not from
     completion_mask: the loss gets exactly model_mask · ¬truncated (planted: the mask from completion_mask)."""
     trainer = trainer_for(tokenizer, tiny_model, tmp_path, mask_truncated_completions=True)
-    batch, sampled, stats = trainer.sampler.sample(trainer.model)
+    batch, sampled, stats = trainer.sampler.sample()
     rollout = batch.rollout
     # Mark token 1 of each completion as an inserted tool result, and every third completion as truncated.
     rollout.tool_mask = torch.zeros_like(rollout.completion_mask)
@@ -144,7 +144,7 @@ def test_masked_truncations_keep_tool_results_out_of_the_loss(tokenizer, tiny_mo
     rollout.truncated = torch.arange(len(rollout)) % 3 == 0
     kept = ~rollout.truncated
     assert rollout.tool_mask[kept].sum() > 0 and rollout.truncated.any()  # both kinds in the batch
-    trainer.sampler.sample = lambda model, step=0: (batch, sampled, stats)
+    trainer.sampler.sample = lambda step=0: (batch, sampled, stats)
     calls = spy_on_loss(monkeypatch)
     trainer.training_step()
     expected = rollout.model_mask * kept.unsqueeze(1)
@@ -187,8 +187,8 @@ def test_the_step_climbs_the_advantage_weighted_log_likelihood(tokenizer, tiny_m
 def test_sampling_settings_reach_generate(tokenizer, tiny_model, tmp_path, monkeypatch):
     """The sampler generates from the policy with the run's temperature, top_p, G, max_completion_length, fast_path,
     its own seeded generator and the prompts after system_prompt (planted: a setting dropped from the call)."""
-    calls, real = [], grpokit_sampling.generate
-    monkeypatch.setattr(grpokit_sampling, "generate", lambda *a, **kw: calls.append((a, kw)) or real(*a, **kw))
+    calls, real = [], grpokit_engines.generate
+    monkeypatch.setattr(grpokit_engines, "generate", lambda *a, **kw: calls.append((a, kw)) or real(*a, **kw))
     trainer = trainer_for(tokenizer, tiny_model, tmp_path, temperature=0.7, top_p=0.9, num_generations=3,
                           max_completion_length=5, fast_path=False, system_prompt="Be brief.")
     trainer.training_step()
@@ -254,7 +254,7 @@ def test_reward_weights_weigh_the_training_reward(tokenizer, tiny_model, tmp_pat
     """The batch's reward, from which advantages come, is Σ_k w_k · r_k with the configured reward_weights
     (planted: the weights not passed on, so each weighs 1)."""
     trainer = trainer_for(tokenizer, tiny_model, tmp_path, rewards=(spread, length), reward_weights=[2.0, -0.5])
-    batch = trainer.sampler.generate_and_score(trainer.model, [0, 1])
+    batch = trainer.sampler.generate_and_score([0, 1])
     scores = batch.per_function
     torch.testing.assert_close(batch.rewards, 2.0 * scores["spread"] - 0.5 * scores["length"])
 
@@ -285,7 +285,7 @@ def test_reward_error_settings_reach_the_scoring(tokenizer, tiny_model, tmp_path
     reward = char_steps if supervision == "process" else spread
     trainer = trainer_for(tokenizer, tiny_model, tmp_path, rewards=(reward,), supervision=supervision,
                           reward_timeout=2.5, on_reward_error="skip")
-    trainer.sampler.generate_and_score(trainer.model, [0, 1])
+    trainer.sampler.generate_and_score([0, 1])
     assert [(kw.get("timeout"), kw.get("on_error")) for kw in calls] == [(2.5, "skip")]
 
 
@@ -345,20 +345,22 @@ def test_iterative_rl_samples_the_reward_models_data_as_the_run_samples(tokenize
     LlamaForSequenceClassification(classifier).save_pretrained(tmp_path / "orm")
     tokenizer.save_pretrained(tmp_path / "orm")
 
-    calls = []
+    calls, real = [], grpokit_engines.generate
 
     def spy(*args, **kwargs):
         calls.append((args, kwargs))
-        raise Sampled
+        if len(calls) == 2:  # the first is the step's own sampling; the second, the reward model's new rows
+            raise Sampled
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(grpokit_sample, "generate", spy)
+    monkeypatch.setattr(grpokit_engines, "generate", spy)
     trainer = trainer_for(tokenizer, build_model(tokenizer, TINY, seed=0), tmp_path, rewards=[f"model:{tmp_path}/orm"],
                           rl_iterations=2, max_steps=2, reward_model_labels=["accuracy"], reward_model_prompts=2,
                           temperature=0.7, top_p=0.9, num_generations=3, max_completion_length=5, fast_path=False,
                           system_prompt="Be brief.")
     with pytest.raises(Sampled):
         trainer.training_step()  # step 1 ends iteration 1 of 2
-    ((model, prompt_ids, prompt_mask), kw), = calls
+    _, ((model, prompt_ids, prompt_mask), kw) = calls
     settings = ("temperature", "top_p", "num_generations", "max_new_tokens", "fast")
     assert tuple(kw.get(key) for key in settings) == (0.7, 0.9, 3, 5, False)
     assert model is trainer.model and len(prompt_ids) == 2

@@ -83,7 +83,7 @@ def test_vf_coef_and_cliprange_value_reach_the_value_update(tokenizer, tiny_mode
     """The critic's loss is value_loss with the run's cliprange_value, and its gradient is vf_coef times that loss's
     (planted: the clip range fixed at its default; the loss weight left out of the backward)."""
     trainer = ppo_trainer(tokenizer, tiny_model, tmp_path, vf_coef=0.25, cliprange_value=0.05)
-    batch, _, _ = trainer.sampler.sample(trainer.model)
+    batch, _, _ = trainer.sampler.sample()
     rollout, mask = batch.rollout, batch.rollout.completion_mask
     critic = trainer.critic
     values = critic.value_model(*rollout.sequences())

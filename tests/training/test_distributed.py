@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {str(TESTS)!r})
     import torch
     torch.set_num_threads(1)
-    import grpokit.trainers.sample, grpokit.training.sampling, grpokit.training.runlog
+    import grpokit.rollout.engines, grpokit.training.runlog
     from helpers import TINY
     from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
@@ -80,7 +80,7 @@ SCRIPT = textwrap.dedent(f"""
                        lengths == max_new_tokens, tool_mask)
 
     # GRPO's and iterative RL's samples
-    grpokit.training.sampling.generate = grpokit.trainers.sample.generate = fake_generate
+    grpokit.rollout.engines.generate = fake_generate
     rank = int(os.environ.get("RANK", 0))
 
     # The prompts of every call of a reward model on this process, written to OUT/VARIANT-scored-RANK.json with

@@ -19,7 +19,11 @@ from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_rows
 # The GRPOConfig keys `sample` and `eval` read: what decides how a run samples, so that both sample as it trains.
 SAMPLING_KEYS = ("model", "dataset", "prompt_column", "answer_column", "system_prompt", "chat_template",
                  "num_generations", "max_completion_length", "temperature", "top_p", "tools", "environment_factory",
-                 "max_tool_calls", "tool_timeout", "sandbox", "sandbox_timeout", "seed", "device", "dtype")
+                 "max_tool_calls", "tool_timeout", "sandbox", "sandbox_timeout", "seed", "device", "dtype",
+                 # the engine and its precision (rollout.engines.SamplingOptions.from_config)
+                 "generation_engine", "rollout_precision", "mixed_precision", "fast_path", "cuda_graphs",
+                 "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_tensor_parallel_size",
+                 "vllm_sync_check")
 SAMPLE_KEYS = (*SAMPLING_KEYS, "reward_funcs", "reward_weights", "code_tests_mode")
 EVAL_KEYS = SAMPLING_KEYS
 EVAL_GENERATIONS = 4  # eval's samples per prompt without a CONFIG (a run's G is for training, 8 by default)
@@ -92,11 +96,13 @@ def sampling_config(args: argparse.Namespace, extra: Sequence[str], keys: Sequen
     return config, generations
 
 
-def _model_and_toolbox(config: GRPOConfig, quiet: bool) -> tuple[Any, Any, Any]:
-    """The model (on ``config.device``), its tokenizer and the ToolBox (None without tools), the tools' protocol
-    chosen by ``build_toolbox`` as a run with ``config`` chooses it."""
-    from grpokit.models.loading import resolve_device
+def _engine_and_toolbox(config: GRPOConfig, quiet: bool) -> tuple[Any, Any, Any]:
+    """The engine that samples as a run with ``config`` trains (its generation_engine and precision, on
+    ``config.device``), the tokenizer and the ToolBox, the tools' protocol chosen by ``build_toolbox`` as that run
+    chooses it."""
+    from grpokit.models.loading import describe_precision, resolve_device, resolve_precision
     from grpokit.resolve import load_model_and_tokenizer
+    from grpokit.rollout.engines import SamplingOptions, build_engine
     from grpokit.rollout.tool_templates import build_toolbox
     from grpokit.rollout.tools import resolve_tools
 
@@ -105,7 +111,11 @@ def _model_and_toolbox(config: GRPOConfig, quiet: bool) -> tuple[Any, Any, Any]:
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed, progress=not quiet, dtype=config.dtype)
     toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
                             max_calls=config.max_tool_calls, timeout=config.tool_timeout)
-    return model.to(resolve_device(config.device)), tokenizer, toolbox
+    device = resolve_device(config.device)
+    if not quiet:
+        print(describe_precision(config.mixed_precision, device), file=sys.stderr)
+    options = SamplingOptions.from_config(config, resolve_precision(config.mixed_precision, device))
+    return build_engine(options, model.to(device), tokenizer, seed=config.seed), tokenizer, toolbox
 
 
 def _say_sandboxes(users: Sequence[Any], quiet: bool) -> None:
@@ -138,10 +148,10 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
     functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
                                                   device=resolve_device(config.device))
     _say_sandboxes(functions, args.quiet)
-    model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
+    engine, tokenizer, toolbox = _engine_and_toolbox(config, args.quiet)
     add_environment_reward(functions, weights, toolbox.environment_factory)
     out, counts = sample_rows(
-        model, tokenizer, rows, functions, weights, num_generations=generations,
+        engine, tokenizer, rows, functions, weights, num_generations=generations,
         prompt_column=config.prompt_column, answer_column=config.answer_column,
         max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
         system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed,
@@ -190,7 +200,7 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
     check_columns(rows, [prompt_column, judged_by], source=config.dataset)
     if code is not None:
         _say_sandboxes([code], args.quiet)
-    model, tokenizer, toolbox = _model_and_toolbox(config, args.quiet)
+    engine, tokenizer, toolbox = _engine_and_toolbox(config, args.quiet)
     listed = toolbox.prompt_tools()
     # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
     # with the system prompt and, where the template knows tools, the tools listed
@@ -198,7 +208,7 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
                              chat_template=config.chat_template, tools=listed) for row in rows]
     greedy: list[str] = []
     scores = evaluate(
-        model, tokenizer, rows, prompts=prompts, prompt_column=prompt_column, answer_column=answer_column,
+        engine, tokenizer, rows, prompts=prompts, prompt_column=prompt_column, answer_column=answer_column,
         samples_per_prompt=generations, temperature=config.temperature, top_p=config.top_p,
         max_new_tokens=config.max_completion_length, batch_size=args.batch_size, seed=config.seed,
         progress=not args.quiet, pass_ks=args.pass_k if args.pass_k is not None else sorted({1, generations}),

@@ -11,13 +11,13 @@ from tqdm.auto import tqdm
 
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.code import CodeTests, extract_program
-from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.rollout.engines import Engine, as_engine
 from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
 
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module,
+    engine: Engine | torch.nn.Module,
     tokenizer: Any,
     rows: Sequence[dict[str, Any]],
     *,
@@ -36,7 +36,8 @@ def evaluate(
     toolbox: ToolBox = ToolBox.NONE,
     code: CodeTests | None = None,
 ) -> dict[str, list[float]]:
-    """Per-row scores: ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
+    """Per-row scores of the completions ``engine`` samples (:mod:`grpokit.rollout.engines`; a model: the native
+    engine on it, float32): ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
     ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
     ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
     the samples, at ``temperature`` and ``top_p``). ``prompts``: the text to sample from for each row (the prompt
@@ -47,11 +48,8 @@ def evaluate(
     completion). With ``code`` (a ``code_tests`` reward, binary) the rows are programming problems: a completion is
     correct when its program passes every test of the row's ``tests`` (run in ``code``'s sandbox; a sandbox error
     counts as a failure) and formatted when it holds a program at all."""
-    model.eval()
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    eos = stop_token_ids(model, tokenizer)
-    pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    engine = as_engine(engine, tokenizer)
+    generator = torch.Generator(device=engine.device).manual_seed(seed)
     modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
     keys = ("correct", "format", *(TOOL_COUNTS if toolbox else ()))
     scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in keys}
@@ -64,14 +62,12 @@ def evaluate(
     for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
         batch = rows[start : start + batch_size]
         texts = [row[prompt_column] for row in batch] if prompts is None else prompts[start : start + batch_size]
-        encoded = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt").to(device)
+        encoded = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")
         for mode, k in modes:
             tools = toolbox.session(batch, k, max_new_tokens)
-            rollout = generate(
-                model, encoded["input_ids"], encoded["attention_mask"], num_generations=k,
-                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                temperature=temperature, top_p=top_p, greedy=mode == "greedy", generator=generator, tools=tools,
-            )
+            rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=k,
+                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                      greedy=mode == "greedy", generator=generator, tools=tools)
             for key, per_completion in tools.counts().items():  # none without tools
                 scores[f"{mode}_{key}"] += per_completion.view(-1, k).mean(dim=1).tolist()
             completions = rollout.decode(tokenizer)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _field, check_reward_weights
+from grpokit.config.fields import TRL_OPTIM, _common, _Config, _field
+from grpokit.config.grpo_checks import ENGINES, check_grpo_config
 from grpokit.core.importance import IS_MODES
 from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
-TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
 DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at SmolLM2's 49,152-token vocabulary
 
 
@@ -114,6 +114,25 @@ class GRPOConfig(_Config):
     rollout_is_mode: str = _field(
         "sequence_mask", "The importance weights: each completion's ratio or each token's (sequence_*, token_*), "
         "masked above C or truncated at it (*_mask, *_truncate); TRL's modes (docs/math.md).", choices=IS_MODES)
+
+    # ---- the generation engine (docs/sampling.md, "Engines") --------------------------------------
+    generation_engine: str = _field(
+        "native", "What samples the completions: 'native', grpokit's decode loop on the policy itself; 'vllm', a "
+        "vLLM engine in this process (one per torchrun process; pip install 'grpokit[vllm]'), the policy's weights "
+        "pushed to it before each step's sampling and checked there (vllm_sync_check).", choices=ENGINES)
+    vllm_gpu_memory_utilization: float = _field(
+        0.3, "vLLM's gpu_memory_utilization: the share of the GPU's memory the engine takes (weights and KV cache) "
+        "beside training; on the CPU, 0.3 of the machine's memory for its KV cache.", gt=0, max=1)
+    vllm_enable_sleep_mode: bool = _field(
+        False, "vLLM's enable_sleep_mode (CUDA only): the engine frees its KV cache while the policy trains and takes "
+        "it back to sample (LLM.sleep / wake_up), for memory at a little time per step.")
+    vllm_tensor_parallel_size: int = _field(
+        1, "vLLM's tensor_parallel_size: the GPUs one engine is split over (torchrun: consecutive ranks "
+        "share one engine).", min=1)
+    vllm_sync_check: float = _field(
+        1e-3, "After each weight push, the engine's log-probs of a fixed probe sequence must match the policy's "
+        "(float32) within this (max absolute difference; bfloat16 engines: 50 times it), else the run stops "
+        "naming the step; 0 skips the check.", min=0, resumable=True)
 
     # ---- tools (docs/tools.md) ---------------------------------------------------------------------
     tools: list[str] = _field(
@@ -319,70 +338,7 @@ class GRPOConfig(_Config):
         if isinstance(self.report_to, str):  # `report_to: wandb`, as TRL takes it
             self.report_to = [self.report_to]
         self._check_fields()
-        unknown = [name for name in self.report_to if name not in TRACKERS]
-        if unknown:
-            raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; choose from {', '.join(TRACKERS)}")
-        if not self.reward_funcs:
-            raise ConfigError("reward_funcs is empty; give at least one reward function")
-        check_reward_weights(self.reward_weights, len(self.reward_funcs))
-        refusals = (  # (refused, why): settings that cannot run together
-            (self.num_minibatches > self.num_completions, f"num_minibatches={self.num_minibatches} exceeds the "
-             f"{self.num_completions} completions of a step (prompts_per_step × num_generations)"),
-            (self.algorithm == "ppo" and self.dynamic_sampling,
-             "dynamic_sampling drops groups without signal, a GRPO notion; PPO has no groups"),
-            (self.lora_rank and self.algorithm == "ppo", "lora_rank with algorithm: ppo is not supported yet: the "
-             "value model copies the full policy; use GRPO, or lora_rank: 0"),
-            (self.parallelism == "fsdp" and self.optimizer == "adamw_8bit", "optimizer: adamw_8bit with parallelism: "
-             "fsdp is not supported (bitsandbytes does not step sharded parameters); use ddp, or optimizer: adamw"),
-            (self.parallelism == "fsdp" and self.rollout_precision != "fp32", "rollout_precision with parallelism: "
-             "fsdp is not supported (the bf16 copy and int8 products need the whole policy on every process; "
-             "bf16_autocast is untested there); use ddp, or rollout_precision: fp32"),
-            (self.cuda_graphs and not self.fast_path, "cuda_graphs captures the fast path's decode step: fast_path: "
-             "true"),
-            (self.rollout_precision == "int8" and not self.fast_path,
-             "rollout_precision: int8 samples with the fast path's int8 products: fast_path: true"),
-            (self.parallelism == "fsdp" and self.dynamic_sampling, "dynamic_sampling with parallelism: fsdp: "
-             "processes would run different numbers of sharded passes; use ddp"),
-            ("python" in self.tools and self.tool_timeout is not None and self.tool_timeout <= self.sandbox_timeout,
-             f"tool_timeout={self.tool_timeout} must exceed sandbox_timeout={self.sandbox_timeout} with the python "
-             "tool, so that a slow program is killed by the sandbox (and the model reads 'timed out') before the "
-             "call is abandoned"),
-        )
-        for refused, why in refusals:
-            if refused:
-                raise ConfigError(why)
-        if self.rl_iterations > 1:
-            self._check_iterations()
-        elif self.steps_per_iteration is not None:
-            raise ConfigError("steps_per_iteration is set but rl_iterations is 1; set rl_iterations, or drop it")
-        updates = self.max_steps * self.num_iterations * self.num_minibatches
-        if self.warmup_steps >= updates:
-            raise ConfigError(
-                f"warmup_steps={self.warmup_steps} leaves no step after warmup: the run makes {updates} optimizer "
-                "steps (max_steps × num_iterations × num_minibatches)"
-            )
-
-    def _check_iterations(self) -> None:
-        k, s = self.rl_iterations, self.steps_per_iteration
-        if s is None and self.max_steps % k:
-            raise ConfigError(f"max_steps={self.max_steps} does not divide into rl_iterations={k} iterations; set "
-                              "steps_per_iteration, or a max_steps that is a multiple of rl_iterations")
-        if s is not None and s * k != self.max_steps:
-            raise ConfigError(f"max_steps={self.max_steps} but rl_iterations × steps_per_iteration = {k} × {s} = "
-                              f"{k * s}; set max_steps: {k * s}")
-        if not self.reward_model_labels:
-            raise ConfigError("rl_iterations > 1 needs reward_model_labels: the rule rewards that label the "
-                              "policy's samples the reward model is retrained on")
-        if self.reward_model_label_weights is not None and \
-                len(self.reward_model_label_weights) != len(self.reward_model_labels):
-            raise ConfigError(f"reward_model_label_weights has {len(self.reward_model_label_weights)} values but "
-                              f"reward_model_labels has {len(self.reward_model_labels)}")
-        if self.lora_rank:
-            raise ConfigError("rl_iterations > 1 with lora_rank: the reference is the base model with the adapter "
-                              "off, which cannot be reset to the current policy; use lora_rank: 0")
-        if self.parallelism == "fsdp":
-            raise ConfigError("rl_iterations > 1 with parallelism: fsdp is not supported (the reference reset needs "
-                              "the whole policy on every process); use ddp")
+        check_grpo_config(self)
 
     @property
     def iteration_steps(self) -> int:

@@ -1,5 +1,5 @@
 """The weights completions are sampled with (``rollout_precision``): the policy itself; a bfloat16 copy of it that
-:meth:`RolloutWeights.current` brings up to date before each step's sampling; the policy under bfloat16 autocast
+:meth:`RolloutWeights.refresh` brings up to date before each step's sampling; the policy under bfloat16 autocast
 (``bf16_autocast``: its decode steps' products in bfloat16, the prompts' prefill, residual stream, norms, cache and
 LM head in float32); or the policy's weights quantized to int8 by the fast decoding path at each sampling call
 (:mod:`grpokit.models.fast.int8`).
@@ -20,8 +20,9 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "bf16_autocast": None, "int8
 
 
 class RolloutWeights:
-    """What the sampler reads: :meth:`current`, the policy itself for ``fp32``, ``bf16_autocast`` (the sampler
-    runs it under autocast) and ``int8`` (with :attr:`int8` decoding quantizes it), its copy for ``bf16``."""
+    """What the native sampler reads: :meth:`current`, the policy itself for ``fp32``, ``bf16_autocast`` (with
+    :attr:`autocast` the sampler runs it under autocast) and ``int8`` (with :attr:`int8` decoding quantizes it), its
+    copy for ``bf16`` (made now, brought up to date by :meth:`refresh`)."""
 
     def __init__(self, policy: nn.Module, precision: str = "fp32"):
         if precision not in PRECISIONS:
@@ -50,12 +51,20 @@ class RolloutWeights:
         """Whether decoding must quantize the weights it is given (``generate(int8=True)``)."""
         return self.precision == "int8"
 
+    @property
+    def autocast(self) -> bool:
+        """Whether the sampler runs the policy under bfloat16 autocast, the prompts read in float32."""
+        return self.precision == "bf16_autocast"
+
     @torch.no_grad()
-    def current(self) -> nn.Module:
-        """The model to sample from, holding the policy's weights as they are now (the copy refreshed first)."""
+    def refresh(self) -> None:
+        """Bring the copy (if any) up to the policy's weights as they are now."""
         if self.copy is None:
-            return self.policy
+            return
         # parameters() lists a tied weight once, in the same order in the copy as in the policy
         for mine, theirs in zip(self.copy.parameters(), self.policy.parameters(), strict=True):
             mine.copy_(theirs)
-        return self.copy
+
+    def current(self) -> nn.Module:
+        """The model to sample from: the policy, or its copy as of the last :meth:`refresh`."""
+        return self.policy if self.copy is None else self.copy

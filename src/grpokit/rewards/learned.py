@@ -117,7 +117,8 @@ class _RewardModel:
         return ids, spans
 
     def _logits(self, ids: list[list[int]]) -> list[torch.Tensor]:
-        """The model's logits for each row, batched; shortest rows together, to pad little."""
+        """The model's logits for each row, batched; shortest rows together, to pad little. A token classifier's
+        (tokens, labels) stop where the row's ids do: what a row gets never depends on the rows batched with it."""
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[torch.Tensor] = [torch.empty(0)] * len(ids)
         for first in range(0, len(order), self.batch_size):
@@ -126,7 +127,7 @@ class _RewardModel:
             with torch.inference_mode(), autocast(self.mixed_precision, self.device):
                 logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
             for j, i in enumerate(rows):
-                out[i] = logits[j].float().cpu()
+                out[i] = (logits[j, :len(ids[i])] if logits.dim() == 3 else logits[j]).float().cpu()
         return out
 
 

@@ -39,10 +39,10 @@ from grpokit.models.loading import (
     with_lora,
 )
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
-from grpokit.models.rollout_weights import RolloutWeights
 from grpokit.resolve import code_options, load_model_and_tokenizer, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import check_reward_functions, reward_name
-from grpokit.rollout.generate import Rollout, stop_token_ids
+from grpokit.rollout.engines import SamplingOptions, build_engine
+from grpokit.rollout.generate import Rollout
 from grpokit.rollout.python_tool import start_sandboxes
 from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
@@ -142,10 +142,12 @@ class GRPOTrainer(Trainer):
         optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate)  # over the shards
         self.policy = Learner("", self.model, train_model, optimizer, scheduler, loss=self.policy_loss)
         self.learners = [self.policy] + ([self.critic.learner] if self.critic else [])
-        self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights,
-                               stop_token_ids(self.model, tokenizer), self.device, self.world,
-                               sharded=is_sharded(self.model), mixed_precision=self.mixed_precision, toolbox=toolbox)
-        self.rollout_weights = RolloutWeights(self.model, config.rollout_precision)
+        # What samples the completions (generation_engine, rollout_precision, ...): the same for `sample` and `eval`.
+        self.engine = build_engine(SamplingOptions.from_config(config, self.mixed_precision), self.model, tokenizer,
+                                   sharded=is_sharded(self.model), rank=self.world.rank, world_size=self.world.size,
+                                   seed=config.seed)
+        self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights, self.engine,
+                               self.device, self.world, toolbox=toolbox)
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
 
@@ -170,7 +172,8 @@ class GRPOTrainer(Trainer):
 
         # 1-2. Sample G completions for each of B prompts from π_old (or in a lower precision: rollout_precision)
         #      and score them; with dynamic sampling, groups without signal are replaced by further rounds' groups.
-        batch, sampled, sampling = self.sampler.sample(self.rollout_weights.current(), self.step)
+        self.engine.update_weights(self.step)  # the last step's optimizer steps (or a resumed checkpoint's)
+        batch, sampled, sampling = self.sampler.sample(self.step)
         rollout = batch.rollout
         sampled_at = time.perf_counter()
         loss_mask = rollout.model_mask  # the policy's own tokens: inserted tool results are context
@@ -230,7 +233,7 @@ class GRPOTrainer(Trainer):
             beta=0.0 if self.critic else config.beta, aggregation=config.aggregation,
             ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
             kl_kind=config.kl_kind, num_sequences=counts.sequences, num_tokens=counts.tokens,
-            sample_logp=batch.rollout.logp if self.rollout_weights.lowered else None, is_cap=config.rollout_is_cap,
+            sample_logp=batch.rollout.logp if self.engine.lowered else None, is_cap=config.rollout_is_cap,
             is_mode=config.rollout_is_mode,
         )
         if entropy is not None:

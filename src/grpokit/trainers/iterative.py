@@ -40,7 +40,6 @@ import torch
 
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
 from grpokit.data import DataError
-from grpokit.models.loading import autocast
 from grpokit.resolve import code_options, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
@@ -152,16 +151,16 @@ class IterativeRL:
         config = self.config
         rows, seed = trainer.sampler.rows, config.seed * 7919 + k
         draw = random.Random(seed).sample(range(len(rows)), min(config.reward_model_prompts, len(rows)))
-        with autocast(trainer.mixed_precision, trainer.device):
-            sampled, _ = sample_rows(
-                trainer.model, trainer.tokenizer, [rows[i] for i in draw], self.labels, self.label_weights,
-                num_generations=config.num_generations, prompt_column=config.prompt_column,
-                answer_column=config.answer_column, max_new_tokens=config.max_completion_length,
-                temperature=config.temperature, top_p=config.top_p, system_prompt=config.system_prompt,
-                chat_template=config.chat_template, seed=seed,
-                batch_size=config.prompts_per_step, pairs=self.form == "pairs", progress=False,
-                toolbox=trainer.sampler.toolbox, fast=config.fast_path,
-            )
+        trainer.engine.update_weights(trainer.step)  # the policy as this iteration left it
+        sampled, _ = sample_rows(
+            trainer.engine, trainer.tokenizer, [rows[i] for i in draw], self.labels, self.label_weights,
+            num_generations=config.num_generations, prompt_column=config.prompt_column,
+            answer_column=config.answer_column, max_new_tokens=config.max_completion_length,
+            temperature=config.temperature, top_p=config.top_p, system_prompt=config.system_prompt,
+            chat_template=config.chat_template, seed=seed,
+            batch_size=config.prompts_per_step, pairs=self.form == "pairs", progress=False,
+            toolbox=trainer.sampler.toolbox,
+        )
         if self.form == "steps" and not sampled:
             raise DataError("reward_model_labels: no sampled completion got step labels; a process reward model "
                             "retrains on steps, so name a process reward (such as 'arithmetic_steps')")

@@ -19,22 +19,23 @@ import torch
 from tqdm.auto import tqdm
 
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
-from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.rollout.engines import Engine, as_engine
 from grpokit.rollout.tools import ToolBox, reward_keywords
 from grpokit.training.sampling import render_prompt, reward_column_names
 
 
 @torch.no_grad()
 def sample_rows(
-    model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]], reward_funcs: Sequence[RewardFunction],
-    reward_weights: Sequence[float], *, num_generations: int, prompt_column: str = "prompt",
-    answer_column: str = "answer", max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-    system_prompt: str | None = None, chat_template: bool | None = None, seed: int = 0, batch_size: int = 16,
-    pairs: bool = False, progress: bool = True, toolbox: ToolBox = ToolBox.NONE, fast: bool = True,
+    engine: Engine | torch.nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]],
+    reward_funcs: Sequence[RewardFunction], reward_weights: Sequence[float], *, num_generations: int,
+    prompt_column: str = "prompt", answer_column: str = "answer", max_new_tokens: int = 64, temperature: float = 1.0,
+    top_p: float = 1.0, system_prompt: str | None = None, chat_template: bool | None = None, seed: int = 0,
+    batch_size: int = 16, pairs: bool = False, progress: bool = True, toolbox: ToolBox = ToolBox.NONE,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The labelled rows ``{prompt, completion, label, rewards, [steps], [tool_calls]}`` (``pairs``: ``{prompt,
     chosen, rejected, chosen_label, rejected_label}``) of G = ``num_generations`` completions per row, and counts
-    of what was left out. A completion no reward function applied to gets no row; steps ending at
+    of what was left out, sampled by ``engine`` (:mod:`grpokit.rollout.engines`; a model: the native engine on it,
+    float32). A completion no reward function applied to gets no row; steps ending at
     character 0 (of an empty completion) are left out, as no token holds them.
 
     With a ``toolbox`` that has tools (not the empty box) the model calls them as in training (the prompts list
@@ -45,13 +46,10 @@ def sample_rows(
     extras = reward_keywords(toolbox.environment_factory)
     check_reward_functions(reward_funcs, [*reward_column_names(rows, prompt_column, answer_column), *extras], "dataset")
     listed = toolbox.prompt_tools()
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    stops = stop_token_ids(model, tokenizer)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    engine = as_engine(engine, tokenizer)
+    generator = torch.Generator(device=engine.device).manual_seed(seed)
     seen: set[str] = set()  # the functions that returned step lists: process rewards
     spied = [_spy(fn, seen) for fn in reward_funcs]
     g, labelled = num_generations, []
@@ -62,10 +60,9 @@ def sample_rows(
                                   chat_template=chat_template, tools=listed) for row in batch]
         encoded = tokenizer(rendered, padding=True, padding_side="left", return_tensors="pt")
         tools = toolbox.session(batch, g, max_new_tokens)
-        rollout = generate(model, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
-                           num_generations=g, max_new_tokens=max_new_tokens, eos_token_id=stops,
-                           pad_token_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
-                           generator=generator, fast=fast, tools=tools)
+        rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=g,
+                                  max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                  generator=generator, tools=tools)
         completions = rollout.decode(tokenizer)
         prompts = [row[prompt_column] for row in batch for _ in range(g)]  # as the dataset holds them (as TRL)
         names = reward_column_names(batch, prompt_column, answer_column)
@@ -84,7 +81,6 @@ def sample_rows(
                 row["answer"] = source[answer_column]
             # None marks a completion no function applied to; the group's position is kept for the pairs.
             labelled.append(None if all(v is None for v in scores.values()) else row)
-    model.train(was_training)
 
     counts = {"prompts": len(rows), "completions": len(labelled), "unscored": labelled.count(None),
               "no_steps": 0, "groups_without_pairs": 0, "empty_sides": 0}

@@ -22,11 +22,11 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
 from grpokit.core.offsets import step_token_ends
-from grpokit.models.loading import autocast
 from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rewards.code import code_counts
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
-from grpokit.rollout.generate import Rollout, generate
+from grpokit.rollout.engines import Engine
+from grpokit.rollout.generate import Rollout
 from grpokit.rollout.tools import ToolBox, ToolUse
 from grpokit.training.distributed import SINGLE, World, gather
 
@@ -119,20 +119,18 @@ def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: 
 
 class Sampler:
     """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
-    as the model reads it (:func:`render_prompt`); ``stop_ids``: the tokens that end a completion;
-    ``sharded``: the policy is sharded across processes, which must then run every decoding pass;
-    ``mixed_precision``: the resolved setting, 'no' or 'bf16' (:func:`grpokit.models.loading.resolve_precision`);
+    as the model reads it (:func:`render_prompt`); ``engine``: what draws the completions
+    (:mod:`grpokit.rollout.engines`, built from the run's config); ``device``: where the sampling generator lives;
     ``toolbox``: the tools completions may call (the empty box: none)."""
 
     def __init__(
         self, config: GRPOConfig, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str],
-        reward_funcs: Sequence[Callable], reward_weights: Sequence[float], stop_ids: list[int],
-        device: torch.device, world: World = SINGLE, sharded: bool = False, mixed_precision: str = "no",
-        toolbox: ToolBox = ToolBox.NONE,
+        reward_funcs: Sequence[Callable], reward_weights: Sequence[float], engine: Engine,
+        device: torch.device, world: World = SINGLE, toolbox: ToolBox = ToolBox.NONE,
     ):
         self.config, self.tokenizer, self.rows, self.prompts, self.device = config, tokenizer, rows, prompts, device
-        self.reward_funcs, self.reward_weights, self.stop_ids = reward_funcs, reward_weights, stop_ids
-        self.world, self.sharded, self.mixed_precision, self.toolbox = world, sharded, mixed_precision, toolbox
+        self.reward_funcs, self.reward_weights, self.engine = reward_funcs, reward_weights, engine
+        self.world, self.toolbox = world, toolbox
         # Each process samples with its own stream (docs/distributed.md); one process: seeded by `seed`.
         self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
         self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
@@ -163,7 +161,7 @@ class Sampler:
         names = reward_column_names(rows, config.prompt_column, config.answer_column)
         return {name: [row.get(key) for row in rows for _ in range(g)] for name, key in names.items()}
 
-    def sample(self, model: torch.nn.Module, step: int = 0) -> tuple[Batch, Batch, dict[str, float]]:
+    def sample(self, step: int = 0) -> tuple[Batch, Batch, dict[str, float]]:
         """The step's training batch of B groups, every group sampled this step, and sampling metrics;
         ``step``: optimizer steps done so far (reward functions' ``trainer_state.global_step``).
 
@@ -174,7 +172,7 @@ class Sampler:
         config, b, g = self.config, self.groups_per_process, self.config.num_generations
         rounds, no_signal, stats = [], [], {}
         while True:
-            batch = self.generate_and_score(model, self.next_indices(), stats, step)
+            batch = self.generate_and_score(self.next_indices(), stats, step)
             rounds.append(batch)
             no_signal.append(self.no_signal_groups(batch))
             with_signal = int(sum((~mask).sum() for mask in no_signal))
@@ -190,9 +188,7 @@ class Sampler:
         stats.update(dropped_groups=int(no_signal.sum()) - refill, refilled_groups=refill)
         return sampled.groups(index, g), sampled, stats
 
-    def generate_and_score(
-        self, model: torch.nn.Module, indices: list[int], stats: dict[str, float] | None = None, step: int = 0
-    ) -> Batch:
+    def generate_and_score(self, indices: list[int], stats: dict[str, float] | None = None, step: int = 0) -> Batch:
         """Sample and score one round of the dataset rows at ``indices``; add its seconds, its reward
         errors, the completions each reward model cut to its context and the code rewards' counts to ``stats``.
         ``step``: as in :meth:`sample`."""
@@ -202,19 +198,9 @@ class Sampler:
         rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         tools = self.toolbox.session(rows, g, config.max_completion_length)
-        model.eval()
-        # rollout_precision bf16_autocast: the products in bfloat16, the rest in the policy's precision
-        with autocast("bf16" if config.rollout_precision == "bf16_autocast" else self.mixed_precision, self.device):
-            rollout = generate(
-                model, prompt_ids, prompt_mask,
-                num_generations=g, max_new_tokens=config.max_completion_length,
-                temperature=config.temperature, top_p=config.top_p,
-                eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=self.generator,
-                stop_early=not self.sharded, fast=config.fast_path, tools=tools,
-                int8=config.rollout_precision == "int8",  # the policy's weights, quantized as decoding starts
-                exact_prefill=config.rollout_precision == "bf16_autocast",  # prompts in float32: less biased
-                graph=config.cuda_graphs and self.device.type == "cuda" and not self.sharded,  # FSDP gathers per pass
-            )
+        rollout = self.engine.generate(prompt_ids, prompt_mask, num_generations=g,
+                                       max_new_tokens=config.max_completion_length, temperature=config.temperature,
+                                       top_p=config.top_p, generator=self.generator, tools=tools)
         generated = time.perf_counter()
 
         # Weighted sum of the reward functions, each kept for logging, and the weighted steps: with
