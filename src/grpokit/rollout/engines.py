@@ -66,6 +66,10 @@ class Engine(Protocol):
         """Sample from the policy's weights as they are now (after ``step`` optimizer steps: named by the check)."""
         ...
 
+    def sleep(self) -> None:
+        """Sampling is over until the next :meth:`update_weights` or :meth:`generate`: free what can be freed."""
+        ...
+
 
 class NativeEngine:
     """grpokit's decode loop (:func:`~grpokit.rollout.generate.generate`) on the policy, or on the weights
@@ -86,6 +90,9 @@ class NativeEngine:
 
     def update_weights(self, step: int = 0) -> None:
         self.weights.refresh()
+
+    def sleep(self) -> None:
+        pass  # the policy is the sampler: nothing of its own to free
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, *, num_generations: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,

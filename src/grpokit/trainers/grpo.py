@@ -174,6 +174,7 @@ class GRPOTrainer(Trainer):
         #      and score them; with dynamic sampling, groups without signal are replaced by further rounds' groups.
         self.engine.update_weights(self.step)  # the last step's optimizer steps (or a resumed checkpoint's)
         batch, sampled, sampling = self.sampler.sample(self.step)
+        self.engine.sleep()  # vllm_enable_sleep_mode: its memory back to training until the next step
         rollout = batch.rollout
         sampled_at = time.perf_counter()
         loss_mask = rollout.model_mask  # the policy's own tokens: inserted tool results are context

