@@ -57,6 +57,10 @@ class VLLMEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, options: SamplingOptions, *, rank: int = 0,
                  world_size: int = 1, seed: int = 0):
+        # vLLM's INFO lines and its warnings about a tokenizer it is told not to load would bury the progress bar;
+        # VLLM_LOGGING_LEVEL=INFO (or WARNING) brings them back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights pushed as tensors
         try:
             import vllm
         except ImportError as error:
@@ -81,7 +85,6 @@ class VLLMEngine:
         config.save_pretrained(self._dir.name)
         save_file({k: v.to(torch.float32).cpu() for k, v in weights.items()},
                   os.path.join(self._dir.name, "model.safetensors"))
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights pushed as tensors
         self.llm = vllm.LLM(
             model=self._dir.name, dtype=self.dtype, seed=seed + rank, skip_tokenizer_init=True,
             max_model_len=getattr(config, "max_position_embeddings", None),
