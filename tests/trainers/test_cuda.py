@@ -85,3 +85,20 @@ def test_training_steps_on_cuda(tokenizer, tiny_model, tmp_path, options, monkey
     assert all(torch.isfinite(torch.tensor([m["loss"], m["grad_norm"]])).all() for m in history)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert bool(replays) == options.get("cuda_graphs", False)  # the trainer's sampler takes the graph, and only then
+
+
+def test_eval_and_sample_on_cuda_take_the_runs_engine(tmp_path, tiny_model_dir, data_file, monkeypatch):
+    """`grpokit eval` / `sample` with a training config's cuda_graphs and precision sample through the same native
+    engine on CUDA: the decode step replayed as a graph, under the run's autocast."""
+    from grpokit.cli.main import main
+    from helpers import write_config
+
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or replay(graph))
+    config = write_config(tmp_path, tiny_model_dir, data_file, device="cuda", cuda_graphs=True, mixed_precision="bf16")
+    assert main(["eval", str(config), "--num_prompts", "4", "--quiet", "--output", str(tmp_path / "eval.json")]) == 0
+    assert replays
+    replays.clear()
+    assert main(["sample", str(config), "--num_prompts", "2", "--quiet", "--output", str(tmp_path / "rows.jsonl")]) == 0
+    assert replays and (tmp_path / "rows.jsonl").read_text().strip()

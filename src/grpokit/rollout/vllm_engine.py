@@ -101,6 +101,7 @@ class VLLMEngine:
         probe = torch.Generator().manual_seed(0)
         self.probe = torch.randint(0, min(self.vocab, len(tokenizer)), (PROBE_TOKENS,), generator=probe).tolist()
         self.last_check: float | None = None  # the last check's max |Δ log-prob|
+        self.extra_sampling: dict[str, Any] = {}  # more vLLM SamplingParams for every request (benchmarks: ignore_eos)
 
     # ---- weights -----------------------------------------------------------------------------------
 
@@ -158,7 +159,8 @@ class VLLMEngine:
         g = num_generations
         prompts = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         seeds = torch.randint(0, 2**31 - 1, (len(prompts) * g,), generator=generator, device=self.device).tolist()
-        settings = dict(temperature=0.0 if greedy else temperature, top_p=top_p, logprobs=0, detokenize=False)
+        settings = dict(temperature=0.0 if greedy else temperature, top_p=top_p, logprobs=0, detokenize=False,
+                        **self.extra_sampling)
         if tools:
             tokens, logps, stopped, inserted = self._with_tools(prompts, g, max_new_tokens, settings, seeds, tools)
         else:
