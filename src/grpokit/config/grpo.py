@@ -127,8 +127,8 @@ class GRPOConfig(_Config):
         False, "vLLM's enable_sleep_mode (CUDA only): the engine frees its KV cache while the policy trains and takes "
         "it back to sample (LLM.sleep / wake_up), for memory at a little time per step.")
     vllm_tensor_parallel_size: int = _field(
-        1, "vLLM's tensor_parallel_size: the GPUs one engine is split over (torchrun: consecutive ranks "
-        "share one engine).", min=1)
+        1, "vLLM's tensor_parallel_size: the GPUs one engine is split over; only 1 yet (each torchrun process holds "
+        "a whole engine).", min=1)
     vllm_sync_check: float = _field(
         1e-3, "After each weight push, the engine's log-probs of a fixed probe sequence must match the policy's "
         "(float32) within this (max absolute difference; bfloat16 engines: 50 times it), else the run stops "

@@ -41,6 +41,9 @@ def check_grpo_config(config: Any) -> None:
          "generation_engine: vllm captures its own CUDA graphs"),
         (config.generation_engine == "vllm" and config.top_p < 1, "top_p < 1 with generation_engine: vllm: vLLM "
          "reports its log-probs after the top-p cut, which the loss's correction does not expect yet; use top_p: 1"),
+        (config.generation_engine == "vllm" and config.vllm_tensor_parallel_size > 1, "vllm_tensor_parallel_size > 1 "
+         "is not supported yet (the processes sharing an engine would have to sample one another's prompts); each "
+         "process holds a whole engine: use 1"),
         (config.generation_engine == "vllm" and config.parallelism == "fsdp", "generation_engine: vllm with "
          "parallelism: fsdp is not supported yet (each process would gather the whole policy to push it); use ddp"),
         (config.parallelism == "fsdp" and config.dynamic_sampling, "dynamic_sampling with parallelism: fsdp: "

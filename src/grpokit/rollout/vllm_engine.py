@@ -36,17 +36,28 @@ class WeightSyncError(RuntimeError):
 
 
 def hf_weights(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The policy's weights as its checkpoint names them (what vLLM loads), detached: with LoRA, the adapter merged
-    into the base weights (the adapter itself left as it is)."""
+    """The policy's weights as its checkpoint names them (what vLLM loads), detached; with LoRA, each adapted weight
+    plus its adapter's update (``W + scale · B A``, peft's ``get_delta_weight``), the model itself untouched (merging
+    into it and back would round its base weights a little at every push)."""
     if not is_lora(model):
         return {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    model.merge_adapter()
-    try:
-        base = model.get_base_model()
-        return {name.replace(".base_layer.", "."): tensor.detach().clone() for name, tensor in base.state_dict().items()
-                if "lora_" not in name}
-    finally:
-        model.unmerge_adapter()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas: dict[str, Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    delta = module.get_delta_weight(adapter).detach()
+                    deltas[f"{name}.weight"] = deltas[f"{name}.weight"] + delta if f"{name}.weight" in deltas else delta
+    weights = {}
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        weights[name] = tensor.detach() + deltas[name].to(tensor.dtype) if name in deltas else tensor.detach()
+    return weights
 
 
 class VLLMEngine:
@@ -158,7 +169,8 @@ class VLLMEngine:
         self.wake_up()
         g = num_generations
         prompts = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts) * g,), generator=generator, device=self.device).tolist()
+        where = generator.device if generator is not None else self.device  # the trainer's may be a CUDA generator
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts) * g,), generator=generator, device=where).tolist()
         settings = dict(temperature=0.0 if greedy else temperature, top_p=top_p, logprobs=0, detokenize=False,
                         **self.extra_sampling)
         if tools:
