@@ -170,8 +170,9 @@ class GRPOTrainer(Trainer):
         config = self.config
         start = time.perf_counter()
 
-        # 1-2. Sample G completions for each of B prompts from π_old (or in a lower precision: rollout_precision)
-        #      and score them; with dynamic sampling, groups without signal are replaced by further rounds' groups.
+        # 1-2. Sample G completions for each of B prompts from π_old, through the engine (generation_engine,
+        #      rollout_precision), and score them; with dynamic sampling, groups without signal are replaced by
+        #      further rounds' groups.
         self.engine.update_weights(self.step)  # the last step's optimizer steps (or a resumed checkpoint's)
         batch, sampled, sampling = self.sampler.sample(self.step)
         self.engine.sleep()  # vllm_enable_sleep_mode: its memory back to training until the next step
