@@ -18,7 +18,7 @@ import torch
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.engines import NativeEngine, SamplingOptions, build_engine
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-from helpers import ROWS, TOOL_ROWS, make_trainer
+from helpers import ROWS, TOOL_ROWS, each_one, make_trainer, ones
 
 pytestmark = pytest.mark.vllm
 SPEC = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256, max_positions=128)
@@ -149,13 +149,18 @@ def test_training_pushes_the_weights_before_every_steps_sampling(tmp_path):
     assert pushed == [2] and resumed.engine.last_check < 1e-4
 
 
-def test_lora_pushes_the_merged_weights(tmp_path):
+def test_lora_pushes_the_merged_weights_and_process_rewards_score_as_natively(tmp_path):
     pytest.importorskip("vllm")
     pytest.importorskip("peft")
-    trainer = vllm_trainer(tmp_path, max_steps=2, lora_rank=4, learning_rate=5e-2)
+    trainer = vllm_trainer(tmp_path, max_steps=2, lora_rank=4, learning_rate=5e-2, supervision="process",
+                           reward_funcs=(each_one, ones))
     history = trainer.train()
     assert trainer.engine.last_check < 1e-4  # the adapter's update reached the engine, merged
     assert all(m["sampler_kl"] < 1e-4 for m in history)
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    # a step after each character (each_one), the outcome merged into the last: many steps a completion
+    assert any(len(record["steps"]) > 1 for record in records)
+    assert all(m["rewards/each_one"] is not None for m in history)
 
 
 def test_eval_gives_the_same_greedy_accuracy_on_both_engines(tmp_path):

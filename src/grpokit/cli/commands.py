@@ -20,7 +20,7 @@ from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_rows
 SAMPLING_KEYS = ("model", "dataset", "prompt_column", "answer_column", "system_prompt", "chat_template",
                  "num_generations", "max_completion_length", "temperature", "top_p", "tools", "environment_factory",
                  "max_tool_calls", "tool_timeout", "sandbox", "sandbox_timeout", "seed", "device", "dtype",
-                 # the engine and its precision (rollout.engines.SamplingOptions.from_config)
+                 # the engine and its precision (rollout.sampling_options.SamplingOptions.from_config)
                  "generation_engine", "rollout_precision", "mixed_precision", "fast_path", "cuda_graphs",
                  "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_tensor_parallel_size",
                  "vllm_sync_check")

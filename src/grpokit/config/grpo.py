@@ -122,10 +122,11 @@ class GRPOConfig(_Config):
         "pushed to it before each step's sampling and checked there (vllm_sync_check).", choices=ENGINES)
     vllm_gpu_memory_utilization: float = _field(
         0.3, "vLLM's gpu_memory_utilization: the share of the GPU's memory the engine takes (weights and KV cache) "
-        "beside training; on the CPU, the share of the memory free at its start that its KV cache takes.", gt=0, max=1)
+        "beside training; on the CPU, the share of the memory free at its start that its KV cache takes.", gt=0, max=1,
+        resumable=True)
     vllm_enable_sleep_mode: bool = _field(
         False, "vLLM's enable_sleep_mode (CUDA only): the engine frees its KV cache while the policy trains and takes "
-        "it back to sample (LLM.sleep / wake_up), for memory at a little time per step.")
+        "it back to sample (LLM.sleep / wake_up), for memory at a little time per step.", resumable=True)
     vllm_tensor_parallel_size: int = _field(
         1, "vLLM's tensor_parallel_size: the GPUs one engine is split over; only 1 yet (each torchrun process holds "
         "a whole engine).", min=1)

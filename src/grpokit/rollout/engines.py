@@ -10,7 +10,6 @@ turns the options into the engine: :class:`NativeEngine` (grpokit's decode loop 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -19,31 +18,8 @@ from torch import Tensor
 from grpokit.models.loading import autocast
 from grpokit.models.rollout_weights import RolloutWeights
 from grpokit.rollout.generate import Rollout, generate, stop_token_ids
+from grpokit.rollout.sampling_options import SamplingOptions
 from grpokit.rollout.tools import InertSession, ToolSession
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """What decides how completions are drawn, the same for training, ``sample`` and ``eval`` under one config."""
-
-    engine: str = "native"  # generation_engine
-    rollout_precision: str = "fp32"
-    mixed_precision: str = "no"  # resolved: 'no' or 'bf16' (models.loading.resolve_precision)
-    fast_path: bool = True
-    cuda_graphs: bool = False
-    vllm_gpu_memory_utilization: float = 0.3
-    vllm_enable_sleep_mode: bool = False
-    vllm_tensor_parallel_size: int = 1
-    vllm_sync_check: float = 1e-3
-
-    @classmethod
-    def from_config(cls, config: Any, mixed_precision: str) -> SamplingOptions:
-        """The options of a GRPOConfig, with ``mixed_precision`` as resolved for the device."""
-        return cls(engine=config.generation_engine, rollout_precision=config.rollout_precision,
-                   mixed_precision=mixed_precision, fast_path=config.fast_path, cuda_graphs=config.cuda_graphs,
-                   vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                   vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
-                   vllm_tensor_parallel_size=config.vllm_tensor_parallel_size, vllm_sync_check=config.vllm_sync_check)
 
 
 @runtime_checkable
@@ -76,10 +52,10 @@ class NativeEngine:
     ``rollout_precision`` makes of it (:class:`~grpokit.models.rollout_weights.RolloutWeights`); ``sharded``: the
     policy is sharded across processes (FSDP), which must then run every decode pass."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, options: SamplingOptions = SamplingOptions(), *,
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, options: SamplingOptions | None = None, *,
                  sharded: bool = False):
-        self.options, self.sharded = options, sharded
-        self.weights = RolloutWeights(model, options.rollout_precision)
+        self.options, self.sharded = options or SamplingOptions(), sharded
+        self.weights = RolloutWeights(model, self.options.rollout_precision)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = self.stop_ids[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         self.device = next(model.parameters()).device

@@ -23,8 +23,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from grpokit.models.loading import is_lora
-from grpokit.rollout.engines import SamplingOptions
 from grpokit.rollout.generate import Rollout, stop_token_ids
+from grpokit.rollout.sampling_options import SamplingOptions
 from grpokit.rollout.tools import InertSession, ToolSession
 
 PROBE_TOKENS = 32  # the probe sequence's length
