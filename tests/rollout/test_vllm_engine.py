@@ -92,6 +92,18 @@ def test_a_broken_push_is_caught_naming_the_step(engines, monkeypatch):
     monkeypatch.setattr(vllm_engine_module, "hf_weights", real)
     vllm_engine.update_weights(step=5)  # a good push repairs it
     assert vllm_engine.last_check < 1e-4
+    # a push that never arrives, after the policy moved a little (each weight by ~1 % of its size)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1 + 0.01 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    monkeypatch.setattr(vllm_engine.llm, "collective_rpc", lambda *args, **kwargs: None)
+    with pytest.raises(vllm_engine_module.WeightSyncError, match="step 6: "):
+        vllm_engine.update_weights(step=6)
+    monkeypatch.undo()
+    model.load_state_dict(start)
+    vllm_engine.update_weights(step=7)
+    assert vllm_engine.last_check < 1e-4 and vllm_engine.floor < 1e-5  # float32: the engine's rounding is ~1e-7
 
 
 def test_tools_insert_results_as_tokens_and_decoding_goes_on_from_them(engines):
@@ -147,6 +159,16 @@ def test_training_pushes_the_weights_before_every_steps_sampling(tmp_path):
     resumed.engine.update_weights = lambda step=0: pushed.append(step) or real(step)
     resumed.train()
     assert pushed == [2] and resumed.engine.last_check < 1e-4
+
+
+def test_a_bfloat16_engine_trains_its_check_allowing_its_own_rounding(tmp_path):
+    pytest.importorskip("vllm")
+    trainer = vllm_trainer(tmp_path, max_steps=2, rollout_precision="bf16")
+    history = trainer.train()
+    assert trainer.engine.dtype == "bfloat16" and 1e-5 < trainer.engine.floor < 1.0
+    assert trainer.engine.last_check <= 1e-3 + 2 * trainer.engine.floor  # every push passed the check
+    for m in history:  # bfloat16 differs from float32, a little; the loss is corrected for it
+        assert 0 < m["sampler_kl"] < 0.05 and m["is_weight_mean"] == pytest.approx(1.0, abs=0.1)
 
 
 def test_lora_pushes_the_merged_weights_and_process_rewards_score_as_natively(tmp_path):

@@ -132,8 +132,8 @@ class GRPOConfig(_Config):
         "a whole engine).", min=1)
     vllm_sync_check: float = _field(
         1e-3, "After each weight push, the engine's log-probs of a fixed probe sequence must match the policy's "
-        "(float32) within this (max absolute difference; bfloat16 engines: 50 times it), else the run stops "
-        "naming the step; 0 skips the check.", min=0, resumable=True)
+        "(float32) within this plus twice the engine's own rounding, measured as it starts (max absolute difference), "
+        "else the run stops naming the step; 0 skips the check.", min=0, resumable=True)
 
     # ---- tools (docs/tools.md) ---------------------------------------------------------------------
     tools: list[str] = _field(

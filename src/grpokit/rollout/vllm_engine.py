@@ -28,7 +28,6 @@ from grpokit.rollout.sampling_options import SamplingOptions
 from grpokit.rollout.tools import InertSession, ToolSession
 
 PROBE_TOKENS = 32  # the probe sequence's length
-BF16_TOLERANCE = 50.0  # the check's tolerance for a bfloat16 engine: this many times vllm_sync_check
 
 
 class WeightSyncError(RuntimeError):
@@ -112,6 +111,9 @@ class VLLMEngine:
         probe = torch.Generator().manual_seed(0)
         self.probe = torch.randint(0, min(self.vocab, len(tokenizer)), (PROBE_TOKENS,), generator=probe).tolist()
         self.last_check: float | None = None  # the last check's max |Δ log-prob|
+        # The engine as vLLM's own loader built it from the policy's weights: what remains is its rounding (float32:
+        # ~1e-6; bfloat16: ~0.2 on SmolLM2-135M), which the check allows twice over.
+        self.floor = self.difference()
         self.extra_sampling: dict[str, Any] = {}  # more vLLM SamplingParams for every request (benchmarks: ignore_eos)
 
     # ---- weights -----------------------------------------------------------------------------------
@@ -126,19 +128,22 @@ class VLLMEngine:
         if self.options.vllm_sync_check > 0:
             self.check(step)
 
+    def difference(self) -> float:
+        """The max |Δ log-prob| between the engine and the policy (float32) on the probe sequence."""
+        engine = torch.tensor(self.prompt_logprobs(self.probe))
+        return float((engine - policy_logprobs(self.policy, self.probe)).abs().max())
+
     def check(self, step: int) -> float:
-        """The max |Δ log-prob| between the engine and the policy (float32) on the probe; raises
-        :class:`WeightSyncError`, naming ``step``, above the tolerance."""
-        engine = self.prompt_logprobs(self.probe)
-        policy = policy_logprobs(self.policy, self.probe)
-        difference = float((torch.tensor(engine) - policy).abs().max())
-        tolerance = self.options.vllm_sync_check * (BF16_TOLERANCE if self.dtype == "bfloat16" else 1.0)
+        """:meth:`difference`, raising :class:`WeightSyncError` (naming ``step``) above ``vllm_sync_check`` plus twice
+        the engine's rounding floor."""
+        difference = self.difference()
+        tolerance = self.options.vllm_sync_check + 2 * self.floor
         self.last_check = difference
         if not difference <= tolerance:  # NaN fails too
             raise WeightSyncError(
                 f"step {step}: after the weight push the vLLM engine's log-probs of the probe sequence differ from "
-                f"the policy's by up to {difference:.3g} (vllm_sync_check allows {tolerance:.3g}): the engine holds "
-                "stale or corrupt weights")
+                f"the policy's by up to {difference:.3g} (allowed: vllm_sync_check {self.options.vllm_sync_check:g} "
+                f"+ twice the engine's rounding, {self.floor:.2g}): the engine holds stale or corrupt weights")
         return difference
 
     def prompt_logprobs(self, ids: list[int]) -> list[float]:
