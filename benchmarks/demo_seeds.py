@@ -2,6 +2,8 @@
 
     python benchmarks/demo_seeds.py --seeds 0 1 2 --out benchmarks/results/demo_seeds.json
     python benchmarks/demo_seeds.py --task tools --seeds 0 1 2 --out benchmarks/results/demo_tools_seeds.json
+    .venv-vllm/bin/python benchmarks/demo_seeds.py --generation_engine vllm --seeds 0 1 \
+        --out benchmarks/results/demo_vllm_seeds.json
 
 Each seed runs the real command in a fresh process with an empty warm-start cache, so its wall time
 is what a user's first ``grpokit demo`` costs. Prints a Markdown table for ``docs/benchmarks.md``.
@@ -47,6 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=("arithmetic", "tools"), default="arithmetic")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--generation_engine", choices=("native", "vllm"), default="native",
+                        help="the engine the GRPO steps sample with (vllm: run with .venv-vllm's python)")
     parser.add_argument("--out", default="benchmarks/results/demo_seeds.json")
     args = parser.parse_args()
 
@@ -57,14 +61,19 @@ def main() -> None:
             out_dir = Path(tmp) / "run"
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "grpokit", "demo", "--task", args.task, "--seed", str(seed),
-                            "--output_dir", str(out_dir), "--quiet"], env=env, check=True)
+                            "--output_dir", str(out_dir), "--generation_engine", args.generation_engine, "--quiet"],
+                           env=env, check=True)
             seconds = time.perf_counter() - start
             result = json.loads((out_dir / "demo.json").read_text())
-        records.append({"seed": seed, "wall_seconds": seconds, "checks": check(result, seconds), **result})
+            steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+        kl = [m["sampler_kl"] for m in steps if m.get("sampler_kl") is not None]  # a sampler other than the policy
+        extra = {"sampler_kl": {"mean": sum(kl) / len(kl), "max": max(kl)}} if kl else {}
+        records.append({"seed": seed, "wall_seconds": seconds, "checks": check(result, seconds), **extra, **result})
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     machine = {"python": platform.python_version(), "cpu": cpu_model(), "cpus": os.cpu_count()}
-    Path(args.out).write_text(json.dumps({"machine": machine, "runs": records}, indent=2))
+    Path(args.out).write_text(json.dumps({"machine": machine, "generation_engine": args.generation_engine,
+                                          "runs": records}, indent=2))
 
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
     if args.task == "tools":

@@ -42,7 +42,6 @@ from common import cpu_model, mean_band
 from transformers.utils import logging as hf_logging
 
 from grpokit.cli.demo import DEMO_CONFIG
-from grpokit.cli.evaluate import evaluate, summarize
 from grpokit.config import GRPOConfig, RewardConfig
 from grpokit.resolve import BUILTIN, load_model_and_tokenizer, load_rows
 from grpokit.rewards.builtin import accuracy_reward, format_reward
@@ -53,6 +52,7 @@ from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.trainers.reward import RewardTrainer
 from grpokit.trainers.sample import sample_rows
+from grpokit.training.evaluation import evaluate, summarize
 
 # The reward model's training settings (also what iterative RL retrains it with).
 REWARD_TRAINING = dict(learning_rate=2e-3, epochs=5, batch_size=16, micro_batch_size=32, eval_fraction=0.2,

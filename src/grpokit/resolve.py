@@ -88,6 +88,22 @@ def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
 # ---- reward functions -----------------------------------------------------------------------------
 
 
+def load_eval_rows(source: str | Path) -> list[dict[str, Any]]:
+    """The held-out rows that ``eval_dataset`` (or ``grpokit eval``'s dataset) names: a built-in task's held-out set
+    (problems its training rows never hold), else the rows of :func:`load_rows`."""
+    if str(source) == BUILTIN:
+        return arithmetic.held_out_rows()
+    if str(source) == BUILTIN_TOOLS:
+        return tool_task.held_out_rows()
+    return load_rows(source)
+
+
+def eval_judge(config: Any, rows: list[dict[str, Any]]) -> Any:
+    """How held-out rows are judged: programming problems (a ``tests`` column) by their tests, pass or fail (a
+    binary ``code_tests`` with the run's sandbox settings); None for rows judged by their answer."""
+    return make_code_tests(**{**code_options(config), "binary": True}) if rows and "tests" in rows[0] else None
+
+
 def code_options(config: Any) -> dict[str, Any]:
     """The ``code_tests`` reward's settings in a run's config (``sandbox``, ``sandbox_timeout``, ``code_tests_mode``),
     as :func:`~grpokit.rewards.code.make_code_tests` takes them."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import grpokit.cli.evaluate
+import grpokit.training.evaluation
 from grpokit.cli.demo import DEMO_CONFIG
 from grpokit.cli.main import main
 from grpokit.cli.options import load_run_config, parse_config_args
@@ -149,13 +149,13 @@ def test_version(capsys):
 
 
 def spy_on_evaluate(monkeypatch) -> dict:
-    seen, real = {}, grpokit.cli.evaluate.evaluate
+    seen, real = {}, grpokit.training.evaluation.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
         seen.update(kwargs)
         return real(model, tokenizer, rows, **kwargs)
 
-    monkeypatch.setattr(grpokit.cli.evaluate, "evaluate", spy)
+    monkeypatch.setattr(grpokit.training.evaluation, "evaluate", spy)
     return seen
 
 

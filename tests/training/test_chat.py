@@ -80,7 +80,7 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     import json
     import shutil
 
-    import grpokit.cli.evaluate
+    import grpokit.training.evaluation
     from grpokit.cli.main import main
     from grpokit.tasks.tiny_model import build_tokenizer
 
@@ -92,13 +92,13 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "Q", "answer": "1"}) + "\n")
     seen = {}
-    real = grpokit.cli.evaluate.evaluate
+    real = grpokit.training.evaluation.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
         seen.update(kwargs)
         return real(model, tokenizer, rows, **kwargs)
 
-    monkeypatch.setattr(grpokit.cli.evaluate, "evaluate", spy)
+    monkeypatch.setattr(grpokit.training.evaluation, "evaluate", spy)
     assert main(["eval", str(model_dir), "--dataset", str(data), "--num_generations", "1", "--max_completion_length",
                  "2", "--system_prompt", "S", "--quiet"]) == 0
     assert seen["prompts"] == ["[system] S\n[user] Q\n[assistant] "]

@@ -31,7 +31,9 @@ VARIANTS = {"sequence": {}, "fast-path": {"fast_path": True},
             "iterative": {"reward_funcs": ["model:{reward_models}/orm"], "rl_iterations": STEPS,
                           "reward_model_labels": ["format"], "reward_model_prompts": 2},
             # Tool results (two inserted tokens in some completions): holes in the loss mask, and GAE across them.
-            "tools": {"tools": ["calculator"]}, "ppo-tools": {"algorithm": "ppo", "tools": ["calculator"]}}
+            "tools": {"tools": ["calculator"]}, "ppo-tools": {"algorithm": "ppo", "tools": ["calculator"]},
+            # Both processes draw the same prompts by the spread both have seen, and each trains on its share.
+            "signal": {"prompt_sampling": "signal"}}
 REWARD_MODEL_VARIANTS = {"reward-model": "orm", "process-reward-model": "prm"}  # → the reward model's name
 
 # Rollouts are a function of each prompt's text and the completion's index in its group (not of the

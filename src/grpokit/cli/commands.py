@@ -11,10 +11,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from grpokit.cli.options import load_run_config, parse_config_args, recipe_names, recipe_summary
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig
 from grpokit.data import check_columns
-from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_rows
+from grpokit.resolve import load_rows
 
 # The GRPOConfig keys `sample` and `eval` read: what decides how a run samples, so that both sample as it trains.
 SAMPLING_KEYS = ("model", "dataset", "prompt_column", "answer_column", "system_prompt", "chat_template",
@@ -41,8 +43,8 @@ def _train(config: GRPOConfig) -> int:
     history = trainer.train()
     if not trainer.world.main:  # under torchrun, one process reports
         return 0
-    summary = _last_step(history, ("reward", "accuracy", "format_rate", "kl"), 3)
-    print(f"done: {len(history)} steps; last step: {summary}; model saved to {Path(config.output_dir) / 'model'}")
+    summary = _last_step(history, ("reward", "accuracy", "format_rate", "kl", "eval_accuracy"), 3)
+    print(f"done: {trainer.step} steps; last step: {summary}; model saved to {Path(config.output_dir) / 'model'}")
     return 0
 
 
@@ -172,30 +174,83 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
     return 0
 
 
-def _eval_rows(dataset: str) -> list[dict[str, Any]]:
-    """The rows to evaluate on: the built-in tasks' held-out sets for their names, else the dataset's rows."""
-    if dataset == BUILTIN:
-        from grpokit.tasks.arithmetic import held_out_rows
+def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    import dataclasses
 
-        return held_out_rows()
-    if dataset == BUILTIN_TOOLS:
-        from grpokit.tasks.tool_task import held_out_rows
+    from grpokit.models.loading import resolve_device
+    from grpokit.resolve import code_options, resolve_reward_functions
+    from grpokit.trainers.bootstrap import BootstrapSettings, bootstrap
+    from grpokit.trainers.sft import SFTTrainer
 
-        return held_out_rows()
-    return load_rows(dataset)
+    config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1, default=8)
+    if args.output is None:
+        raise ConfigError("grpokit bootstrap needs --output FILE: the cold-start JSONL file to write")
+    if config.tools or config.environment_factory:
+        raise ConfigError("grpokit bootstrap samples without tools: leave tools and environment_factory out")
+    rows = _first(load_rows(config.dataset, config.seed), args.num_prompts)
+    check_columns(rows, [config.prompt_column, config.answer_column], source=config.dataset)
+    few_shot = []
+    if args.few_shot is not None:
+        few_shot = load_rows(args.few_shot)
+        check_columns(few_shot, ["prompt", "completion"], source=f"--few_shot {args.few_shot}")
+    settings = BootstrapSettings(
+        samples=generations, keep_per_prompt=args.keep_per_prompt, judge=args.judge, min_score=args.min_score,
+        instruction=None if args.no_instruction else args.instruction, few_shot=few_shot, rewrite=args.rewrite,
+        batch_size=args.batch_size)
+    if args.iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {args.iterations}")
+    # Check the SFT settings before any sampling, not after the first iteration's.
+    sft_file = {}
+    if args.sft_config:
+        sft_file = yaml.safe_load(Path(args.sft_config).read_text()) or {}
+        load_run_config(args.sft_config, {"model": config.model}, SFTConfig)  # its errors name the file and key
+    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
+                                                  device=resolve_device(config.device))
+    _say_sandboxes(functions, args.quiet)
+    output = Path(args.output)
+
+    def make_engine(model: str) -> tuple[Any, Any]:
+        engine, tokenizer, _ = _engine_and_toolbox(dataclasses.replace(config, model=model), args.quiet)
+        return engine, tokenizer
+
+    def train(kept: Path, iteration: int) -> str:
+        """SFT from the starting model on every row kept so far (as STaR: never from the last round's model)."""
+        out_dir = output.with_name(f"{output.stem}.sft-{iteration}")
+        if (out_dir / "model" / "config.json").is_file():  # trained before a crash
+            return str(out_dir / "model")
+        resume = "latest" if any((out_dir / "checkpoints").glob("step-*")) else None
+        sft = SFTConfig.from_dict({**sft_file, "model": config.model, "dataset": str(kept), "output_dir": str(out_dir),
+                                   "system_prompt": config.system_prompt, "chat_template": config.chat_template,
+                                   "seed": config.seed, "progress_bar": not args.quiet, "resume": resume})
+        SFTTrainer(sft).train()
+        return str(out_dir / "model")
+
+    sampling = dict(prompt_column=config.prompt_column, answer_column=config.answer_column,
+                    max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                    system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed)
+    summary = bootstrap(rows, functions, weights, output, settings, make_engine=make_engine, model=config.model,
+                        iterations=args.iterations, train=train, sampling=sampling, progress=not args.quiet)
+    for step in summary["iterations"]:
+        print(f"iteration {step['iteration']} ({step['model']}): {step['correct']} of {step['samples']} samples "
+              f"judged correct by {', '.join(summary['judge'])}; prompts covered {step['coverage']:.1%} "
+              f"({step['seconds']:.0f} s)")
+    print(f"wrote {summary['kept']} rows to {output} (coverage {summary['coverage']:.1%} of {summary['prompts']} "
+          f"prompts, kept rate {summary['kept_rate']:.1%} of {summary['samples']} samples; {summary['duplicates']} "
+          f"duplicates, {summary['over_cap']} over the cap left out); summary: "
+          f"{output.with_name(output.stem + '.summary.json')}; train on it with `grpokit sft --dataset {output} "
+          "--model ...`")
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from grpokit.cli.evaluate import evaluate, summarize
-    from grpokit.resolve import code_options
-    from grpokit.rewards.code import make_code_tests
+    from grpokit.resolve import eval_judge, load_eval_rows
+    from grpokit.training.evaluation import evaluate, summarize
     from grpokit.training.sampling import render_prompt
 
     config, generations = sampling_config(args, extra, EVAL_KEYS, minimum=0, default=EVAL_GENERATIONS)
     prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = _first(_eval_rows(config.dataset), args.num_prompts)
-    # programming problems (a `tests` column) are judged by their tests, pass or fail; other rows by their answer
-    code = make_code_tests(**{**code_options(config), "binary": True}) if rows and "tests" in rows[0] else None
+    rows = _first(load_eval_rows(config.dataset), args.num_prompts)
+    code = eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
     judged_by = "tests" if code is not None else answer_column
     check_columns(rows, [prompt_column, judged_by], source=config.dataset)
     if code is not None:
@@ -233,7 +288,8 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from grpokit.cli.demo import format_table, run_demo
 
-    overrides = {} if args.max_steps is None else {"max_steps": args.max_steps}
+    overrides = {key: getattr(args, key) for key in ("max_steps", "generation_engine")
+                 if getattr(args, key) is not None}
     output_dir = args.output_dir or ("runs/demo-tools" if args.task == "tools" else "runs/demo")
     result = run_demo(args.seed, output_dir, task=args.task, eval_prompts=args.eval_prompts, progress=not args.quiet,
                       **overrides)

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import yaml
 
-from grpokit.cli.evaluate import evaluate, summarize
 from grpokit.cli.options import recipe_file
 from grpokit.config import GRPOConfig
 from grpokit.models.loading import quiet_unless
@@ -29,6 +28,7 @@ from grpokit.tasks import tool_task
 from grpokit.tasks.arithmetic import held_out_rows
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.trainers.grpo import GRPOTrainer
+from grpokit.training.evaluation import evaluate, summarize
 
 # The keys of a recipe that run_demo sets itself.
 _RUN_KEYS = ("model", "dataset", "output_dir", "seed")

@@ -1,4 +1,5 @@
-"""The ``grpokit`` command's parser and dispatch: ``demo``, ``train``, ``sft``, ``reward train``, ``sample``, ``eval``,
+"""The ``grpokit`` command's parser and dispatch: ``demo``, ``train``, ``sft``, ``reward train``, ``sample``,
+``bootstrap``, ``eval``,
 ``recipes``, ``plot``, ``report``, ``convert``, ``--version`` (the commands themselves: :mod:`grpokit.cli.commands`).
 
 One flag scheme for all (docs/usage.md, "Command line"): the training commands take ``[CONFIG.yaml | recipe:NAME]
@@ -22,6 +23,7 @@ from typing import Any
 from grpokit.cli import commands
 from grpokit.cli.options import config_keys_epilog, normalize_flags
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig
+from grpokit.trainers.bootstrap import DEFAULT_INSTRUCTION
 from grpokit.training.update import TrainingError
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -84,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output_dir", default=None, help="the run directory (default: runs/demo, or runs/demo-tools)")
     demo.add_argument("--max_steps", "--steps", type=int, default=None, help="GRPO steps (default: the demo's)")
     demo.add_argument("--eval_prompts", type=int, default=400, help="held-out prompts to evaluate")
+    demo.add_argument("--generation_engine", choices=("native", "vllm"), default=None,
+                      help="the sampler's engine for the GRPO steps (default: native; vllm needs vLLM installed)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
 
     _training_parser(sub, "train", GRPOConfig, "train with GRPO (or PPO) from a YAML config, a recipe or flags",
@@ -107,6 +111,37 @@ def build_parser() -> argparse.ArgumentParser:
                         "completion with the worst, the second best with the second worst, ... (equal labels left out)")
     sample.add_argument("--batch_size", type=int, default=16, metavar="B", help="prompts per generation pass")
     _own_flags(sample)
+
+    boot = _sampling_parser(
+        sub, "bootstrap", "a cold start from the model itself: sample, keep what the rewards judge correct",
+        "Samples num_generations completions per prompt of the dataset (default 8), each prompt after an instruction "
+        "and optional few-shot demonstrations, scores them with the run's reward_funcs, and keeps those the judge "
+        "calls correct (at most --keep_per_prompt per prompt, duplicates removed), optionally rewritten into the "
+        "<think>/<answer> reply format: SFT rows {prompt, completion} with their provenance, and a summary (coverage, "
+        "kept rate). Resumable: run the same command again after a crash. --iterations N: sample, fine-tune (grpokit "
+        "sft), sample again from the fine-tuned model, as in STaR / expert iteration (docs/bootstrap.md).",
+        commands.SAMPLE_KEYS, {"num_generations": 8})
+    boot.add_argument("--output", metavar="FILE", help="the cold-start JSONL file to write (required); its samples "
+                      "log and summary go beside it")
+    boot.add_argument("--keep_per_prompt", type=int, default=2, metavar="N", help="the most rows kept per prompt")
+    boot.add_argument("--judge", nargs="+", default=None, metavar="NAME",
+                      help="reward functions (as logged: accuracy_reward, ...) that must each score at least "
+                      "--min_score for a sample to count as correct (default: the first of reward_funcs)")
+    boot.add_argument("--min_score", type=float, default=1.0, help="the judge's passing score")
+    boot.add_argument("--instruction", default=DEFAULT_INSTRUCTION, metavar="TEXT",
+                      help=f"put before each question (default: {DEFAULT_INSTRUCTION!r})")
+    boot.add_argument("--no_instruction", action="store_true", help="no instruction")
+    boot.add_argument("--few_shot", metavar="FILE", help="demonstrations, rows {prompt, completion} (JSONL, CSV, ...)"
+                      ", shown before each prompt as earlier turns of the conversation (or blocks of text)")
+    boot.add_argument("--rewrite", choices=("none", "tags"), default="none",
+                      help="tags: judge and keep each sample rewritten as <think>reasoning</think><answer>answer"
+                      "</answer>, its answer being its <answer> or else its last number")
+    boot.add_argument("--iterations", type=int, default=1, metavar="N",
+                      help="rounds of sample → fine-tune → sample again (default 1: no fine-tuning)")
+    boot.add_argument("--sft_config", metavar="FILE", help="grpokit sft settings for the rounds' fine-tuning (YAML; "
+                      "model, dataset and output_dir are set by bootstrap)")
+    boot.add_argument("--batch_size", type=int, default=16, metavar="B", help="prompts per generation pass")
+    _own_flags(boot)
 
     evaluate = _sampling_parser(
         sub, "eval", "accuracy and format rate of a model on a dataset (greedy, sampled, pass@k)",
@@ -151,6 +186,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
         return commands.cmd_sample(args, extra)
     if args.command == "eval":
         return commands.cmd_eval(args, extra)
+    if args.command == "bootstrap":
+        return commands.cmd_bootstrap(args, extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo":

@@ -11,6 +11,7 @@ from pathlib import Path
 # (title, metrics drawn as lines, y label); a panel is drawn when at least one of its metrics was logged.
 PANELS = [
     ("reward", ["reward", "rewards/*"], "mean reward"),
+    ("held-out evaluation", ["eval_accuracy", "eval_sampled_accuracy", "eval_pass@*"], "rate"),
     ("accuracy and format", ["accuracy", "format_rate"], "rate"),
     ("KL to the reference", ["kl"], "per-token KL"),
     ("clip fractions", ["clipfrac_low", "clipfrac_high"], "token share"),
@@ -59,10 +60,18 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     fig, axes = plt.subplots(rows_of_panels, columns, figsize=(5 * columns, 3.4 * rows_of_panels),
                              constrained_layout=True, squeeze=False)
     flat = list(axes.flat)
+    alarms = [row["step"] for row in rows if row.get("eval_alarm")]  # reward gaming suspected at these evaluations
     for ax, (title, keys, label) in zip(flat, panels):
         for key in keys:
             ys = [row.get(key) for row in rows]
-            ax.plot([s for s, y in zip(steps, ys) if y is not None], [y for y in ys if y is not None], label=key)
+            points = [(s, y) for s, y in zip(steps, ys) if y is not None]
+            ax.plot(*zip(*points), label=key, marker="o" if len(points) < len(rows) else None, markersize=3)
+        if title in ("reward", "held-out evaluation"):
+            for step in alarms:
+                ax.axvline(step, color="red", alpha=0.6, linestyle="--",
+                           label="reward gaming?" if step == alarms[0] else None)
+            if alarms and len(keys) == 1:
+                ax.legend(fontsize=7)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(label)
@@ -79,7 +88,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     ax.legend(fontsize=7, loc="upper left")
     for extra in flat[len(panels) + 1:]:
         extra.axis("off")
-    fig.suptitle(f"{Path(run_dir).resolve().name}: {len(rows)} steps")
+    fig.suptitle(f"{Path(run_dir).resolve().name}: {max(steps)} steps")
     out_dir = Path(output) if output is not None else Path(run_dir) / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "curves.png"

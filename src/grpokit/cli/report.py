@@ -14,7 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from grpokit.cli.plots import plot_run, read_metrics
+from grpokit.training.evaluation import reward_gaming_alarm, reward_level
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -23,6 +26,7 @@ table { border-collapse: collapse; width: 100%; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 4px 6px; vertical-align: top; text-align: left; }
 td.text { white-space: pre-wrap; font-family: ui-monospace, monospace; max-width: 60em; }
 tr.best td { background: #e6f5e6; } tr.worst td { background: #fbe9e9; }
+.alarm { background: #fbe9e9; border: 2px solid #c33; padding: 0.6em 1em; }
 .config { columns: 3; font-size: 0.8em; font-family: ui-monospace, monospace; }
 img { max-width: 100%; }
 """
@@ -53,6 +57,33 @@ def _rows_by_group(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], 
     return marked
 
 
+def _held_out(metrics: list[dict[str, Any]], config: dict[str, Any]) -> tuple[str, str]:
+    """The held-out evaluations as an HTML table, and a banner for each that raised the reward-gaming alarm
+    (both empty for a run without held-out rows)."""
+    evals = [m for m in metrics if m.get("eval_accuracy") is not None]
+    if not evals:
+        return "", ""
+    span = config.get("eval_every") or max(1, int(config.get("max_steps", 4)) // 4)  # as the run computed it
+    keys = [k for k in dict.fromkeys(k for m in evals for k in m) if k.startswith("eval_")
+            and k not in ("eval_prompts", "eval_alarm")]
+    header = "".join(f"<th>{html.escape(k)}</th>" for k in ["step", "training reward", *keys, "alarm"])
+    body, banners = [], []
+    for m in evals:
+        level = reward_level(metrics, m["step"], span)
+        cells = [str(m["step"]), "—" if level is None else f"{level:.3f}",
+                 *("—" if m.get(k) is None else f"{m[k]:.3f}" for k in keys), "yes" if m.get("eval_alarm") else ""]
+        body.append(f'<tr class="{"worst" if m.get("eval_alarm") else ""}">'
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        if m.get("eval_alarm"):
+            upto = [h for h in metrics if h["step"] <= m["step"]]
+            why = reward_gaming_alarm(upto, span, config.get("eval_alarm_drop", 0.05)) or "eval_alarm was logged"
+            banners.append(f'<p class="alarm"><b>Reward gaming?</b> At step {m["step"]}: {html.escape(why)}.</p>')
+    table = (f"<h2>Held-out evaluation</h2><p>{int(evals[-1].get('eval_prompts', 0))} held-out prompts; the training "
+             f"reward is the mean over the {span} steps up to each evaluation.</p>"
+             f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    return "".join(banners), table
+
+
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Write the report (default ``RUN_DIR/report.html``) and return its path."""
     run_dir = Path(run_dir)
@@ -81,7 +112,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
         body.append(f'<tr class="{label}" data-step="{record["step"]}">{tds}</tr>')
     steps = sorted({record["step"] for record in records})
     options = "".join(f'<option value="{s}">step {s}</option>' for s in steps)
-    last = metrics[-1]
+    settings = (yaml.safe_load(config) if config else None) or {}
+    banners, held_out = _held_out(metrics, settings)
+    last = next((m for m in reversed(metrics) if "reward" in m), metrics[-1])  # an evaluation's line has no reward
     summary = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward", "accuracy", "format_rate", "kl")
                         if isinstance(last.get(k), (int, float)))
     page = f"""<!DOCTYPE html>
@@ -89,9 +122,11 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
 <style>{STYLE}</style><script>{SCRIPT}</script></head>
 <body onload="showStep(document.getElementById('step').value)">
 <h1>grpokit run: {esc(run_dir.resolve().name)}</h1>
-<p>{len(metrics)} steps; last step: {esc(summary)}.</p>
+<p>{last.get("step", 0)} steps; last step: {esc(summary)}.</p>
+{banners}
 <h2>Learning curves</h2>
 <img alt="learning curves" src="data:image/png;base64,{png}">
+{held_out}
 <h2>Sampled completions</h2>
 <p>Best (green) and worst (red) reward within each prompt's logged completions.
 <label>Show <select id="step" onchange="showStep(this.value)"><option value="all">all steps</option>

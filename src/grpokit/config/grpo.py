@@ -53,6 +53,23 @@ class GRPOConfig(_Config):
         "has one. Rows whose prompt is a list of {role, content} messages always need one."
     )
 
+    # ---- held-out evaluation during training (docs/metrics.md, "Held-out evaluation") ---------------
+    eval_dataset: str | None = _field(
+        None, "Held-out rows (the dataset's formats and columns; a built-in task's name: its held-out set), evaluated "
+        "before the first step, every eval_every steps and after the last, as `grpokit eval` evaluates.")
+    eval_fraction: float = _field(
+        0.0, "Instead of eval_dataset, this share of the dataset's rows held out (a seeded draw; never trained on).",
+        min=0, lt=1)
+    eval_every: int = _field(0, "Evaluate every this many steps (0: only before the first and after the last).",
+                             min=0, resumable=True)
+    eval_samples: int = _field(
+        4, "Held-out evaluation: completions sampled per prompt (at the run's temperature) for the sampled accuracy "
+        "and pass@1 / pass@eval_samples, beside the greedy accuracy; 0: greedy only.", min=0, resumable=True)
+    eval_alarm_drop: float = _field(
+        0.05, "The reward-gaming alarm: raised when held-out greedy accuracy has fallen at least this much (and "
+        "beyond twice its standard error) below its best while the training reward rose above its level then.",
+        gt=0, resumable=True)
+
     # ---- rewards ---------------------------------------------------------------------------------
     reward_funcs: list[str] = _field(
         ["accuracy", "format"],
@@ -214,6 +231,15 @@ class GRPOConfig(_Config):
         False, "Drop groups whose advantages are all 0 (equal rewards: no signal) and sample more prompts "
         "until the batch holds prompts_per_step groups (DAPO).",
     )
+    prompt_sampling: str = _field(
+        "uniform", "How each step's prompts are drawn: 'uniform', seeded passes over the dataset without repeats "
+        "within a pass; 'signal', by each prompt's reward spread so far (the std of its groups' rewards, moved "
+        "halfway to each new group's: for a 0/1 reward highest at solve rate 1/2), so prompts with mixed outcomes "
+        "come back more often and those always or never solved less (never below prompt_sampling_floor's share); "
+        "prompts not yet seen count as the most spread. Works beside dynamic_sampling.", choices=("uniform", "signal"))
+    prompt_sampling_floor: float = _field(
+        0.1, "prompt_sampling 'signal': the weight (as a share of the largest) below which no prompt falls.", gt=0,
+        max=1)
     max_sampling_rounds: int = _field(
         4, "With dynamic_sampling, the most generation rounds in one step; a batch still short after "
         "them is filled with dropped groups (counted in the metrics).", min=1

@@ -16,6 +16,8 @@ Text = str | list[dict[str, Any]]  # plain text, or chat messages [{"role": ...,
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Plain decimal numbers, optionally signed, with optional thousands separators. ASCII digits only.
 _NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|[+-]?\.[0-9]+", re.ASCII)
+# The same numbers found within text: thousands separators tried first ("1,012" is one number, not "1" and "012").
+_NUMBER_IN_TEXT_RE = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?|[+-]?\.[0-9]+", re.ASCII)
 
 
 def text_of(value: Text) -> str:
@@ -42,6 +44,18 @@ def extract_answer(completion: str) -> str | None:
     if len(found) != 1 or completion.count("<answer>") != 1:
         return None
     return found[0]
+
+
+def last_number(text: str) -> re.Match[str] | None:
+    """The last plainly written number in ``text`` (as :func:`parse_number` reads them), where a reply in prose
+    usually states its result; None if there is none.
+
+    >>> last_number("5 + 7 makes 12, so the answer is 1,012.").group()
+    '1,012'
+    >>> last_number("no digits") is None
+    True
+    """
+    return next(reversed(list(_NUMBER_IN_TEXT_RE.finditer(text))), None)
 
 
 def parse_number(text: str) -> Decimal | None:

@@ -28,7 +28,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import grpo_loss, masked_mean
 from grpokit.core.optim import adamw_with_schedule
-from grpokit.data import check_columns, check_prompt_lengths
+from grpokit.data import DataError, check_columns, check_prompt_lengths
 from grpokit.models.loading import (
     autocast,
     build_reference,
@@ -39,7 +39,14 @@ from grpokit.models.loading import (
     with_lora,
 )
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
-from grpokit.resolve import code_options, load_model_and_tokenizer, load_rows, resolve_reward_functions
+from grpokit.resolve import (
+    code_options,
+    eval_judge,
+    load_eval_rows,
+    load_model_and_tokenizer,
+    load_rows,
+    resolve_reward_functions,
+)
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.engines import SamplingOptions, build_engine
 from grpokit.rollout.generate import Rollout
@@ -58,8 +65,10 @@ from grpokit.training.distributed import (
     init_world,
 )
 from grpokit.training.engine import Trainer, TrainingInterrupted
+from grpokit.training.evaluation import HeldOutEval
 from grpokit.training.runlog import completion_records, step_metrics
 from grpokit.training.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
+from grpokit.training.supervised import split
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
 __all__ = ["GRPOTrainer", "TrainingError", "TrainingInterrupted"]
@@ -69,7 +78,7 @@ class GRPOTrainer(Trainer):
     """Trains a causal LM with ``config.algorithm`` (GRPO, or the PPO baseline) on the run loop of
     :class:`~grpokit.training.engine.Trainer`. Anything not passed is built from the config."""
 
-    postfix = ("reward", "kl", "accuracy")
+    postfix = ("reward", "kl", "accuracy", "eval_accuracy")
 
     def __init__(
         self,
@@ -101,6 +110,7 @@ class GRPOTrainer(Trainer):
         add_environment_reward(self.reward_funcs, self.reward_weights, environment_factory)
         rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
         source = "train_dataset" if train_dataset is not None else config.dataset
+        rows, eval_rows = self.held_out_rows(rows)
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
         extras = reward_keywords(environment_factory)
         self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
@@ -121,9 +131,10 @@ class GRPOTrainer(Trainer):
         toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
                                 max_calls=config.max_tool_calls, timeout=config.tool_timeout)
         listed = toolbox.prompt_tools()
-        prompts = [render_prompt(tokenizer, row[config.prompt_column], system_prompt=config.system_prompt,
-                                 chat_template=config.chat_template, tools=listed) for row in rows]
-        check_prompt_lengths(prompts, tokenizer, config.max_completion_length,
+        render = dict(system_prompt=config.system_prompt, chat_template=config.chat_template, tools=listed)
+        prompts, eval_prompts = ([render_prompt(tokenizer, row[config.prompt_column], **render) for row in part]
+                                 for part in (rows, eval_rows))
+        check_prompt_lengths(prompts + eval_prompts, tokenizer, config.max_completion_length,
                              getattr(self.model.config, "max_position_embeddings", None))
 
         # Copies of the starting policy are taken before it is sharded: π_ref, and PPO's value model.
@@ -146,10 +157,33 @@ class GRPOTrainer(Trainer):
         self.engine = build_engine(SamplingOptions.from_config(config, self.mixed_precision), self.model, tokenizer,
                                    sharded=is_sharded(self.model), rank=self.world.rank, world_size=self.world.size,
                                    seed=config.seed)
+        self.synced: int | None = None  # the step whose weights the engine holds
         self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights, self.engine,
                                self.device, self.world, toolbox=toolbox)
+        # Held-out evaluation (eval_dataset / eval_fraction) through the same engine, judged as `grpokit eval` judges.
+        judge = eval_judge(config, eval_rows)
+        self.start_sandboxes([judge] if judge else [])
+        self.held_out = HeldOutEval(config, tokenizer, eval_rows, eval_prompts, self.engine, self.world, toolbox,
+                                    judge) if eval_rows else None
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
+
+    def held_out_rows(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(training rows, held-out rows): ``eval_dataset``'s rows, or an ``eval_fraction`` of the dataset's (then not
+        trained on), checked for the columns evaluation reads; no held-out rows without either."""
+        config = self.config
+        if config.eval_fraction:
+            rows, held = split(rows, config.eval_fraction, config.seed)
+            source = f"{config.dataset} (eval_fraction)"
+        elif config.eval_dataset is not None:
+            held, source = load_eval_rows(config.eval_dataset), config.eval_dataset
+            if not held:
+                raise DataError(f"eval_dataset {config.eval_dataset}: no rows")
+        else:
+            return rows, []
+        judged_by = "tests" if "tests" in held[0] else config.answer_column
+        check_columns(held, [config.prompt_column, judged_by], source=source)
+        return rows, held
 
     def start_sandboxes(self, users: Sequence[Callable]) -> None:
         """Start the sandboxes of the rewards and tools that run model-written code (``code_tests``, ``python``):
@@ -173,7 +207,9 @@ class GRPOTrainer(Trainer):
         # 1-2. Sample G completions for each of B prompts from π_old, through the engine (generation_engine,
         #      rollout_precision), and score them; with dynamic sampling, groups without signal are replaced by
         #      further rounds' groups.
-        self.engine.update_weights(self.step)  # the last step's optimizer steps (or a resumed checkpoint's)
+        if self.held_out is not None and self.step == 0:
+            self.log({"step": 0, **self.evaluate_held_out()})  # the starting policy
+        self.sync_engine()  # the last step's optimizer steps (or a resumed checkpoint's)
         batch, sampled, sampling = self.sampler.sample(self.step)
         self.engine.sleep()  # vllm_enable_sleep_mode: its memory back to training until the next step
         rollout = batch.rollout
@@ -213,6 +249,8 @@ class GRPOTrainer(Trainer):
             metrics.update(self.critic.metrics(fixed, last))
         if self.iterations is not None:
             metrics["rl_iteration"] = self.iterations.iteration(self.step)
+        if self.held_out is not None and self.held_out.due(self.step):
+            metrics.update(self.evaluate_held_out())
         self.log(metrics, completion_records(self.step, batch, fixed.advantages, config.prompt_column,
                                              config.num_generations, config.log_completions) if self.world.main else ())
 
@@ -220,6 +258,19 @@ class GRPOTrainer(Trainer):
         #    reset the reference to the policy.
         if self.iterations is not None and self.iterations.ends_iteration(self.step):
             self.iterations.advance(self)
+        return metrics
+
+    def sync_engine(self) -> None:
+        """Have the engine sample from the policy as it is after this step's updates (once per step)."""
+        if self.synced != self.step:
+            self.engine.update_weights(self.step)
+            self.synced = self.step
+
+    def evaluate_held_out(self) -> dict[str, float]:
+        """The held-out metrics of the policy as it is now (``eval_*``, the alarm)."""
+        self.sync_engine()
+        metrics = self.held_out(self.step, self.history)
+        self.engine.sleep()
         return metrics
 
     def policy_loss(self, model: torch.nn.Module, batch: UpdateBatch, counts: LossCounts,
@@ -296,10 +347,14 @@ class GRPOTrainer(Trainer):
         return {"sampling": self.sampler.generator, "minibatches": self.shuffle}
 
     def data_state(self) -> dict[str, Any]:
-        return {"order": list(self.sampler.order), "epoch": self.sampler.epoch}
+        sampler = self.sampler
+        return {"order": list(sampler.order), "epoch": sampler.epoch, "draws": sampler.draws,
+                "spread": [[index, value] for index, value in sampler.spread.items()]}  # JSON keys are strings
 
     def load_data_state(self, data: dict[str, Any]) -> None:
         self.sampler.order, self.sampler.epoch = list(data["order"]), data["epoch"]
+        self.sampler.draws = data.get("draws", 0)  # checkpoints from before prompt_sampling have neither
+        self.sampler.spread = {int(index): value for index, value in data.get("spread", [])}
 
     def save(self, path: str | Path) -> None:
         """The policy and tokenizer with ``save_pretrained`` (safetensors; LoRA: the adapter, and with

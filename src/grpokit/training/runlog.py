@@ -65,6 +65,8 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
         passed, tests = sampling.pop("code_tests_passed"), sampling.pop("code_tests_tests")
         metrics["code_tests_pass_rate"] = passed / tests if tests else None
     metrics.update(sampling)
+    if "frac_zero_std_groups" in sampling:  # the same share, said as what the step can learn from
+        metrics["frac_signal_groups"] = 1 - sampling["frac_zero_std_groups"]
     metrics.update(
         time_frozen_logprobs=frozen - sampled_at, time_update=updated - frozen, time_step=updated - start,
         tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),

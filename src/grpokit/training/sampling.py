@@ -28,7 +28,7 @@ from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.engines import Engine
 from grpokit.rollout.generate import Rollout
 from grpokit.rollout.tools import ToolBox, ToolUse
-from grpokit.training.distributed import SINGLE, World, gather
+from grpokit.training.distributed import SINGLE, World, all_sum, gather
 
 
 @dataclass
@@ -117,6 +117,21 @@ def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: 
     )
 
 
+def signal_weights(spread: dict[int, float], size: int, floor: float) -> torch.Tensor:
+    """(size,) draw weights for ``prompt_sampling: signal``: ``floor + (1 - floor) · s / s_max`` from each
+    prompt's reward spread ``s`` (``spread``: dataset index → spread so far), a prompt not yet seen
+    counting as the most spread; all 1 while no spread is above 0.
+
+    >>> signal_weights({0: 0.5, 1: 0.0}, 3, 0.1).tolist()
+    [1.0, 0.10000000149011612, 1.0]
+    """
+    weights = torch.ones(size)
+    top = max(spread.values(), default=0.0)
+    if top > 0:
+        weights[list(spread)] = floor + (1 - floor) * torch.tensor(list(spread.values())) / top
+    return weights
+
+
 class Sampler:
     """Samples and scores the groups of each step. ``rows``: the dataset; ``prompts``: each row's prompt
     as the model reads it (:func:`render_prompt`); ``engine``: what draws the completions
@@ -136,11 +151,25 @@ class Sampler:
         self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
         self.epoch = 0
         self.groups_per_process = config.prompts_per_step // world.size
+        # prompt_sampling 'signal': dataset index → its reward spread so far, and the draws made (both the
+        # same on every process, which draw the same B prompts and each take their share).
+        self.spread: dict[int, float] = {}
+        self.draws = 0
 
     def next_indices(self) -> list[int]:
-        """This process's share of the next B rows (all of them in a world of one), walking seeded
-        permutations of the dataset without repeats within an epoch."""
-        indices = []
+        """This process's share of the next B rows (all of them in a world of one): with ``prompt_sampling``
+        'uniform', walking seeded permutations of the dataset without repeats within an epoch; with
+        'signal', drawn without repeats by :func:`signal_weights`."""
+        indices: list[int] = []
+        while self.config.prompt_sampling == "signal" and len(indices) < self.config.prompts_per_step:
+            weights = signal_weights(self.spread, len(self.rows), self.config.prompt_sampling_floor)
+            weights[indices] = 0  # no prompt twice in a step, unless the dataset is smaller than B
+            if not weights.any():
+                weights = signal_weights(self.spread, len(self.rows), self.config.prompt_sampling_floor)
+            generator = torch.Generator().manual_seed(self.config.seed * 7919 + self.draws)
+            self.draws += 1
+            take = min(self.config.prompts_per_step - len(indices), int((weights > 0).sum()))
+            indices += torch.multinomial(weights, take, replacement=False, generator=generator).tolist()
         while len(indices) < self.config.prompts_per_step:
             if not self.order:
                 order = list(range(len(self.rows)))
@@ -170,15 +199,22 @@ class Sampler:
         signal or ``max_sampling_rounds`` is reached; then the batch is filled with dropped groups.
         """
         config, b, g = self.config, self.groups_per_process, self.config.num_generations
-        rounds, no_signal, stats = [], [], {}
+        rounds, no_signal, drawn, stats = [], [], [], {}
         while True:
-            batch = self.generate_and_score(self.next_indices(), stats, step)
+            drawn += self.next_indices()
+            batch = self.generate_and_score(drawn[-b:], stats, step)
             rounds.append(batch)
             no_signal.append(self.no_signal_groups(batch))
             with_signal = int(sum((~mask).sum() for mask in no_signal))
-            if not config.dynamic_sampling or with_signal >= b or len(rounds) == config.max_sampling_rounds:
+            if not config.dynamic_sampling or len(rounds) == config.max_sampling_rounds:
+                break
+            # Every process samples as many rounds (one still short keeps all of them drawing), so that
+            # they keep drawing the same prompts and their shares stay apart.
+            if all_sum(float(with_signal < b), self.world) == 0:
                 break
         sampled, no_signal = Batch.cat(rounds, self.tokenizer.pad_token_id), torch.cat(no_signal)
+        if config.prompt_sampling == "signal":
+            self.observe_spread(drawn, sampled.rewards.view(-1, g))
         stats.update(frac_zero_std_groups=no_signal.float().mean().item(), sampling_rounds=len(rounds))
         if not config.dynamic_sampling:
             return batch, batch, {**stats, "dropped_groups": 0, "refilled_groups": 0}
@@ -249,6 +285,16 @@ class Sampler:
         for end, (_, reward) in zip(ends, steps):
             merged[end] = merged.get(end, 0.0) + reward
         return sorted(merged.items())
+
+    def observe_spread(self, indices: list[int], rewards: torch.Tensor) -> None:
+        """Fold each group's reward std ((B, G) ``rewards`` of the prompts at ``indices``, from every
+        process) into its prompt's spread: the first group's std, then halfway towards each new one, so
+        that the spread follows the policy as it learns."""
+        stds = rewards.float().std(dim=1).tolist() if rewards.shape[1] > 1 else [0.0] * len(indices)
+        pairs = [pair for part in gather(list(zip(indices, stds)), self.world) for pair in part]
+        for index, std in pairs:
+            before = self.spread.get(index)
+            self.spread[index] = std if before is None else (before + std) / 2
 
     def no_signal_groups(self, batch: Batch) -> torch.Tensor:
         """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing. Whether an

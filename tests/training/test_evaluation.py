@@ -8,9 +8,9 @@ import random
 import pytest
 
 import grpokit.rollout.engines
-from grpokit.cli.evaluate import pass_at_k
 from grpokit.cli.main import main
 from grpokit.sandbox import Limits
+from grpokit.training.evaluation import pass_at_k
 from helpers import sandbox_or_skip
 
 
