@@ -7,6 +7,7 @@
                   gsm8k:FILE                          GSM8K-style JSONL (``question``; ``answer`` ending ``#### 72``)
                   anything else                       JSONL, CSV, Parquet or a ``save_to_disk`` directory
     reward_funcs  accuracy, math_accuracy, format     the built-in rule rewards (grpokit.rewards.builtin)
+                  lenient_accuracy                    the same, reading prose's last number without an <answer>
                   code_tests                          programs run against the row's tests (grpokit.rewards.code)
                   arithmetic_steps                    the built-in task's per-step reward (process supervision)
                   arithmetic_substeps                 the same, each column's operands and result two steps
@@ -29,7 +30,7 @@ from grpokit.config import check_reward_weights
 from grpokit.data import load_file, load_gsm8k
 from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
 from grpokit.models.loading import load_pretrained, quiet_unless
-from grpokit.rewards.builtin import accuracy_reward, format_reward, math_accuracy_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward, math_accuracy_reward
 from grpokit.rewards.calling import RewardFunction, reward_name
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeRewardModel, ProcessRewardModel
@@ -115,7 +116,8 @@ def builtin_rewards() -> dict[str, RewardFunction]:
     """Reward functions available by name in a config (``code_tests`` with its default settings: a run's own are
     :func:`code_options`)."""
     return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
-            "code_tests": code_tests, "arithmetic_steps": arithmetic.arithmetic_steps_reward,
+            "lenient_accuracy": lenient_accuracy_reward, "code_tests": code_tests,
+            "arithmetic_steps": arithmetic.arithmetic_steps_reward,
             "arithmetic_substeps": arithmetic.arithmetic_substeps_reward}
 
 

@@ -56,7 +56,9 @@ def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
                  "--max_completion_length", "6", "--output", str(out), "--quiet"]) == 0
     summary = json.loads(out.read_text())
     assert summary["num_prompts"] == 10 and summary["num_generations"] == 2
-    assert {"greedy_correct", "sampled_correct", "greedy_format", "sampled_format", "pass@1", "pass@2"} <= set(summary)
+    assert {"greedy_correct", "sampled_correct", "greedy_lenient", "sampled_lenient", "greedy_format", "sampled_format",
+            "pass@1", "pass@2"} <= set(summary)
+    assert summary["greedy_lenient"] >= summary["greedy_correct"]  # lenient accepts all that strict does
     assert summary["pass@1"] == pytest.approx(summary["sampled_correct"])  # pass@1 is the mean accuracy
     assert summary["pass@2"] >= summary["pass@1"]
     assert "pass@2" in capsys.readouterr().out
@@ -81,7 +83,8 @@ def test_eval_writes_each_greedy_completion(tmp_path, tiny_model_dir, data_file)
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [w["prompt"] for w in written] == [r["prompt"] for r in rows]  # as in the data, not as rendered
     assert [w["answer"] for w in written] == [r["answer"] for r in rows]
-    assert all(isinstance(w["completion"], str) and w["correct"] in (0, 1) and w["format"] in (0, 1) for w in written)
+    assert all(isinstance(w["completion"], str) and w["correct"] in (0, 1) and w["format"] in (0, 1)
+               and w["lenient"] >= w["correct"] for w in written)
 
 
 def test_eval_pass_k_larger_than_the_samples_is_refused(tmp_path, tiny_model_dir, data_file, capsys):

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from grpokit.resolve import resolve_reward_functions
-from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward
 from grpokit.rewards.calling import RewardError, score_completions
 
 GOOD = "<think>\n7+5=12\n4+8+1=13\n</think>\n<answer>132</answer>"
@@ -71,6 +71,22 @@ def test_accuracy_reward_tolerances(answer_text, reference, expected):
 )
 def test_accuracy_reward_is_not_fooled(completion):
     assert accuracy_reward(["q"], [completion], answer=["132"]) == [0.0]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("So 47 + 85 = 132.", 1.0),  # prose: its last number
+    ("It is 1,320? No: 132", 1.0),
+    ("132, or rather 131", 0.0),  # the last number is the answer given
+    ("<think>132</think><answer>131</answer>", 0.0),  # a tagged answer is read as the strict reward reads it
+    ("<answer>132</answer> and 7 more", 1.0),
+    ("<answer>1</answer><answer>132</answer>", 1.0),  # no single tag: the last number
+    ("no number", 0.0),
+    ("132abc", 1.0),
+])
+def test_lenient_accuracy_reads_the_last_number_without_an_answer_tag(completion, expected):
+    assert lenient_accuracy_reward(["q"], [completion], answer=["132"]) == [expected]
+    if expected == 0.0:
+        assert accuracy_reward(["q"], [completion], answer=["132"]) == [0.0]  # strict never accepts more
 
 
 def test_accuracy_reward_survives_a_megabyte_of_text():

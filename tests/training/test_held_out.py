@@ -12,8 +12,9 @@ from grpokit.training.evaluation import evaluate, reward_gaming_alarm, summarize
 from helpers import make_trainer
 
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(16)]
-EVAL_KEYS = {"eval_accuracy", "eval_format_rate", "eval_sampled_accuracy", "eval_sampled_format_rate", "eval_pass@1",
-             "eval_pass@2", "eval_prompts", "eval_alarm", "time_eval"}
+EVAL_KEYS = {"eval_accuracy", "eval_lenient_accuracy", "eval_format_rate", "eval_sampled_accuracy",
+             "eval_sampled_lenient_accuracy", "eval_sampled_format_rate", "eval_pass@1", "eval_pass@2", "eval_prompts",
+             "eval_alarm", "time_eval"}
 
 
 def test_eval_fraction_holds_rows_out_and_evaluates_before_every_and_after(tokenizer, tiny_model, tmp_path):

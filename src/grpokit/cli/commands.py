@@ -271,13 +271,15 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
     )
     if args.completions:
         with open(args.completions, "w") as out:
-            for row, text, correct, formatted in zip(rows, greedy, scores["greedy_correct"], scores["greedy_format"]):
-                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row[judged_by],
-                                      "completion": text, "correct": correct, "format": formatted}) + "\n")
+            lenient = scores.get("greedy_lenient", [None] * len(rows))  # programs have no lenient reading
+            for row, text, correct, loose, formatted in zip(rows, greedy, scores["greedy_correct"], lenient,
+                                                            scores["greedy_format"]):
+                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row[judged_by], "completion": text,
+                                      "correct": correct, "lenient": loose, "format": formatted}) + "\n")
     summary = {"model": config.model, "dataset": config.dataset, "num_prompts": len(rows),
                "num_generations": generations, **summarize(scores)}
     for key, value in summary.items():
-        shown = ("_correct", "_format", "_tool_rate", "_tool_calls", "_tool_errors")
+        shown = ("_correct", "_lenient", "_format", "_tool_rate", "_tool_calls", "_tool_errors")
         if key.endswith(shown) or key.startswith("pass@"):
             print(f"{key:<16} {value:.3f}")
     if args.output:

@@ -1,5 +1,6 @@
 """The built-in rule rewards, by name in a config: ``accuracy`` (:func:`accuracy_reward`), ``math_accuracy``
-(:func:`math_accuracy_reward`) and ``format`` (:func:`format_reward`) — docs/math.md, "One step": rewards. Each is a
+(:func:`math_accuracy_reward`), ``lenient_accuracy`` (:func:`lenient_accuracy_reward`) and ``format``
+(:func:`format_reward`) — docs/math.md, "One step": rewards. Each is a
 plain function called as TRL calls reward functions (:mod:`grpokit.rewards.calling`); each parses text and never
 evaluates it."""
 
@@ -9,9 +10,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.core.answers import Text, answers_match, extract_answer, parse_number, text_of
+from grpokit.core.answers import Text, answers_match, extract_answer, last_number, parse_number, text_of
 
-__all__ = ["accuracy_reward", "format_reward", "math_accuracy_reward"]
+__all__ = ["accuracy_reward", "format_reward", "lenient_accuracy_reward", "math_accuracy_reward"]
 
 _TAG = r"</?(?:think|answer)>"
 _FORMAT_RE = re.compile(
@@ -45,6 +46,27 @@ def accuracy_reward(
     scores = []
     for completion, reference in zip(completions, answer):
         predicted = extract_answer(text_of(completion))
+        scores.append(1.0 if predicted is not None and answers_match(predicted, reference) else 0.0)
+    return scores
+
+
+def lenient_accuracy_reward(
+    prompts: Sequence[Text], completions: Sequence[Text], answer: Sequence[Any], **columns: Any
+) -> list[float]:
+    """1.0 when the completion's answer equals the row's ``answer``: the text inside its single ``<answer>`` tag, or,
+    without one, the last number it writes (a reply in prose: "... so the sum is 42."). What a model that has not
+    learned the format knows; :func:`accuracy_reward` is the strict one.
+
+    >>> lenient_accuracy_reward(["q"] * 3, ["<answer>42</answer>", "so it is 42.", "42 or maybe 41"], answer=[42] * 3)
+    [1.0, 1.0, 0.0]
+    """
+    scores = []
+    for completion, reference in zip(completions, answer):
+        text = text_of(completion)
+        predicted = extract_answer(text)
+        if predicted is None:
+            number = last_number(text)
+            predicted = None if number is None else number.group()
         scores.append(1.0 if predicted is not None and answers_match(predicted, reference) else 0.0)
     return scores
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.rewards.builtin import accuracy_reward, format_reward
+from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward
 from grpokit.rewards.code import CodeTests, extract_program
 from grpokit.rollout.engines import Engine, as_engine
 from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
@@ -42,21 +42,22 @@ def evaluate(
     code: CodeTests | None = None,
 ) -> dict[str, list[float]]:
     """Per-row scores of the completions ``engine`` samples (:mod:`grpokit.rollout.engines`; a model: the native
-    engine on it, float32): ``greedy_correct``/``greedy_format`` (0 or 1) and ``sampled_correct``/
-    ``sampled_format`` (the mean over ``samples_per_prompt`` samples at ``temperature``; left out when
-    ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the unbiased estimator over
-    the samples, at ``temperature`` and ``top_p``). ``prompts``: the text to sample from for each row (the prompt
-    as a run renders it), by default the row's ``prompt_column`` as it is; the scores and the tools' environments
-    see the rows. ``greedy_completions``: a list that receives each row's greedy completion, in order.
-    With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
+    engine on it, float32): ``greedy_correct``/``greedy_lenient``/``greedy_format`` (0 or 1; lenient: judged by
+    :func:`~grpokit.rewards.builtin.lenient_accuracy_reward`, the last number when there is no ``<answer>``) and
+    ``sampled_correct``/``sampled_lenient``/``sampled_format`` (the mean over ``samples_per_prompt`` samples at
+    ``temperature``; left out when ``samples_per_prompt`` is 0), and ``pass@k`` for each k in ``pass_ks`` (the
+    unbiased estimator over the samples, at ``temperature`` and ``top_p``). ``prompts``: the text to sample from for
+    each row (the prompt as a run renders it), by default the row's ``prompt_column`` as it is; the scores and the
+    tools' environments see the rows. ``greedy_completions``: a list that receives each row's greedy completion, in
+    order. With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
     called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
     completion). With ``code`` (a ``code_tests`` reward, binary) the rows are programming problems: a completion is
     correct when its program passes every test of the row's ``tests`` (run in ``code``'s sandbox; a sandbox error
-    counts as a failure) and formatted when it holds a program at all."""
+    counts as a failure) and formatted when it holds a program at all; there is no lenient reading."""
     engine = as_engine(engine, tokenizer)
     generator = torch.Generator(device=engine.device).manual_seed(seed)
     modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
-    keys = ("correct", "format", *(TOOL_COUNTS if toolbox else ()))
+    keys = ("correct", *(("lenient",) if code is None else ()), "format", *(TOOL_COUNTS if toolbox else ()))
     scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in keys}
     pass_ks = [k for k in (pass_ks or []) if samples_per_prompt]
     for k in pass_ks:
@@ -80,6 +81,8 @@ def evaluate(
             if code is None:
                 answers = [row[answer_column] for row in batch for _ in range(k)]
                 correct = torch.tensor(accuracy_reward(asked, completions, answer=answers)).view(-1, k)
+                lenient = torch.tensor(lenient_accuracy_reward(asked, completions, answer=answers)).view(-1, k)
+                scores[f"{mode}_lenient"] += lenient.mean(dim=1).tolist()
                 formatted = torch.tensor(format_reward(asked, completions)).view(-1, k)
             else:
                 passed = code(completions, tests=[row["tests"] for row in batch for _ in range(k)])
@@ -121,7 +124,8 @@ def summarize(scores: dict[str, list[float]], keep: Sequence[bool] | None = None
 
 # What a run logs of evaluate()'s summary, under the names of its training metrics with `eval_` before them.
 EVAL_NAMES = {"greedy_correct": "eval_accuracy", "greedy_format": "eval_format_rate",
-              "sampled_correct": "eval_sampled_accuracy", "sampled_format": "eval_sampled_format_rate"}
+              "greedy_lenient": "eval_lenient_accuracy", "sampled_correct": "eval_sampled_accuracy",
+              "sampled_format": "eval_sampled_format_rate", "sampled_lenient": "eval_sampled_lenient_accuracy"}
 
 
 class HeldOutEval:
