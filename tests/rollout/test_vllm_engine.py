@@ -186,15 +186,21 @@ def test_lora_pushes_the_merged_weights_and_process_rewards_score_as_natively(tm
     assert all(m["rewards/each_one"] is not None for m in history)
 
 
-def test_eval_gives_the_same_greedy_accuracy_on_both_engines(tmp_path):
-    pytest.importorskip("vllm")
-    from grpokit.cli.main import main
-
+def saved_model_and_rows(tmp_path, rows):
+    """The test model saved in ``tmp_path/model`` as a user's would be, and ``rows`` as a JSONL file (returned)."""
     tokenizer = build_tokenizer()
     build_model(tokenizer, SPEC, seed=0).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:16]))
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
+
+
+def test_eval_gives_the_same_greedy_accuracy_on_both_engines(tmp_path):
+    pytest.importorskip("vllm")
+    from grpokit.cli.main import main
+
+    data = saved_model_and_rows(tmp_path, ROWS[:16])
     results = {}
     for engine in ("native", "vllm"):
         out = tmp_path / f"{engine}.json"
@@ -261,11 +267,7 @@ def test_bootstrap_samples_through_vllm(tmp_path):
     pytest.importorskip("vllm")
     from grpokit.cli.main import main
 
-    tokenizer = build_tokenizer()
-    build_model(tokenizer, SPEC, seed=0).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:8]))
+    data = saved_model_and_rows(tmp_path, ROWS[:8])
     rewards = tmp_path / "rewards.py"
     rewards.write_text("def has_a(completions, **kwargs):\n    return [float('a' in c) for c in completions]\n")
     out = tmp_path / "cold.jsonl"

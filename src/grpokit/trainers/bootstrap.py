@@ -235,11 +235,12 @@ def _score(batch: list[int], rows: Sequence[dict[str, Any]], reward_funcs: Seque
         for name, values in scores.items():
             for j, value in zip(judged, values.tolist()):
                 per_function[name][j] = None if value != value else float(value)  # NaN: the function did not apply
-    records = []
-    for position, i in enumerate(batch):
-        mine = [j for j in range(len(texts)) if owner[j] == position]
-        records.append({"row": i, "candidates": [candidates[j] for j in mine],
-                        "scores": {name: [values[j] for j in mine] for name, values in per_function.items()}})
+    records, start = [], 0
+    for i in batch:  # each row's completions lie together
+        end = start + len(log.completions[i])
+        records.append({"row": i, "candidates": candidates[start:end],
+                        "scores": {name: values[start:end] for name, values in per_function.items()}})
+        start = end
     log.add_scores(records)
 
 
@@ -352,6 +353,10 @@ def bootstrap(
         summary.update(counts)
         output.with_name(f"{output.stem}.summary.json").write_text(json.dumps(summary, indent=2))
         if iteration < iterations:
+            if not kept:
+                raise BootstrapError(f"round {iteration} kept no sample: nothing to fine-tune on (try more "
+                                     "--num_generations, an --instruction or --few_shot demonstrations, --rewrite "
+                                     "tags, or a lower --min_score)")
             model = train(output, iteration)  # type: ignore[misc]
     return summary
 

@@ -161,15 +161,17 @@ class Sampler:
         'uniform', walking seeded permutations of the dataset without repeats within an epoch; with
         'signal', drawn without repeats by :func:`signal_weights`."""
         indices: list[int] = []
-        while self.config.prompt_sampling == "signal" and len(indices) < self.config.prompts_per_step:
+        if self.config.prompt_sampling == "signal":
             weights = signal_weights(self.spread, len(self.rows), self.config.prompt_sampling_floor)
-            weights[indices] = 0  # no prompt twice in a step, unless the dataset is smaller than B
-            if not weights.any():
-                weights = signal_weights(self.spread, len(self.rows), self.config.prompt_sampling_floor)
+        while self.config.prompt_sampling == "signal" and len(indices) < self.config.prompts_per_step:
+            left = weights.clone()
+            left[indices] = 0  # no prompt twice in a step
+            if not left.any():  # unless the dataset is smaller than B
+                left = weights
             generator = torch.Generator().manual_seed(self.config.seed * 7919 + self.draws)
             self.draws += 1
-            take = min(self.config.prompts_per_step - len(indices), int((weights > 0).sum()))
-            indices += torch.multinomial(weights, take, replacement=False, generator=generator).tolist()
+            take = min(self.config.prompts_per_step - len(indices), int((left > 0).sum()))
+            indices += torch.multinomial(left, take, replacement=False, generator=generator).tolist()
         while len(indices) < self.config.prompts_per_step:
             if not self.order:
                 order = list(range(len(self.rows)))
