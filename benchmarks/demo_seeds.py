@@ -61,8 +61,8 @@ def main() -> None:
             out_dir = Path(tmp) / "run"
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "grpokit", "demo", "--task", args.task, "--seed", str(seed),
-                            "--output_dir", str(out_dir), "--generation_engine", args.generation_engine, "--quiet"],
-                           env=env, check=True)
+                            "--output_dir", str(out_dir), "--generation_engine", args.generation_engine,
+                            "--progress_bar", "false"], env=env, check=True)
             seconds = time.perf_counter() - start
             result = json.loads((out_dir / "demo.json").read_text())
             steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]

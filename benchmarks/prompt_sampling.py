@@ -27,8 +27,8 @@ from pathlib import Path
 
 from common import cpu_model
 
-from grpokit.cli.demo import run_demo
 from grpokit.tasks.arithmetic import train_rows
+from grpokit.trainers.demo import run_demo
 
 
 def one_run(seed: int, mode: str, data: Path, out_dir: Path) -> dict:

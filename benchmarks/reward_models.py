@@ -41,13 +41,13 @@ import yaml
 from common import cpu_model, mean_band
 from transformers.utils import logging as hf_logging
 
-from grpokit.cli.demo import DEMO_CONFIG
 from grpokit.config import GRPOConfig, RewardConfig
 from grpokit.resolve import BUILTIN, load_model_and_tokenizer, load_rows
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.learned import OutcomeRewardModel
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.tasks.arithmetic import arithmetic_steps_reward, held_out_rows
+from grpokit.tasks.demo import DEMO_CONFIG
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.trainers.reward import RewardTrainer

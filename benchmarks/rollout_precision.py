@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from common import cpu_model
 
-from grpokit.cli.demo import run_demo
 from grpokit.config import GRPOConfig
 from grpokit.core.importance import IS_MODES
+from grpokit.trainers.demo import run_demo
 
 PRECISIONS = ("fp32", "bf16", "int8")
 

@@ -26,10 +26,10 @@ import torch
 from common import cpu_model
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.cli.demo import TOOLS_CONFIG
 from grpokit.resolve import load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox, resolve_tools
+from grpokit.tasks.demo import TOOLS_CONFIG
 from grpokit.tasks.tool_task import train_rows
 from grpokit.tasks.warm_start import warm_started_model_path
 

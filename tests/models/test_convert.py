@@ -178,10 +178,10 @@ def test_a_config_trains_from_gguf_converting_once(gguf_file, tmp_path, monkeypa
 
 
 def test_cli_convert(gguf_file, tmp_path, capsys):
-    assert main(["convert", str(gguf_file), str(tmp_path / "out")]) == 0
+    assert main(["convert", str(gguf_file), "--output", str(tmp_path / "out")]) == 0
     assert "converted" in capsys.readouterr().out
     assert (tmp_path / "out" / "config.json").is_file()
-    assert main(["convert", str(gguf_file), str(tmp_path / "out")]) == 2  # not empty now
+    assert main(["convert", str(gguf_file), "--output", str(tmp_path / "out")]) == 2  # not empty now
     assert "exists and is not empty" in capsys.readouterr().err
 
 

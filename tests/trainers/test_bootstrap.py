@@ -7,14 +7,8 @@ import pytest
 import yaml
 
 from grpokit.cli.main import main
-from grpokit.trainers.bootstrap import (
-    BootstrapError,
-    BootstrapSettings,
-    SamplesLog,
-    bootstrap_prompt,
-    rewrite_to_tags,
-    select,
-)
+from grpokit.trainers.bootstrap import BootstrapSettings, bootstrap_prompt, rewrite_to_tags, select
+from grpokit.trainers.bootstrap_log import BootstrapError, SamplesLog
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(12, 30), (47, 85), (20, 21), (33, 44)]]
 
@@ -43,7 +37,7 @@ def files(tmp_path):
 
 def run(model_dir, data, out, *flags):
     return main(["bootstrap", str(model_dir), "--dataset", str(data), "--output", str(out), "--num_generations", "6",
-                 "--max_completion_length", "10", "--no_instruction", "--quiet", *flags])
+                 "--max_completion_length", "10", "--no_instruction", "--progress_bar", "false", *flags])
 
 
 # ---- the pieces ---------------------------------------------------------------------------------------------
@@ -139,13 +133,13 @@ def test_a_crash_in_a_reward_loses_no_sample_and_the_rerun_goes_on(tmp_path, tin
     data, rewards = files
     out = tmp_path / "start.jsonl"
     monkeypatch.setenv("BREAK_REWARD", "1")
-    assert run(tiny_model_dir, data, out, "--reward_funcs", f"{rewards}:flaky", "--batch_size", "2") == 2
+    assert run(tiny_model_dir, data, out, "--reward_funcs", f"{rewards}:flaky", "--prompts_per_step", "2") == 2
     assert "flaky" in capsys.readouterr().err  # the function at fault is named
     log = tmp_path / "start.samples-1.jsonl"
     sampled = [json.loads(line) for line in log.read_text().splitlines()[1:]]
     assert [r["row"] for r in sampled] == [0, 1]  # the first batch's completions, kept though never scored
     monkeypatch.delenv("BREAK_REWARD")
-    assert run(tiny_model_dir, data, out, "--reward_funcs", f"{rewards}:flaky", "--batch_size", "2") == 0
+    assert run(tiny_model_dir, data, out, "--reward_funcs", f"{rewards}:flaky", "--prompts_per_step", "2") == 0
     lines = [json.loads(line) for line in log.read_text().splitlines()[1:]]
     assert [r["completions"] for r in lines if "completions" in r][:2] == [r["completions"] for r in sampled]
     assert sorted(r["row"] for r in lines if "completions" in r) == [0, 1, 2, 3]  # rows 0 and 1 never sampled again

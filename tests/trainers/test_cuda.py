@@ -97,8 +97,10 @@ def test_eval_and_sample_on_cuda_take_the_runs_engine(tmp_path, tiny_model_dir, 
     replay = torch.cuda.CUDAGraph.replay
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or replay(graph))
     config = write_config(tmp_path, tiny_model_dir, data_file, device="cuda", cuda_graphs=True, mixed_precision="bf16")
-    assert main(["eval", str(config), "--num_prompts", "4", "--quiet", "--output", str(tmp_path / "eval.json")]) == 0
+    assert main(["eval", str(config), "--num_prompts", "4", "--progress_bar", "false",
+                 "--output", str(tmp_path / "eval.json")]) == 0
     assert replays
     replays.clear()
-    assert main(["sample", str(config), "--num_prompts", "2", "--quiet", "--output", str(tmp_path / "rows.jsonl")]) == 0
+    assert main(["sample", str(config), "--num_prompts", "2", "--progress_bar", "false",
+                 "--output", str(tmp_path / "rows.jsonl")]) == 0
     assert replays and (tmp_path / "rows.jsonl").read_text().strip()

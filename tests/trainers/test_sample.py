@@ -103,7 +103,7 @@ def test_sample_then_reward_train_then_grpo_through_the_cli(tmp_path, tiny_model
     samples = tmp_path / "samples.jsonl"
     assert main(["sample", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "4", "--output",
                  str(samples), "--reward_funcs", f"{reward_file}:has_a", "format", "--max_completion_length", "12",
-                 "--temperature", "1.0", "--seed", "3", "--quiet"]) == 0
+                 "--temperature", "1.0", "--seed", "3", "--progress_bar", "false"]) == 0
     assert "wrote 16 labelled rows" in capsys.readouterr().out
     written = [json.loads(line) for line in samples.read_text().splitlines()]
     assert all(r["label"] == float("a" in r["completion"]) for r in written)
@@ -135,7 +135,7 @@ def test_step_rows_and_pairs_through_the_cli_train_reward_models(tmp_path, tiny_
                           ("pairs", ["--reward_funcs", f"{reward_file}:odd", "--pairs"])]:
         out = tmp_path / f"{name}.jsonl"
         assert main(["sample", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "6", "--output",
-                     str(out), "--max_completion_length", "16", "--quiet", *options]) == 0
+                     str(out), "--max_completion_length", "16", "--progress_bar", "false", *options]) == 0
         assert f"{'pairs' if name == 'pairs' else 'step rows'} to {out}" in capsys.readouterr().out
         assert main(["reward", "train", "--model", str(tiny_model_dir), "--dataset", str(out), "--output_dir",
                      str(tmp_path / name), "--max_steps", "1", "--eval_fraction", "0", "--progress_bar", "false"]) == 0
@@ -154,7 +154,7 @@ def test_bad_sample_arguments_are_one_clear_line(tmp_path, tiny_model_dir, capsy
                  "--num_generations", "2", "--output", out, "--reward_funcs", "acuracy"]) == 2
     assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in capsys.readouterr().err
     assert main(["sample", str(tiny_model_dir), "--dataset", str(data), "--prompt_column", "question",
-                 "--num_generations", "1", "--pairs", "--output", out, "--quiet"]) == 2
+                 "--num_generations", "1", "--pairs", "--output", out, "--progress_bar", "false"]) == 2
     assert "num_generations must be at least 2" in capsys.readouterr().err
 
 ENVIRONMENT = '''
@@ -193,7 +193,7 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
     (tmp_path / "env.py").write_text(ENVIRONMENT)
     out = tmp_path / "samples.jsonl"
     common = ["sample", str(model_dir), "--dataset", str(data), "--num_generations", "4", "--output", str(out),
-              "--max_completion_length", "40", "--quiet", "--tools", "calculator"]
+              "--max_completion_length", "40", "--progress_bar", "false", "--tools", "calculator"]
     assert main([*common, "--environment_factory", f"{tmp_path}/env.py:Notes",
                  "--reward_funcs", f"{tmp_path}/env.py:knows_answer"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -221,7 +221,7 @@ def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path
     monkeypatch.setattr(grpokit.trainers.sample, "render_prompt",
                         lambda *a, **k: rendered.append(real(*a, **k)) or rendered[-1])
     command = ["sample", str(model_dir), "--dataset", str(data), "--num_generations", "2", "--output",
-               str(tmp_path / "out.jsonl"), "--max_completion_length", "4", "--quiet"]
+               str(tmp_path / "out.jsonl"), "--max_completion_length", "4", "--progress_bar", "false"]
     assert main(command) == 0 and main([*command, "--chat_template", "false"]) == 0
     templated = [f"[user] {row['prompt']}\n[assistant] " for row in ROWS[:2]]
     assert rendered == templated + [row["prompt"] for row in ROWS[:2]]

@@ -100,5 +100,5 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
 
     monkeypatch.setattr(grpokit.training.evaluation, "evaluate", spy)
     assert main(["eval", str(model_dir), "--dataset", str(data), "--num_generations", "1", "--max_completion_length",
-                 "2", "--system_prompt", "S", "--quiet"]) == 0
+                 "2", "--system_prompt", "S", "--progress_bar", "false"]) == 0
     assert seen["prompts"] == ["[system] S\n[user] Q\n[assistant] "]

@@ -1,6 +1,6 @@
 """GGUF → a Hugging Face model directory that grpokit (and plain transformers) trains from.
 
-    grpokit convert SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2    # the command
+    grpokit convert SmolLM2-135M-Instruct.Q4_1.gguf --output models/smollm2    # the command
     model: gguf:path/to/file.gguf                                      # or in a config: converted once, cached
 
 A GGUF file (llama.cpp's format) holds the weights, usually quantized, the config as metadata, and the

@@ -9,16 +9,17 @@ keeps the set balanced: an easy prompt gives no more rows than a hard one that w
 removed. A kept row is an SFT row (``prompt`` as the dataset holds it, ``completion``) with its provenance.
 
 Nothing sampled is lost on a crash: each batch's completions go to the samples log (``OUTPUT.samples-N.jsonl`` for
-iteration N) as soon as they are generated, and their scores as soon as they are scored; the same command run again
-goes on from the log (scoring what was sampled but not scored, then sampling the rest). The output file and its
-summary are rebuilt from the logs at the end.
+iteration N, :mod:`grpokit.trainers.bootstrap_log`) as soon as they are generated, and their scores as soon as they
+are scored; the same command run again goes on from the log (scoring what was sampled but not scored, then sampling
+the rest). The output file and its summary are rebuilt from the logs at the end. :func:`bootstrap_from_config` is the
+command: a config's rows, rewards and engine, and SFT between iterations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -27,12 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
+from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
 from grpokit.core.answers import Text, extract_answer, last_number, text_of
+from grpokit.data import check_columns
+from grpokit.models.loading import resolve_device
+from grpokit.resolve import code_options, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine
-from grpokit.training.sampling import render_prompt, reward_column_names
+from grpokit.trainers.bootstrap_log import BootstrapError, SamplesLog
+from grpokit.trainers.sft import SFTTrainer
+from grpokit.training.sampling import announce_sandboxes, render_prompt, reward_column_names, sampling_engine
 
 DEFAULT_INSTRUCTION = ("Think step by step inside <think> </think> tags, then write only the final answer inside "
                        "<answer> </answer> tags.")
@@ -40,10 +48,6 @@ REWRITES = ("none", "tags")
 _TAGS_RE = re.compile(r"</?(?:think|answer)>")
 _SHAPE_RE = re.compile(r"\s*<think>((?:(?!</?(?:think|answer)>).)*)</think>\s*<answer>((?:(?!</?(?:think|answer)>)"
                        r".)*)</answer>\s*", re.DOTALL)
-
-
-class BootstrapError(ValueError):
-    """A bootstrap that cannot go on as asked (its log from another setting, a judge that is no reward function)."""
 
 
 @dataclass
@@ -115,63 +119,6 @@ def rewrite_to_tags(completion: str) -> str | None:
         answer, before = number.group(), completion[: number.start()]
     reasoning = _TAGS_RE.sub("", before).strip()
     return f"<think>{reasoning}</think><answer>{answer}</answer>"
-
-
-# ---- the samples log -----------------------------------------------------------------------------------------
-
-
-class SamplesLog:
-    """One iteration's samples and scores, appended as they are made: a header line (the settings it was sampled
-    with), then ``{"row", "completions"}`` and ``{"row", "scores", "candidates"}`` lines. Reopening it with other
-    settings is refused; a line cut short by a crash is dropped."""
-
-    def __init__(self, path: Path, header: dict[str, Any]):
-        self.path, self.completions, self.scored = path, {}, {}
-        lines = path.read_text().splitlines() if path.is_file() else []
-        records = []
-        for number, line in enumerate(lines):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number < len(lines) - 1:
-                    raise BootstrapError(f"{path}: line {number + 1} is not JSON (the log is damaged; delete it "
-                                         "to sample again)") from None
-                # the last line, cut short by a crash: drop it
-                path.write_text("".join(line + "\n" for line in lines[:number]))
-        header = json.loads(json.dumps(header))  # as the log holds it
-        if records and records[0].get("bootstrap") != header:
-            why = _difference(records[0].get("bootstrap"), header)
-            raise BootstrapError(f"{path} was sampled with other settings ({why}); delete it, or choose another "
-                                 "--output")
-        if not records:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._append([{"bootstrap": header}])
-        for record in records[1:]:
-            if "completions" in record:
-                self.completions[record["row"]] = record["completions"]
-            else:
-                self.scored[record["row"]] = record
-
-    def _append(self, records: list[dict[str, Any]]) -> None:
-        with open(self.path, "a") as handle:
-            handle.writelines(json.dumps(r) + "\n" for r in records)
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def add_completions(self, rows: Sequence[int], completions: Sequence[list[str]]) -> None:
-        self._append([{"row": r, "completions": c} for r, c in zip(rows, completions)])
-        self.completions.update(zip(rows, completions))
-
-    def add_scores(self, records: list[dict[str, Any]]) -> None:
-        self._append(records)
-        self.scored.update((r["row"], r) for r in records)
-
-
-def _difference(old: Any, new: dict[str, Any]) -> str:
-    if not isinstance(old, dict):
-        return "not a bootstrap log"
-    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
-    return ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys[:3])
 
 
 # ---- one pass --------------------------------------------------------------------------------------------------
@@ -359,6 +306,54 @@ def bootstrap(
                                      "tags, or a lower --min_score)")
             model = train(output, iteration)  # type: ignore[misc]
     return summary
+
+
+def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: BootstrapSettings, *, iterations: int = 1,
+                          num_prompts: int | None = None, few_shot: str | None = None,
+                          sft_config: str | None = None) -> dict[str, Any]:
+    """``grpokit bootstrap``: :func:`bootstrap` on the first ``num_prompts`` rows of ``config.dataset``, judged by its
+    ``reward_funcs`` and sampled as a run with ``config`` samples, the demonstrations read from the ``few_shot`` file.
+    Between iterations, SFT (the ``sft_config`` file's settings) from ``config.model`` on every row kept so far (as
+    STaR: never from the last round's model), into ``OUTPUT.sft-N``. Returns the summary."""
+    if config.tools or config.environment_factory:
+        raise ConfigError("grpokit bootstrap samples without tools: leave tools and environment_factory out")
+    if iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
+    rows = load_rows(config.dataset, config.seed)[:num_prompts]
+    check_columns(rows, [config.prompt_column, config.answer_column], source=config.dataset)
+    if few_shot is not None:
+        demonstrations = load_rows(few_shot)
+        check_columns(demonstrations, ["prompt", "completion"], source=f"--few_shot {few_shot}")
+        settings = dataclasses.replace(settings, few_shot=demonstrations)
+    sft_file = {}
+    if sft_config:  # checked before any sampling, not after the first iteration's
+        sft_file = yaml.safe_load(Path(sft_config).read_text()) or {}
+        load_config(sft_config, {"model": config.model}, SFTConfig)  # its errors name the file and key
+    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
+                                                  device=resolve_device(config.device))
+    announce_sandboxes(functions, config.progress_bar)
+    output = Path(output)
+
+    def make_engine(model: str) -> tuple[Engine, Any]:
+        engine, tokenizer, _ = sampling_engine(dataclasses.replace(config, model=model))
+        return engine, tokenizer
+
+    def train(kept: Path, iteration: int) -> str:
+        out_dir = output.with_name(f"{output.stem}.sft-{iteration}")
+        if (out_dir / "model" / "config.json").is_file():  # trained before a crash
+            return str(out_dir / "model")
+        resume = "latest" if any((out_dir / "checkpoints").glob("step-*")) else None
+        sft = SFTConfig.from_dict({**sft_file, "model": config.model, "dataset": str(kept), "output_dir": str(out_dir),
+                                   "system_prompt": config.system_prompt, "chat_template": config.chat_template,
+                                   "seed": config.seed, "progress_bar": config.progress_bar, "resume": resume})
+        SFTTrainer(sft).train()
+        return str(out_dir / "model")
+
+    sampling = dict(prompt_column=config.prompt_column, answer_column=config.answer_column,
+                    max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                    system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed)
+    return bootstrap(rows, functions, weights, output, settings, make_engine=make_engine, model=config.model,
+                     iterations=iterations, train=train, sampling=sampling, progress=config.progress_bar)
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:

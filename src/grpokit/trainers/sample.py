@@ -5,23 +5,30 @@ Each prompt gets G completions (``rollout.generate``, the prompt rendered as ``g
 each completion is scored by the named reward functions as a GRPO step scores it (``rewards.score_steps``).
 A row holds the completion's weighted total reward as ``label``, and, when a process reward (one that
 returns step lists, such as ``arithmetic_steps``) is among them, its weighted steps as ``steps``; with
-``pairs``, rows are preference pairs built within each group instead.
+``pairs``, rows are preference pairs built within each group instead. :func:`sample_to_file` is the command: the rows
+of a config's dataset, sampled as a run with that config samples, written to a file.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.config import GRPOConfig
+from grpokit.data import check_columns
+from grpokit.models.loading import resolve_device
+from grpokit.resolve import code_options, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine, as_engine
-from grpokit.rollout.tools import ToolBox, reward_keywords
-from grpokit.training.sampling import render_prompt, reward_column_names
+from grpokit.rollout.tools import ToolBox, add_environment_reward, reward_keywords
+from grpokit.training.sampling import announce_sandboxes, render_prompt, reward_column_names, sampling_engine
 
 
 @torch.no_grad()
@@ -97,6 +104,35 @@ def sample_rows(
         made = _pairs([r for r in labelled[first:first + g] if r is not None], counts)
         counts["groups_without_pairs"] += not made
         out += made
+    return out, counts
+
+
+def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: int, num_prompts: int | None = None,
+                   pairs: bool = False) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
+    ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
+    ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
+    rows = load_rows(config.dataset, config.seed)[:num_prompts]
+    check_columns(rows, [config.prompt_column], source=config.dataset)
+    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
+                                                  device=resolve_device(config.device))
+    announce_sandboxes(functions, config.progress_bar)
+    engine, tokenizer, toolbox = sampling_engine(config)
+    add_environment_reward(functions, weights, toolbox.environment_factory)
+    out, counts = sample_rows(
+        engine, tokenizer, rows, functions, weights, num_generations=num_generations,
+        prompt_column=config.prompt_column, answer_column=config.answer_column,
+        max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+        system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed,
+        batch_size=config.prompts_per_step, pairs=pairs, progress=config.progress_bar, toolbox=toolbox,
+    )
+    if not out:
+        raise ValueError(f"dataset {config.dataset}: no row to write ({counts['completions']} completions: "
+                         f"{counts['unscored']} unscored, {counts['no_steps']} without a step"
+                         + (f", {counts['groups_without_pairs']} groups without a pair)" if pairs else ")"))
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in out)
     return out, counts
 
 

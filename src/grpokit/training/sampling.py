@@ -7,11 +7,15 @@ generator, the reward functions. The trainer owns the models and the update.
 Every completion's reward arrives as steps ``(token that ends the step, reward)``: with outcome
 supervision one step, the whole reward at the completion's last token; with process supervision the
 reward functions' steps. Both then take one path to the advantages (:func:`group_relative_advantages`).
+
+Outside a run, ``grpokit sample``, ``bootstrap`` and ``eval`` draw their completions from :func:`sampling_engine`: the
+engine, tokenizer and tools that a run with the same config samples with.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,12 +26,17 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
 from grpokit.core.offsets import step_token_ends
+from grpokit.models.loading import describe_precision, resolve_device, resolve_precision
+from grpokit.resolve import load_model_and_tokenizer
 from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rewards.code import code_counts
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
-from grpokit.rollout.engines import Engine
+from grpokit.rollout.engines import Engine, build_engine
 from grpokit.rollout.generate import Rollout
-from grpokit.rollout.tools import ToolBox, ToolUse
+from grpokit.rollout.python_tool import start_sandboxes
+from grpokit.rollout.sampling_options import SamplingOptions
+from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tools import ToolBox, ToolUse, resolve_tools
 from grpokit.training.distributed import SINGLE, World, all_sum, gather
 
 
@@ -303,3 +312,31 @@ class Sampler:
         advantage is 0 does not depend on the scale, so this stays local to the process."""
         advantages = group_relative_advantages(batch, self.config.num_generations, "none")
         return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
+
+
+# ---- outside a run: `grpokit sample`, `bootstrap` and `eval` sample as a run with the same config would --------------
+
+
+def sampling_engine(config: GRPOConfig) -> tuple[Engine, Any, ToolBox]:
+    """The engine that samples as a run with ``config`` trains (its generation_engine and precision, on
+    ``config.device``), the tokenizer and the ToolBox, the tools' protocol chosen by ``build_toolbox`` as that run
+    chooses it; what it does is said on stderr unless ``config.progress_bar`` is off."""
+    tool_functions, environment_factory = resolve_tools(config)
+    announce_sandboxes(tool_functions, config.progress_bar)
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
+                                                dtype=config.dtype)
+    toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
+                            max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+    device = resolve_device(config.device)
+    if config.progress_bar:
+        print(describe_precision(config.mixed_precision, device), file=sys.stderr)
+    options = SamplingOptions.from_config(config, resolve_precision(config.mixed_precision, device))
+    return build_engine(options, model.to(device), tokenizer, seed=config.seed), tokenizer, toolbox
+
+
+def announce_sandboxes(users: Sequence[Any], say: bool = True) -> None:
+    """Start the sandboxes of the tools or rewards among ``users`` that run model-written code (refusing now where
+    one cannot start), and, if ``say``, say on stderr what each is."""
+    for note in start_sandboxes(users):
+        if say:
+            print(note, file=sys.stderr)

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from grpokit.cli.plots import plot_run, read_metrics
 from grpokit.training.evaluation import reward_gaming_alarm, reward_level
+from grpokit.training.plots import plot_run, read_metrics
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }

@@ -1,4 +1,4 @@
-"""``grpokit plot RUN_DIR``: learning curves of a run as PNG, from its ``metrics.jsonl``.
+"""``grpokit plot RUN_DIR``: learning curves of a run as PNG, from the ``metrics.jsonl`` that :mod:`.runlog` writes.
 
 Needs matplotlib (``pip install grpokit[plot]``); everything else in grpokit runs without it.
 """
