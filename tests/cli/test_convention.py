@@ -104,6 +104,8 @@ def test_one_output_flag():
 def test_convert_refuses_its_old_positional_output(capsys):
     assert main(["convert", "model.gguf", "models/mine"]) == 2
     assert "error: unexpected argument 'models/mine'; the output is --output PATH" in capsys.readouterr().err
+    assert main(["convert", "model.gguf"]) == 2
+    assert "error: grpokit convert needs --output DIR" in capsys.readouterr().err
 
 
 def test_one_default_per_key():

@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Dequantize a GGUF file's weights to float32 and save them with its tokenizer and chat "
         "template (save_pretrained), loadable by plain transformers and by `model:` in a config. Needs "
         "pip install 'grpokit[gguf]'. A config may also say `model: gguf:FILE` to convert once and cache.",
-        allow_abbrev=False,
+        usage="grpokit convert GGUF_FILE --output DIR", allow_abbrev=False,
     )
     convert.add_argument("gguf_file", help="the .gguf file")
     convert.add_argument("--output", metavar="DIR", help="the directory to create (required; must not exist, or be "
