@@ -9,7 +9,7 @@ import grpokit.models.loading
 import grpokit.rollout.engines
 import grpokit.trainers.grpo
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.models.loading import cpu_flags, describe_precision, native_bf16, resolve_precision
+from grpokit.models.loading import cpu_flags, cpu_model, describe_precision, native_bf16, resolve_precision
 from helpers import make_trainer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -37,6 +37,14 @@ def test_cpu_flags_read_x86_and_arm_lines(cpuinfo, tmp_path):
     assert "bf16" in cpu_flags(cpuinfo(GRAVITON3))
     assert cpu_flags(cpuinfo("processor\t: 0\n")) == set()  # no flags line
     assert cpu_flags(tmp_path / "missing") == set()  # macOS, Windows: no /proc/cpuinfo
+
+
+def test_cpu_model_names_the_cpu_and_its_bfloat16_flags(cpuinfo, tmp_path):
+    sapphire = "model name\t: Intel Xeon\ncpu family\t: 6\nmodel\t\t: 143\n" + SAPPHIRE_RAPIDS
+    assert cpu_model(cpuinfo(sapphire)) == {"model": "Intel Xeon", "family": "6", "model_number": "143",
+                                            "bf16_flags": ["amx_bf16", "avx512_bf16"]}
+    assert cpu_model(cpuinfo(ZEN3))["bf16_flags"] == []
+    assert cpu_model(tmp_path / "missing")["bf16_flags"] is None  # no /proc/cpuinfo: the flags are unknown
 
 
 @pytest.mark.parametrize("text, native", [

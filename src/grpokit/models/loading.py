@@ -9,6 +9,7 @@ import copy
 import ctypes
 import functools
 import os
+import platform
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -123,6 +124,21 @@ def native_bf16(device: torch.device, cpuinfo: str | Path = "/proc/cpuinfo") -> 
         found = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in cpu_flags(cpuinfo)]
         return found[0] if found else None
     return None
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
+    """The CPU's model name, family and model numbers and the bfloat16-related flags it reports (Linux:
+    /proc/cpuinfo), which the benchmarks and the examples record beside their timings: one model name covers
+    several generations, and bfloat16 is fast only where the hardware computes it."""
+    try:
+        info = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {"model": platform.processor(), "bf16_flags": None}
+    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in info.splitlines()
+                                                           if ":" in line)}
+    return {"model": fields.get("model name", ""), "family": fields.get("cpu family"),
+            "model_number": fields.get("model"),
+            "bf16_flags": sorted(cpu_flags(cpuinfo) & {"avx512_bf16", "amx_bf16", "avx_ne_convert"})}
 
 
 def resolve_precision(setting: str, device: torch.device, cpuinfo: str | Path = "/proc/cpuinfo") -> str:

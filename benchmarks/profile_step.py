@@ -1,11 +1,11 @@
 """Where a grpokit step spends its time, with the fast path off (the models' own forward) and on.
 
-    python benchmarks/dev/profile_step.py --config large
+    python benchmarks/profile_step.py --config large
 
 First times the decode step's matrix products for ``--config``'s shapes (every layer's own weights,
 32 down to 8 rows) three ways: MKL on rows (``x @ Wᵀ``, the models' own), MKL on columns (``W @ x``) and
-oneDNN on packed weights (the fast path's, on the CPU). Then builds vs_trl.py's model, runs two untimed
-warm-up steps, profiles one step per setting with ``torch.profiler`` and prints the step's phases and
+oneDNN on packed weights (the fast path's, on the CPU). Then builds vs_trl.py's model (``common.build``), runs
+two untimed warm-up steps, profiles one step per setting with ``torch.profiler`` and prints the step's phases and
 the operators with the most self CPU time. Run it alone on the machine.
 """
 
@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
-from vs_trl import CONFIGS, build, grpokit_settings, rows  # noqa: E402
+from common import CONFIGS, SMOKE_HELP, SMOKE_THREADS, build, grpokit_settings, rows
 
 
-def decode_products(config_name: str) -> None:
-    """Best-of-7 time of one decode step's projections (all layers, distinct weights) at row counts a
+def decode_products(config_name: str, counts: tuple[int, ...] = (32, 24, 17, 16, 15, 12, 8), repeats: int = 7
+                    ) -> None:
+    """Best-of-``repeats`` time of one decode step's projections (all layers, distinct weights) at row counts a
     decode batch passes through, three ways: MKL on rows (``x @ Wᵀ``, the models' own), MKL on columns
     (``W @ x``: fast at 16, 24 and 32 columns, much slower just off them), and oneDNN on weights packed
     once (what ``llama_family`` decodes with on the CPU; no such cliffs)."""
@@ -48,14 +47,14 @@ def decode_products(config_name: str) -> None:
                  linear(x, gu, None, "none", [], ""), linear(inner, d, None, "none", [], ""))
                 for q, o, gu, d in packed]
 
-    for count in (32, 24, 17, 16, 15, 12, 8):
+    for count in counts:
         x, inner = torch.randn(count, h), torch.randn(count, i)
         flops = 2 * count * sum(w.numel() for layer in weights for w in layer)
         times = []
         for step, args in ((by_rows, (x, inner)), (by_columns, (x.t().contiguous(), inner.t().contiguous())),
                            (by_onednn, (x, inner))):
             best = float("inf")
-            for _ in range(7):
+            for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in range(20):
                     step(*args)
@@ -64,7 +63,7 @@ def decode_products(config_name: str) -> None:
         print(f"decode products, {count} rows: MKL rows {times[0]}, MKL columns {times[1]}, oneDNN packed {times[2]}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import profile
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -76,9 +75,14 @@ def main() -> None:
     parser.add_argument("--config", default="large", choices=list(CONFIGS))
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
     parser.add_argument("--top", type=int, default=12)
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    decode_products(args.config)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(SMOKE_THREADS if args.smoke else 2)
+    if args.smoke:
+        args.config = "tiny"
+        decode_products(args.config, counts=(8,), repeats=1)
+    else:
+        decode_products(args.config)
     with tempfile.TemporaryDirectory() as tmp:
         directory = str(build(args.config, Path(tmp)))
         tokenizer = AutoTokenizer.from_pretrained(directory)

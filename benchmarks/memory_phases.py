@@ -1,14 +1,14 @@
 """Where a grpokit step's peak memory is: per phase of each step, the peak resident set (what ``vs_trl.py``
 reports) beside the peak of glibc's in-use heap (``mallinfo2``: what live tensors and objects hold).
 
-    python benchmarks/dev/memory_phases.py --config smollm2 --mode bf16 gradient_checkpointing=true
-    python benchmarks/dev/memory_phases.py --config smollm2 --mode bf16 gradient_checkpointing=true optimizer=adamw_8bit
+    python benchmarks/memory_phases.py --config smollm2 --mode bf16 gradient_checkpointing=true
+    python benchmarks/memory_phases.py --config smollm2 --mode bf16 gradient_checkpointing=true optimizer=adamw_8bit
 
-Builds ``vs_trl.py``'s model and grpokit settings (``KEY=VALUE`` arguments override the config), runs
-``--steps`` steps, and samples both every few milliseconds from a thread. The phases: ``sample`` (generation
-and rewards), ``reference`` (π_ref's pass), ``update`` (the policy's passes, backward and the optimizer step;
-with it the rest of the step). The gap between the two columns is what the heap's free memory, the
-model's memory-mapped weights and the runtime's own mappings add. Linux with glibc only.
+Builds ``vs_trl.py``'s model and grpokit settings (``common.build``, ``common.grpokit_settings``; ``KEY=VALUE``
+arguments override the config), runs ``--steps`` steps, and samples both every few milliseconds from a thread. The
+phases: ``sample`` (generation and rewards), ``reference`` (π_ref's pass), ``update`` (the policy's passes, backward
+and the optimizer step; with it the rest of the step). The gap between the two columns is what the heap's free
+memory, the model's memory-mapped weights and the runtime's own mappings add. Linux with glibc only.
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import resource
-import sys
 import threading
 import time
 from pathlib import Path
 
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: vs_trl.py, common.py
-from vs_trl import CONFIGS, build, grpokit_settings, rows  # noqa: E402
+from common import CONFIGS, SMOKE_HELP, SMOKE_THREADS, build, grpokit_settings, rows
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -33,13 +30,16 @@ class _Mallinfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="smollm2", choices=list(CONFIGS))
     parser.add_argument("--mode", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.config, args.mode, args.steps = "tiny", "fp32", 1
 
     import tempfile
 
@@ -81,7 +81,7 @@ def main() -> None:
                 phase[0] = previous
         setattr(obj, name, wrapped)
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(SMOKE_THREADS if args.smoke else 2)
     with tempfile.TemporaryDirectory() as scratch:
         directory = str(build(args.config, Path(scratch) / "model"))
         tokenizer = AutoTokenizer.from_pretrained(directory)

@@ -1,8 +1,8 @@
 """One decode step of the fast path on fixed inputs, by the number of rows still decoding.
 
-    python benchmarks/dev/decode_step.py --config small --rows 8 16 32
+    python benchmarks/decode_step.py --config small --rows 8 16 32
 
-Builds ``vs_trl.py``'s model for ``--config`` and, for each row count, what a rollout's decode step
+Builds ``vs_trl.py``'s model for ``--config`` (``common.build``) and, for each row count, what a rollout's decode step
 runs: the layers' products, norms, RoPE, the cache write and one-query attention, then the final norm
 and the LM head (``LlamaFamily._decode_step``), at cache column ``--column``. Also times the layers'
 products alone (each product on its own input, all layers), the LM head's product alone, the layers' products
@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 import timeit
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, vs_trl.py
-from vs_trl import CONFIGS, build  # noqa: E402
+from common import CONFIGS, SMOKE_HELP, SMOKE_THREADS, build
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -52,7 +50,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="also the step under torch.compile (see above)")
     parser.add_argument("--compile_attention", action="store_true", help="also attention compiled (see above)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    blocks, calls_per_block = 20, 50
+    if args.smoke:
+        args.config, args.rows, args.column, blocks, calls_per_block = "tiny", [2, 4], 8, 2, 1
+        args.threads = SMOKE_THREADS
     if args.compile:
         opaque_products()
     torch.set_num_threads(args.threads)
@@ -124,16 +127,17 @@ def main() -> None:
                 compiled_step(family, layers, head, head_scale, x, cache, turns, mask, args.column)
         parts = tuple(calls[args.rows[0]])
         times = {(a, part): [] for a in args.rows for part in parts}
-        for block in range(20):
+        for block in range(blocks):
             for a in args.rows if block % 2 == 0 else args.rows[::-1]:
                 for part, call in calls[a].items():
                     for _ in range(5):
                         call()
                     start = time.perf_counter()
-                    for _ in range(50):
+                    for _ in range(calls_per_block):
                         call()
-                    times[a, part].append((time.perf_counter() - start) / 50 * 1e6)
-    print(f"{args.config}, cache column {args.column}: µs per call, min / median of 20 blocks of 50")
+                    times[a, part].append((time.perf_counter() - start) / calls_per_block * 1e6)
+    print(f"{args.config}, cache column {args.column}: µs per call, min / median of {blocks} blocks of "
+          f"{calls_per_block}")
     for a in args.rows:
         print(f"{a:3d} rows: " + "; ".join(
             f"{part} {min(times[a, part]):.0f} / {statistics.median(times[a, part]):.0f}"
