@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the models they build, vs_trl.py's grpokit settings, this machine's bounds
 (read bandwidth, matrix-multiply peak) and decoding's roofline, the memory a trainer holds, workers in fresh
-processes, mean-and-spread curves, and ``--smoke``: every script's tiny run, which tests/test_benchmarks.py makes
+processes, mean-and-spread curves, and ``--smoke``: every script's tiny run, which tests/test_benchmarks.py runs
 so that a refactor that breaks a benchmark fails CI.
 
 Python puts a script's own directory first on the import path, so the scripts import this as ``common``.

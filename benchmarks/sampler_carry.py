@@ -9,13 +9,13 @@ The recipe's GRPO runs that lost the carry (docs/sampling.md) sampled with bf16 
 model GRPO starts from, as GRPO does (the recipe's prompts and system prompt, T = 1, ≤ 48 new tokens), on the
 held-out carry problems with each ``rollout_precision`` — the same prompts and the same random seed for each — and
 classifies the tens column of every completion as examples/smollm2/summarize.py does
-(``grpokit.tasks.arithmetic.tens_column``): forgets the carry, writes it
-but adds it wrong, right, other. A sampler biased against the carry shows as shares unlike float32's, beyond the
-binomial standard errors printed beside them. Each lower-precision sampler's completions are then scored by the
-float32 model and the shares recomputed with each completion weighted by its sequence ratio π_fp32/π_sample (as is,
-truncated at --cap, masked above it; ``rollout_is_mode``'s ``sequence_*``): where these land near float32's own
-shares, sequence-level weights undo the sampler's bias (token-level weights, the default mode, have no such
-reading). Writes ``benchmarks/results/sampler_carry.json``.
+(``grpokit.tasks.arithmetic.tens_column``): forgets the carry, writes it but adds it wrong, right, other. A sampler
+biased against the carry shows as shares unlike float32's, beyond the binomial standard errors printed beside them.
+Each lower-precision sampler's completions are then scored by the float32 model and the shares recomputed with each
+completion weighted by its sequence ratio π_fp32/π_sample (as is, truncated at --cap, masked above it;
+``rollout_is_mode``'s ``sequence_*``): where these land near float32's own shares, sequence-level weights undo the
+sampler's bias (token-level weights, the default mode, have no such reading). Writes
+``benchmarks/results/sampler_carry.json``.
 """
 
 from __future__ import annotations
