@@ -43,8 +43,8 @@ from common import SMOLLM2_135M, cpu_model
 from transformers import LlamaConfig, LlamaForCausalLM
 from vs_trl_report import matmul_peak
 
-from grpokit.models.loading import keep_freed_memory
 from grpokit.rollout.generate import generate
+from grpokit.runtime.memory import keep_freed_memory
 
 
 def sync(device: torch.device) -> None:

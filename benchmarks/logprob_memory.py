@@ -6,7 +6,7 @@ A Llama built from SmolLM2-135M's config (vocabulary 49,152, hidden 576, 30 laye
 heads, FFN 1536, tied embeddings), random weights (memory does not depend on them), float32, and one
 micro-batch: 2 prompts of 32 tokens × G = 8 completions of 128 tokens, every token scored (K = 2,048). Each
 variant runs in a fresh process, which builds the model and the batch, then resets its peak RSS (Linux:
-``/proc/self/clear_refs``) and runs one pass of ``rollout.sequence_logprobs``:
+``/proc/self/clear_refs``) and runs one pass of ``models.logprobs.sequence_logprobs``:
 
 - **policy**: with gradient, ``logp.sum().backward()``; the parameters' gradients are allocated before the
   pass (as in training after the first step), so the rise is what the pass itself holds;

@@ -32,11 +32,12 @@ import yaml
 from common import cpu_model
 
 from grpokit.core.importance import importance_weights
-from grpokit.models.loading import autocast, load_pretrained
+from grpokit.data import render_prompt
+from grpokit.models.loading import load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
+from grpokit.runtime.device import autocast
 from grpokit.tasks.arithmetic import has_carry
-from grpokit.training.sampling import render_prompt
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "smollm2"
 sys.path.insert(0, str(RECIPE))

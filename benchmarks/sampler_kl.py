@@ -29,10 +29,10 @@ import yaml
 from common import cpu_model
 
 from grpokit.core.objective import kl_penalty
+from grpokit.data import render_prompt
 from grpokit.models.loading import load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
-from grpokit.training.sampling import render_prompt
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "smollm2"
 

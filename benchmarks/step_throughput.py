@@ -42,9 +42,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 from vs_trl_report import forward_flops
 
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import GRPOConfig
 from grpokit.tasks.tiny_model import build_tokenizer
-from grpokit.trainers.grpo import GRPOTrainer
 
 VARIANTS = {  # name → config overrides
     "fp32": {"mixed_precision": "no"},
