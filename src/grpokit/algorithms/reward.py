@@ -36,8 +36,8 @@ from grpokit.data import DataError, check_columns
 from grpokit.models.loading import ensure_pad_token, load_pretrained, save_pretrained
 from grpokit.resolve import load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
-from grpokit.runtime.device import autocast, resolve_device
-from grpokit.training.distributed import SINGLE, World, require_one_process
+from grpokit.runtime.device import autocast
+from grpokit.training.distributed import SINGLE, World
 from grpokit.training.supervised import SupervisedTrainer, split
 from grpokit.training.update import LossCounts, update
 
@@ -235,14 +235,8 @@ class RewardTrainer(SupervisedTrainer):
                  train_dataset: Sequence[dict[str, Any]] | None = None,
                  eval_dataset: Sequence[dict[str, Any]] | None = None):
         super().__init__()
-        require_one_process("grpokit reward train")
-        # (set_up seeds every stream: the new head's initialisation)
-        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
-
-        # The data are checked before the (possibly slow) model load.
-        if train_dataset is None and config.dataset is None:
-            raise ConfigError("dataset is required: a file of labelled, pair or step rows (JSONL, CSV, Parquet, or "
-                              "a directory written by datasets' save_to_disk)")
+        # (start seeds every stream: the new head's initialisation)
+        self.start(config, "grpokit reward train", train_dataset, "labelled, pair or step rows")
         rows, source = (list(train_dataset), "train_dataset") if train_dataset is not None else (
             load_rows(config.dataset, config.seed), config.dataset)
         self.form = detect_form(rows, config, source)

@@ -36,8 +36,7 @@ from grpokit.models.logprobs import sequence_logprobs
 from grpokit.models.lora import with_lora
 from grpokit.resolve import load_model_and_tokenizer, load_rows
 from grpokit.rollout.generate import Rollout, stop_token_ids
-from grpokit.runtime.device import autocast, resolve_device
-from grpokit.training.distributed import require_one_process
+from grpokit.runtime.device import autocast
 from grpokit.training.supervised import SupervisedTrainer, split
 from grpokit.training.update import LossCounts, UpdateBatch, update
 
@@ -170,13 +169,7 @@ class SFTTrainer(SupervisedTrainer):
                  train_dataset: Sequence[dict[str, Any]] | None = None,
                  eval_dataset: Sequence[dict[str, Any]] | None = None):
         super().__init__()
-        require_one_process("grpokit sft")
-        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
-
-        # The data are checked before the (possibly slow) model load.
-        if train_dataset is None and config.dataset is None:
-            raise ConfigError("dataset is required: a file of prompt/completion rows (JSONL, CSV, Parquet, or a "
-                              "directory written by datasets' save_to_disk)")
+        self.start(config, "grpokit sft", train_dataset, "prompt/completion rows")
         rows, source = _rows(train_dataset, config.dataset, "train_dataset", config)
         eval_rows, eval_source = _rows(eval_dataset, config.eval_dataset, "eval_dataset", config)
         if eval_rows and config.eval_fraction:
