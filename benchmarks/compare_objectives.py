@@ -34,12 +34,12 @@ import torch
 from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, mean_band, smoke_dir, smoke_warm_starts
 from transformers.utils import logging as hf_logging
 
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.cli.demo import DEMO_CONFIG
 from grpokit.config import GRPOConfig
 from grpokit.resolve import BUILTIN, load_model_and_tokenizer
 from grpokit.tasks.arithmetic import held_out_rows
 from grpokit.tasks.warm_start import warm_started_model_path
-from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.training.evaluation import evaluate, summarize
 
 OUTCOME = dict(supervision="outcome", reward_funcs=["accuracy", "format"])

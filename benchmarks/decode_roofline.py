@@ -50,8 +50,9 @@ from common import (
 )
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpokit.models.loading import cpu_model, keep_freed_memory
 from grpokit.rollout.generate import generate
+from grpokit.runtime.device import cpu_model
+from grpokit.runtime.memory import keep_freed_memory
 
 
 def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:

@@ -32,7 +32,7 @@ import torch
 from common import SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_starts
 
 from grpokit.cli.main import main as grpokit_main
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 
 def check(result: dict, seconds: float) -> dict[str, bool]:

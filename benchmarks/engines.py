@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 from common import SMOKE_HELP, SMOKE_THREADS, smoke_dir, smollm2_directory, tiny_model_dir
 
-from grpokit.models.loading import cpu_model, load_pretrained
+from grpokit.models.loading import load_pretrained
 from grpokit.rollout.engines import SamplingOptions, build_engine
+from grpokit.runtime.device import cpu_model
 
 PROMPT = "Write a short story about a robot who learns to paint. Begin with its first brushstroke."
 

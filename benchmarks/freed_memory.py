@@ -3,7 +3,7 @@
     python benchmarks/freed_memory.py            # under a minute on 2 cores
 
 On the CPU under Linux with glibc, the trainer sets glibc's malloc thresholds
-(``grpokit.models.loading.keep_freed_memory``) so that the memory a step frees is reused by the next step instead
+(``grpokit.runtime.memory.keep_freed_memory``) so that the memory a step frees is reused by the next step instead
 of being returned to the system and taken back one zeroed 4 KB page at a time. This measures what that
 changes. For each setting, ``--rounds`` fresh processes (the setting is process-wide and cannot be
 undone), alternating off and on, each:
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from common import BETA, CONFIGS, LR, SMOKE_HELP, SMOKE_THREADS, G, build, rows, run_worker, smoke_dir
 
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 
 def page_faults() -> int:
@@ -46,8 +46,8 @@ def worker(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
-    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])

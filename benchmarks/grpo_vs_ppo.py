@@ -57,13 +57,13 @@ def worker(job: dict) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.cli.demo import DEMO_CONFIG
     from grpokit.config import GRPOConfig
     from grpokit.resolve import BUILTIN, load_model_and_tokenizer
     from grpokit.tasks.arithmetic import held_out_rows
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
     from grpokit.tasks.warm_start import warm_started_model_path
-    from grpokit.trainers.grpo import GRPOTrainer
     from grpokit.training.evaluation import evaluate, summarize
 
     hf_logging.disable_progress_bar()

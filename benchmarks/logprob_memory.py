@@ -27,7 +27,7 @@ from pathlib import Path
 
 from common import SMOKE_HELP, SMOKE_THREADS, SMOLLM2_135M, TINY_LLAMA, run_worker, smoke_dir
 
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 PROMPTS, G, PROMPT_TOKENS, COMPLETION_TOKENS = 2, 8, 32, 128
 

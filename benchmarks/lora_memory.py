@@ -27,10 +27,10 @@ LORA = dict(lora_rank=8, lora_alpha=16.0,
 def worker(job: dict) -> dict:
     import torch
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
     from grpokit.resolve import BUILTIN
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(job["threads"])
     baseline = rss_mb()

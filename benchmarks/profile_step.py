@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     from torch.profiler import profile
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
-    from grpokit.trainers.grpo import GRPOTrainer
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="large", choices=list(CONFIGS))

@@ -29,7 +29,7 @@ import torch
 from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_starts
 
 from grpokit.cli.demo import run_demo
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.arithmetic import train_rows
 
 

@@ -6,7 +6,7 @@ wall-clock budget.
 Per seed, from the demo's warm-started tiny model (cached per seed):
 
 1. Reward-model data, small on purpose (so that the model can be fooled): ``--rm-prompts`` training prompts ×
-   4 completions sampled from the warm-started model (``grpokit.trainers.sample.sample_rows``), labelled by the rule
+   4 completions sampled from the warm-started model (``grpokit.training.labelling.sample_rows``), labelled by the rule
    ``accuracy`` (outcome rows, 0/1) and by ``arithmetic_steps`` (step rows: each column step and the answer).
 2. An outcome and a process reward model trained on them (``RewardTrainer``, the warm-started model as the
    backbone, DeepSeekMath's choice), their held-out accuracy recorded.
@@ -41,19 +41,19 @@ import yaml
 from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, mean_band, smoke_dir, smoke_warm_starts
 from transformers.utils import logging as hf_logging
 
+from grpokit.algorithms.grpo import GRPOTrainer
+from grpokit.algorithms.reward import RewardTrainer
 from grpokit.cli.demo import DEMO_CONFIG
 from grpokit.config import GRPOConfig, RewardConfig
-from grpokit.models.loading import cpu_model
 from grpokit.resolve import BUILTIN, load_model_and_tokenizer, load_rows
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.learned import OutcomeRewardModel
 from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.arithmetic import arithmetic_steps_reward, held_out_rows
 from grpokit.tasks.warm_start import warm_started_model_path
-from grpokit.trainers.grpo import GRPOTrainer
-from grpokit.trainers.reward import RewardTrainer
-from grpokit.trainers.sample import sample_rows
 from grpokit.training.evaluation import evaluate, summarize
+from grpokit.training.labelling import sample_rows
 
 # The reward model's training settings (also what iterative RL retrains it with).
 REWARD_TRAINING = dict(learning_rate=2e-3, epochs=5, batch_size=16, micro_batch_size=32, eval_fraction=0.2,

@@ -29,7 +29,7 @@ from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_
 from grpokit.cli.demo import run_demo
 from grpokit.config import GRPOConfig
 from grpokit.core.importance import IS_MODES
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 PRECISIONS = ("fp32", "bf16", "int8")
 

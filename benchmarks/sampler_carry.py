@@ -32,11 +32,12 @@ import yaml
 from common import SMOKE_HELP, SMOKE_THREADS, smoke_dir, tiny_model_dir
 
 from grpokit.core.importance import importance_weights
-from grpokit.models.loading import autocast, cpu_model, load_pretrained
+from grpokit.data import render_prompt
+from grpokit.models.loading import load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
+from grpokit.runtime.device import autocast, cpu_model
 from grpokit.tasks.arithmetic import carry_mistakes, has_carry, held_out_rows, prompt_operands, tens_column
-from grpokit.training.sampling import render_prompt
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "smollm2"
 

@@ -29,11 +29,12 @@ import yaml
 from common import SMOKE_HELP, SMOKE_THREADS, smoke_dir, tiny_model_dir
 
 from grpokit.core.objective import kl_penalty
-from grpokit.models.loading import cpu_model, load_pretrained
+from grpokit.data import render_prompt
+from grpokit.models.loading import load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.arithmetic import held_out_rows
-from grpokit.training.sampling import render_prompt
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "smollm2"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common import SMOKE_HELP, smoke_dir
 
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 from grpokit.sandbox import Sandbox
 from grpokit.sandbox.bwrap import bwrap_version
 from grpokit.sandbox.interpreter import closed_to_others

@@ -60,10 +60,10 @@ from torch.autograd import DeviceType
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import GRPOConfig
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.tiny_model import build_tokenizer
-from grpokit.trainers.grpo import GRPOTrainer
 
 VARIANTS = {  # name → config overrides
     "fp32": {"mixed_precision": "no"},

@@ -27,10 +27,10 @@ from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli.demo import TOOLS_CONFIG
-from grpokit.models.loading import cpu_model
 from grpokit.resolve import load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox, resolve_tools
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.tool_task import train_rows
 from grpokit.tasks.warm_start import warm_started_model_path
 

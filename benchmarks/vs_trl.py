@@ -65,7 +65,7 @@ from common import (
     smoke_dir,
 )
 
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 
 def useful_flops(model_config, prompt_lengths: list[int], completion_lengths: list[float],
@@ -160,8 +160,8 @@ def grpokit_worker(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
-    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 
 def accuracy(path: Path, runs: Path) -> dict[str, float] | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from grpokit.core.answers import answers_match, extract_answer
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.arithmetic import carry_mistakes, has_carry, prompt_operands
 
 STAGES = ("base", "sft", "grpo")

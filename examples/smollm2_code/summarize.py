@@ -20,7 +20,7 @@ from pathlib import Path
 
 from make_data import SHAPE_FAMILIES  # beside this script, which Python imports from when it runs it
 
-from grpokit.models.loading import cpu_model
+from grpokit.runtime.device import cpu_model
 
 STAGES = ("base", "sft", "grpo")
 WINDOW = 10  # training steps per point of the pass-rate curve

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from grpokit.data import DataError, check_columns
+from grpokit.data import DataError, check_columns, render_prompt
 from grpokit.resolve import load_model_and_tokenizer
-from grpokit.training.sampling import render_prompt
 from helpers import CHAT_TEMPLATE as TEMPLATE
 from helpers import make_trainer, ones
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from grpokit.algorithms.sft import SFTConfig, SFTTrainer
 from grpokit.cli.report import write_report
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rewards.builtin import accuracy_reward
-from grpokit.trainers.sft import SFTConfig, SFTTrainer
 from grpokit.training.evaluation import evaluate, reward_gaming_alarm, summarize
 from helpers import make_trainer
 

@@ -37,7 +37,7 @@ def _last_step(history: list[dict[str, Any]], keys: Sequence[str], digits: int) 
 
 
 def _train(config: GRPOConfig) -> int:
-    from grpokit.trainers.grpo import GRPOTrainer
+    from grpokit.algorithms.grpo import GRPOTrainer
 
     trainer = GRPOTrainer(config)
     history = trainer.train()
@@ -49,7 +49,7 @@ def _train(config: GRPOConfig) -> int:
 
 
 def _sft(config: SFTConfig) -> int:
-    from grpokit.trainers.sft import SFTTrainer
+    from grpokit.algorithms.sft import SFTTrainer
 
     history = SFTTrainer(config).train()
     print(f"done: {len(history)} steps; last step: {_last_step(history, ('loss', 'eval_loss'), 4)}; model saved to "
@@ -58,7 +58,7 @@ def _sft(config: SFTConfig) -> int:
 
 
 def _reward_train(config: RewardConfig) -> int:
-    from grpokit.trainers.reward import RewardTrainer
+    from grpokit.algorithms.reward import RewardTrainer
 
     trainer = RewardTrainer(config)
     history = trainer.train()
@@ -102,11 +102,11 @@ def _engine_and_toolbox(config: GRPOConfig, quiet: bool) -> tuple[Any, Any, Any]
     """The engine that samples as a run with ``config`` trains (its generation_engine and precision, on
     ``config.device``), the tokenizer and the ToolBox, the tools' protocol chosen by ``build_toolbox`` as that run
     chooses it."""
-    from grpokit.models.loading import describe_precision, resolve_device, resolve_precision
     from grpokit.resolve import load_model_and_tokenizer
     from grpokit.rollout.engines import SamplingOptions, build_engine
     from grpokit.rollout.tool_templates import build_toolbox
     from grpokit.rollout.tools import resolve_tools
+    from grpokit.runtime.device import describe_precision, resolve_device, resolve_precision
 
     tool_functions, environment_factory = resolve_tools(config)
     _say_sandboxes(tool_functions, quiet)
@@ -137,10 +137,10 @@ def _first(rows: list[dict[str, Any]], num_prompts: int | None) -> list[dict[str
 
 
 def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from grpokit.models.loading import resolve_device
     from grpokit.resolve import code_options, resolve_reward_functions
     from grpokit.rollout.tools import add_environment_reward
-    from grpokit.trainers.sample import sample_rows
+    from grpokit.runtime.device import resolve_device
+    from grpokit.training.labelling import sample_rows
 
     config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1)
     if args.output is None:
@@ -177,10 +177,10 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
     import dataclasses
 
-    from grpokit.models.loading import resolve_device
+    from grpokit.algorithms.bootstrap import BootstrapSettings, bootstrap
+    from grpokit.algorithms.sft import SFTTrainer
     from grpokit.resolve import code_options, resolve_reward_functions
-    from grpokit.trainers.bootstrap import BootstrapSettings, bootstrap
-    from grpokit.trainers.sft import SFTTrainer
+    from grpokit.runtime.device import resolve_device
 
     config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1, default=8)
     if args.output is None:
@@ -243,9 +243,9 @@ def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from grpokit.data import render_prompt
     from grpokit.resolve import eval_judge, load_eval_rows
     from grpokit.training.evaluation import evaluate, summarize
-    from grpokit.training.sampling import render_prompt
 
     config, generations = sampling_config(args, extra, EVAL_KEYS, minimum=0, default=EVAL_GENERATIONS)
     prompt_column, answer_column = config.prompt_column, config.answer_column

@@ -17,17 +17,17 @@ from typing import Any
 import torch
 import yaml
 
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.cli.options import recipe_file
 from grpokit.config import GRPOConfig
-from grpokit.models.loading import quiet_unless
 from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import ToolBox, resolve_tools
+from grpokit.runtime.progress import quiet_unless
 from grpokit.tasks import tool_task
 from grpokit.tasks.arithmetic import held_out_rows
 from grpokit.tasks.warm_start import warm_started_model_path
-from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.training.evaluation import evaluate, summarize
 
 # The keys of a recipe that run_demo sets itself.

@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
+from grpokit.algorithms import grpo as grpokit_trainer
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
-from grpokit.models import logprobs as grpokit_rollout
+from grpokit.models import logprobs as grpokit_logprobs
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout import engines as grpokit_engines
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
-from grpokit.trainers import grpo as grpokit_trainer
-from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.training import sampling as grpokit_sampling
 from helpers import TINY
 
@@ -211,7 +211,7 @@ def test_every_logprob_pass_gets_the_runs_settings(tokenizer, tiny_model, tmp_pa
         return sequence_logprobs(model, *args, **kwargs)
 
     monkeypatch.setattr(grpokit_trainer, "sequence_logprobs", recorded)  # the frozen passes
-    monkeypatch.setattr(grpokit_rollout, "sequence_logprobs", recorded)  # the policy's (PolicyLogprobs)
+    monkeypatch.setattr(grpokit_logprobs, "sequence_logprobs", recorded)  # the policy's (PolicyLogprobs)
     trainer = trainer_for(tokenizer, tiny_model, tmp_path, temperature=0.7, logprob_chunk_mb=0.5, fast_path=False,
                           num_iterations=2, beta=0.1)
     trainer.training_step()

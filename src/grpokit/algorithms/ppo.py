@@ -28,8 +28,9 @@ from grpokit.core.objective import kl_penalty
 from grpokit.core.optim import adamw_with_schedule
 from grpokit.core.ppo_objective import explained_variance_from_moments, gae, value_loss, whiten
 from grpokit.models.logprobs import sequence_inputs
+from grpokit.models.sharding import full_state_dict
 from grpokit.rollout.generate import Rollout
-from grpokit.training.distributed import World, all_sum_dict, data_parallel, full_state_dict
+from grpokit.training.distributed import World, all_sum_dict, data_parallel
 from grpokit.training.sampling import Batch
 from grpokit.training.update import Learner, LossCounts, UpdateBatch
 
@@ -159,6 +160,6 @@ class Critic:
 
     def save(self, path: str | Path) -> None:
         """The value model in ``path`` (every process calls it: a sharded model is gathered first)."""
-        state = full_state_dict(self.value_model, self.world)
+        state = full_state_dict(self.value_model, self.world.main)
         if self.world.main:
             self.value_model.save(path, state)

@@ -1,5 +1,5 @@
 """The same paths on a CUDA device: skipped where there is none (CI), run on a GPU machine with
-``pytest tests/trainers/test_cuda.py``."""
+``pytest tests/algorithms/test_cuda.py``."""
 
 import pytest
 import torch

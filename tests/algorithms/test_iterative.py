@@ -1,5 +1,5 @@
-"""Iterative RL (grpokit.trainers.iterative): the reward model retrained between iterations on the policy's samples with
-replay, the reference reset to the policy (KL exactly 0 at each iteration's first step), bit-exact resume."""
+"""Iterative RL (grpokit.algorithms.iterative): the reward model retrained between iterations on the policy's samples
+with replay, the reference reset to the policy (KL exactly 0 at each iteration's first step), bit-exact resume."""
 
 import json
 import shutil
@@ -181,11 +181,11 @@ def test_a_label_the_rows_cannot_feed_fails_at_start_up(reward_dirs, tmp_path):
 
 def test_with_tools_the_reward_models_rows_are_sampled_with_them(reward_dirs, tmp_path, monkeypatch):
     """The reward model retrains on trajectories like those it scores in training: tool results included."""
-    import grpokit.trainers.iterative
+    import grpokit.algorithms.iterative
     from helpers import TOOL_SPEC as SPEC
 
-    boxes, real = [], grpokit.trainers.iterative.sample_rows
-    monkeypatch.setattr(grpokit.trainers.iterative, "sample_rows", lambda *a, toolbox=None, **k: boxes.append(toolbox)
+    boxes, real = [], grpokit.algorithms.iterative.sample_rows
+    monkeypatch.setattr(grpokit.algorithms.iterative, "sample_rows", lambda *a, toolbox=None, **k: boxes.append(toolbox)
                         or real(*a, toolbox=toolbox, **k))
     tokenizer = build_tokenizer(tool_tags=True)
     config = config_for(reward_dirs, tmp_path / "run", rl_iterations=2, max_steps=2, tools=["calculator"],

@@ -8,22 +8,22 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpokit.algorithms import grpo as grpokit_trainer
 from grpokit.data import DataError
-from grpokit.models import loading as grpokit_models
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.calling import RewardError
 from grpokit.rollout.generate import generate
-from grpokit.trainers import grpo as grpokit_trainer
+from grpokit.runtime import memory
 from grpokit.training.update import UpdateBatch
 from helpers import ROWS, documented_metrics, logged_keys, loss_and_gradient, make_trainer, ones
 
 
 def test_cpu_training_keeps_freed_memory_for_the_next_step(tokenizer, tiny_model, tmp_path, monkeypatch):
-    """On the CPU the trainer has malloc keep freed memory (``grpokit.models.loading.keep_freed_memory``) unless
+    """On the CPU the trainer has malloc keep freed memory (``grpokit.runtime.memory.keep_freed_memory``) unless
     ``keep_freed_memory: false``, and on Linux with glibc the settings take. What they save (page faults,
     seconds per step) depends on the machine's state: ``benchmarks/freed_memory.py`` measures it."""
     returned = []
-    real = grpokit_models.keep_freed_memory
+    real = memory.keep_freed_memory
     monkeypatch.setattr(grpokit_trainer, "keep_freed_memory", lambda: returned.append(real()) or returned[-1])
     make_trainer(tokenizer, tiny_model, tmp_path / "off", keep_freed_memory=False, device="cpu")
     assert returned == []
@@ -111,10 +111,23 @@ def test_missing_answer_column_names_row_and_column(tokenizer, tiny_model, tmp_p
 
 
 def test_answer_column_mapping(tokenizer, tiny_model, tmp_path):
-    rows = [{"prompt": "a", "solution": "1"}] * 4
-    trainer = make_trainer(tokenizer, tiny_model, tmp_path, rows=rows, reward_funcs=(accuracy_reward,),
+    """answer_column's values reach reward functions as `answer` (over a column of that name) and under their own
+    name; the other columns by name; the prompt only positionally."""
+    seen = []
+
+    def spy(prompts, completions, **columns):
+        seen.append(columns)
+        return [0.0] * len(completions)
+
+    rows = [{"prompt": f"p{i}", "solution": str(i), "answer": "decoy", "level": i % 2} for i in range(4)]
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, rows=rows, reward_funcs=(spy,),
                            answer_column="solution", max_steps=1)
     trainer.train()
+    (columns,) = seen
+    by_prompt = {row["solution"]: row for row in rows}
+    assert "prompt" not in columns and set(columns["answer"]) <= set(by_prompt)
+    assert columns["answer"] == columns["solution"]
+    assert [by_prompt[a]["level"] for a in columns["answer"]] == columns["level"]
 
 
 def test_prompt_longer_than_context_names_the_row(tokenizer, tiny_model, tmp_path):

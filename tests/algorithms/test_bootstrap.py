@@ -6,8 +6,7 @@ import json
 import pytest
 import yaml
 
-from grpokit.cli.main import main
-from grpokit.trainers.bootstrap import (
+from grpokit.algorithms.bootstrap import (
     BootstrapError,
     BootstrapSettings,
     SamplesLog,
@@ -15,6 +14,7 @@ from grpokit.trainers.bootstrap import (
     rewrite_to_tags,
     select,
 )
+from grpokit.cli.main import main
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(12, 30), (47, 85), (20, 21), (33, 44)]]
 

@@ -12,10 +12,10 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 
 import grpokit
 from grpokit import OutcomeRewardModel, ProcessRewardModel, RewardConfig, RewardTrainer
+from grpokit.algorithms.reward import RewardBatch
 from grpokit.cli.main import main
 from grpokit.config import ConfigError
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
-from grpokit.trainers.reward import RewardBatch
 from grpokit.training.distributed import SINGLE
 from helpers import assert_resume_is_bit_exact
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpokit import group_advantages, grpo_loss, process_advantages
+from grpokit.algorithms import grpo as grpokit_trainer
 from grpokit.models.logprobs import sequence_logprobs
-from grpokit.trainers import grpo as grpokit_trainer
 from grpokit.training.sampling import group_relative_advantages
 from grpokit.training.update import UpdateBatch
 from helpers import brute_force_ends, each_one, fixed_rollout, loss_and_gradient, make_trainer, ones

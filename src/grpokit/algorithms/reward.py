@@ -11,8 +11,9 @@ step-labelled ``{prompt, completion, steps: [[offset, label], ...]}`` a process 
 
 Each text is built, tokenized, cut and read exactly as :class:`~grpokit.rewards.learned.OutcomeRewardModel`
 and :class:`~grpokit.rewards.learned.ProcessRewardModel` build, tokenize, cut and read it when scoring (the
-helpers are theirs), so the saved model scores as it was trained. The run's bookkeeping (data order,
-metrics, checkpoints, saving) is :class:`~grpokit.trainers.sft.SFTTrainer`'s. One process (no torchrun).
+helpers are theirs), so the saved model scores as it was trained. The run loop, checkpoints and metrics are
+:class:`~grpokit.training.engine.Trainer`'s; the epoch order, evaluation schedule and step budget are shared with
+SFT (:class:`~grpokit.training.supervised.SupervisedTrainer`). One process (no torchrun).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,14 +33,10 @@ import torch.nn.functional as F
 from grpokit.config import ConfigError, RewardConfig
 from grpokit.core.answers import Text, text_of
 from grpokit.data import DataError, check_columns
-from grpokit.models.loading import (
-    DTYPES,
-    autocast,
-    resolve_device,
-    save_pretrained,
-)
+from grpokit.models.loading import ensure_pad_token, load_pretrained, save_pretrained
 from grpokit.resolve import load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
+from grpokit.runtime.device import autocast
 from grpokit.training.distributed import SINGLE, World
 from grpokit.training.supervised import SupervisedTrainer, split
 from grpokit.training.update import LossCounts, update
@@ -199,19 +195,8 @@ def tokenize_rows(parsed: Sequence[tuple[Text, list[Text], list[float], list[int
 def load_backbone(config: RewardConfig, head: str) -> tuple[torch.nn.Module, Any]:
     """``config.model`` (a causal LM, ``gguf:FILE``, ``builtin:arithmetic``) as an ``AutoModel{head}`` with one
     label: the backbone's weights, a new head."""
-    import transformers
-    from packaging.version import Version
-    from transformers import AutoTokenizer
-
-    path = model_directory(config.model, config.seed, config.progress_bar)
-    keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-    options = {} if config.dtype == "auto" else {keyword: DTYPES[config.dtype]}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = getattr(transformers, f"AutoModel{head}").from_pretrained(path, num_labels=1, **options)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"model: cannot load {path!r} as the backbone of an AutoModel{head}: {error}") from None
-    return model, tokenizer
+    return load_pretrained(model_directory(config.model, config.seed, config.progress_bar), config.dtype, head,
+                           num_labels=1)
 
 
 # ---- the trainer ---------------------------------------------------------------------------------
@@ -250,17 +235,8 @@ class RewardTrainer(SupervisedTrainer):
                  train_dataset: Sequence[dict[str, Any]] | None = None,
                  eval_dataset: Sequence[dict[str, Any]] | None = None):
         super().__init__()
-        # Launched by torchrun, every process would train its own copy. (Iterative RL under torchrun retrains
-        # the reward model on the first process only, with the process group already up: that is allowed.)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
-            raise ConfigError("grpokit reward train runs in one process; launch it without torchrun")
-        # (set_up seeds every stream: the new head's initialisation)
-        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
-
-        # The data are checked before the (possibly slow) model load.
-        if train_dataset is None and config.dataset is None:
-            raise ConfigError("dataset is required: a file of labelled, pair or step rows (JSONL, CSV, Parquet, or "
-                              "a directory written by datasets' save_to_disk)")
+        # (start seeds every stream: the new head's initialisation)
+        self.start(config, "grpokit reward train", train_dataset, "labelled, pair or step rows")
         rows, source = (list(train_dataset), "train_dataset") if train_dataset is not None else (
             load_rows(config.dataset, config.seed), config.dataset)
         self.form = detect_form(rows, config, source)
@@ -281,11 +257,7 @@ class RewardTrainer(SupervisedTrainer):
             raise ValueError("a tokenizer is required when a model is passed")
         # As the reward models pad: config.pad_token_id, else the tokenizer's pad, else EOS; saved in the config.
         if model.config.pad_token_id is None:
-            if tokenizer.pad_token_id is None:
-                if tokenizer.eos_token is None:
-                    raise ValueError(f"model: the tokenizer of {config.model!r} has neither a pad nor an EOS token")
-                tokenizer.pad_token = tokenizer.eos_token
-            model.config.pad_token_id = tokenizer.pad_token_id
+            model.config.pad_token_id = ensure_pad_token(tokenizer, repr(config.model))
         self.pad_id = model.config.pad_token_id
         self.model, self.tokenizer = model.to(self.device), tokenizer
 

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
+from grpokit.algorithms import grpo as grpokit_trainer
+from grpokit.algorithms.grpo import GRPOTrainer
+from grpokit.algorithms.ppo import token_rewards
 from grpokit.config import GRPOConfig
 from grpokit.core.ppo_objective import gae, value_loss, whiten
-from grpokit.trainers import grpo as grpokit_trainer
-from grpokit.trainers.grpo import GRPOTrainer
-from grpokit.trainers.ppo import token_rewards
 from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
 
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]

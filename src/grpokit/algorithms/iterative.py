@@ -6,13 +6,13 @@ each but the last (the step that ends iteration k, k = 1 .. K-1):
 
 1. ``reward_model_prompts`` training prompts (a seeded draw) get G = ``num_generations`` completions each from
    the current policy, labelled by the rule rewards ``reward_model_labels``
-   (:func:`grpokit.trainers.sample.sample_rows`,
+   (:func:`grpokit.training.labelling.sample_rows`,
    what ``grpokit sample`` writes: a label, a process reward's steps, or pairs, in the reward model's form),
    calling the run's tools as its training rollouts do;
 2. the one learned reward model in ``reward_funcs`` is retrained, from its current weights, on those rows plus
    a random ``reward_model_replay`` share of its older rows (``reward_model_config``'s dataset, and every
    earlier iteration's samples) with ``reward_model_config``'s settings
-   (:class:`~grpokit.trainers.reward.RewardTrainer`), and scores with the new weights from the next step on;
+   (:class:`~grpokit.algorithms.reward.RewardTrainer`), and scores with the new weights from the next step on;
 3. the reference model is reset to the current policy, so that the next step's KL is exactly 0.
 
 What iteration k writes lives in ``output_dir/reward_model/iteration-k/``: ``samples.jsonl``, the reward
@@ -25,49 +25,30 @@ first process samples and retrains; the new weights are then broadcast to every 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
+from grpokit.algorithms.reward import RewardTrainer, detect_form
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
 from grpokit.data import DataError
 from grpokit.resolve import code_options, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
-from grpokit.trainers.reward import RewardTrainer, detect_form
-from grpokit.trainers.sample import sample_rows
+from grpokit.runtime.seeding import preserved_rng
 from grpokit.training.distributed import World, broadcast_from_main
+from grpokit.training.labelling import sample_rows
 
 __all__ = ["IterativeRL"]
 
 # The column names grpokit sample writes; older rows are renamed to them (from reward_model_config's names).
 COLUMNS = {"prompt_column": "prompt", "completion_column": "completion", "label_column": "label",
            "chosen_column": "chosen", "rejected_column": "rejected", "steps_column": "steps"}
-
-
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """The global random streams as they were on entry, whatever ran inside (the reward trainer seeds them):
-    the policy's run goes on exactly as if the iteration's work had not drawn from them."""
-    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
 
 
 class IterativeRL:
@@ -120,7 +101,7 @@ class IterativeRL:
 
     def advance(self, trainer: Any) -> dict[str, Any]:
         """Sample, retrain the reward model, reset the reference (the module docstring's steps 1-3), after
-        step ``trainer.step`` (of the :class:`~grpokit.trainers.grpo.GRPOTrainer` that holds this object); returns
+        step ``trainer.step`` (of the :class:`~grpokit.algorithms.grpo.GRPOTrainer` that holds this object); returns
         what was done (also a line of ``iterations.jsonl``)."""
         k = trainer.step // self.steps
         folder = self.root / f"iteration-{k}"

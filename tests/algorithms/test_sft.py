@@ -8,11 +8,11 @@ import pytest
 import torch
 import yaml
 
+from grpokit.algorithms.sft import Example, SFTTrainer, collate, tokenize_rows
 from grpokit.cli.main import main
 from grpokit.config import ConfigError, SFTConfig, load_config
 from grpokit.data import DataError
 from grpokit.rollout.generate import stop_token_ids
-from grpokit.trainers.sft import Example, SFTTrainer, collate, tokenize_rows
 from grpokit.training.update import LossCounts, UpdateBatch
 from helpers import assert_resume_is_bit_exact
 
@@ -356,10 +356,10 @@ def test_collate_keeps_truncation_flags(tokenizer):
 
 
 def test_mixed_precision_auto_is_decided_once_at_start_up(tokenizer, tiny_model, tmp_path, monkeypatch):
-    import grpokit.models.loading
+    import grpokit.runtime.device
 
-    monkeypatch.setattr(grpokit.models.loading, "native_bf16", lambda *args: "amx_bf16")
+    monkeypatch.setattr(grpokit.runtime.device, "native_bf16", lambda *args: "amx_bf16")
     assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto").mixed_precision == "bf16"
-    monkeypatch.setattr(grpokit.models.loading, "native_bf16", lambda *args: None)
+    monkeypatch.setattr(grpokit.runtime.device, "native_bf16", lambda *args: None)
     assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto").mixed_precision == "no"
     assert make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="bf16").mixed_precision == "bf16"

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+import grpokit.algorithms.grpo
 import grpokit.models.fast.fused_linear
 import grpokit.rollout.engines
-import grpokit.trainers.grpo
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.core.importance import importance_weights
 from helpers import documented_metrics, logged_keys, make_trainer
@@ -58,8 +58,8 @@ def test_bf16_autocast_samples_the_policy_itself_under_bf16_autocast(tokenizer, 
 
 def test_the_loss_gets_the_samplers_logprobs_only_with_a_lower_precision(tokenizer, tiny_model, tmp_path,
                                                                           monkeypatch):
-    given, real = [], grpokit.trainers.grpo.grpo_loss
-    monkeypatch.setattr(grpokit.trainers.grpo, "grpo_loss", lambda *args, **kwargs: given.append(
+    given, real = [], grpokit.algorithms.grpo.grpo_loss
+    monkeypatch.setattr(grpokit.algorithms.grpo, "grpo_loss", lambda *args, **kwargs: given.append(
         (kwargs["sample_logp"], kwargs["is_cap"], kwargs["is_mode"])) or real(*args, **kwargs))
     plain = make_trainer(tokenizer, tiny_model, tmp_path / "fp32", max_steps=1)
     assert plain.engine.weights.current() is plain.model  # no copy
@@ -76,7 +76,7 @@ def test_the_default_correction_is_trls_per_completion_mask_in_the_config_and_th
     # sequence_mask at C = 3: TRL's default, and what kept the SmolLM2 recipe's carry (docs/sampling.md)
     config = GRPOConfig()
     assert (config.rollout_is_mode, config.rollout_is_cap) == ("sequence_mask", 3.0)
-    loss_defaults = inspect.signature(grpokit.trainers.grpo.grpo_loss).parameters
+    loss_defaults = inspect.signature(grpokit.algorithms.grpo.grpo_loss).parameters
     assert (loss_defaults["is_mode"].default, loss_defaults["is_cap"].default) == ("sequence_mask", 3.0)
     assert inspect.signature(importance_weights).parameters["mode"].default == "sequence_mask"
 

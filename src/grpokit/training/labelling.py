@@ -2,7 +2,7 @@
 ``grpokit reward train`` reads (docs/reward_models.md).
 
 Each prompt gets G completions (``rollout.generate``, the prompt rendered as ``grpokit train`` renders it);
-each completion is scored by the named reward functions as a GRPO step scores it (``rewards.score_steps``).
+each completion is scored by the named reward functions as a GRPO step scores it (``rewards.calling.score_steps``).
 A row holds the completion's weighted total reward as ``label``, and, when a process reward (one that
 returns step lists, such as ``arithmetic_steps``) is among them, its weighted steps as ``steps``; with
 ``pairs``, rows are preference pairs built within each group instead.
@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.data import render_prompt, reward_column_names, reward_columns
+from grpokit.models.loading import ensure_pad_token
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine, as_engine
 from grpokit.rollout.tools import ToolBox, reward_keywords
-from grpokit.training.sampling import render_prompt, reward_column_names
 
 
 @torch.no_grad()
@@ -46,8 +47,7 @@ def sample_rows(
     extras = reward_keywords(toolbox.environment_factory)
     check_reward_functions(reward_funcs, [*reward_column_names(rows, prompt_column, answer_column), *extras], "dataset")
     listed = toolbox.prompt_tools()
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    ensure_pad_token(tokenizer)
     engine = as_engine(engine, tokenizer)
     generator = torch.Generator(device=engine.device).manual_seed(seed)
     seen: set[str] = set()  # the functions that returned step lists: process rewards
@@ -65,8 +65,7 @@ def sample_rows(
                                   generator=generator, tools=tools)
         completions = rollout.decode(tokenizer)
         prompts = [row[prompt_column] for row in batch for _ in range(g)]  # as the dataset holds them (as TRL)
-        names = reward_column_names(batch, prompt_column, answer_column)
-        columns = {name: [row.get(key) for row in batch for _ in range(g)] for name, key in names.items()}
+        columns = reward_columns(batch, prompt_column, answer_column, g)
         messages = tools.reward_inputs(rollout, prompts, columns)
         total, per_function, steps = score_steps(spied, reward_weights, prompts, completions, columns,
                                                  messages=messages)

@@ -11,7 +11,7 @@ from grpokit import OutcomeRewardModel, ProcessRewardModel
 from grpokit.cli.main import main
 from grpokit.resolve import resolve_reward_functions
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
-from grpokit.trainers.sample import sample_rows
+from grpokit.training.labelling import sample_rows
 from helpers import TINY
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(12, 30), (47, 85), (20, 21), (33, 44)]]
@@ -207,7 +207,7 @@ def test_sampling_with_tools_through_the_cli(tmp_path, capsys):
 
 
 def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path, monkeypatch):
-    import grpokit.trainers.sample
+    import grpokit.training.labelling
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from helpers import CHAT_TEMPLATE as TEMPLATE
 
@@ -217,8 +217,8 @@ def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path
     tokenizer.save_pretrained(model_dir)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:2]))
-    rendered, real = [], grpokit.trainers.sample.render_prompt
-    monkeypatch.setattr(grpokit.trainers.sample, "render_prompt",
+    rendered, real = [], grpokit.training.labelling.render_prompt
+    monkeypatch.setattr(grpokit.training.labelling, "render_prompt",
                         lambda *a, **k: rendered.append(real(*a, **k)) or rendered[-1])
     command = ["sample", str(model_dir), "--dataset", str(data), "--num_generations", "2", "--output",
                str(tmp_path / "out.jsonl"), "--max_completion_length", "4", "--quiet"]

@@ -7,11 +7,11 @@
 Each step: (1) sample G completions for each of B prompts; (2) score them; (3) advantages; (4) the
 log-probs that stay fixed during the update (π_ref, and π_old when the policy moves before the batch's
 last optimizer step); (5) the update (:func:`grpokit.training.update.update`); (6) metrics. ``algorithm: ppo``
-adds one learner, the :class:`~grpokit.trainers.ppo.Critic`, whose value model gives GAE advantages in step 3
+adds one learner, the :class:`~grpokit.algorithms.ppo.Critic`, whose value model gives GAE advantages in step 3
 and trains beside the policy in step 5; everything else is shared.
 
 Where it departs from the paper: none in the math. The reference model is the starting checkpoint,
-frozen; with ``rl_iterations`` (iterative RL, :mod:`grpokit.trainers.iterative`) it is reset to the policy at each
+frozen; with ``rl_iterations`` (iterative RL, :mod:`grpokit.algorithms.iterative`) it is reset to the policy at each
 iteration's end, as in DeepSeekMath, after the learned reward model is retrained (step 7).
 """
 
@@ -25,20 +25,17 @@ from typing import Any
 
 import torch
 
+from grpokit.algorithms.iterative import IterativeRL
+from grpokit.algorithms.ppo import Critic
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import grpo_loss, masked_mean
 from grpokit.core.optim import adamw_with_schedule
-from grpokit.data import DataError, check_columns, check_prompt_lengths
-from grpokit.models.loading import (
-    autocast,
-    build_reference,
-    is_sharded,
-    keep_freed_memory,
-    resolve_device,
-    save_pretrained,
-    with_lora,
-)
+from grpokit.data import DataError, check_columns, check_prompt_lengths, render_prompt, reward_column_names
+from grpokit.models.loading import ensure_pad_token, save_pretrained
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
+from grpokit.models.lora import with_lora
+from grpokit.models.reference import build_reference
+from grpokit.models.sharding import full_state_dict, is_sharded
 from grpokit.resolve import (
     code_options,
     eval_judge,
@@ -53,21 +50,20 @@ from grpokit.rollout.generate import Rollout
 from grpokit.rollout.python_tool import start_sandboxes
 from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
-from grpokit.trainers.iterative import IterativeRL
-from grpokit.trainers.ppo import Critic
+from grpokit.runtime.device import autocast, resolve_device
+from grpokit.runtime.memory import keep_freed_memory
 from grpokit.training.distributed import (
     all_max,
     all_sum,
     data_parallel,
     device_for,
-    full_state_dict,
     gather,
     init_world,
 )
 from grpokit.training.engine import Trainer, TrainingInterrupted
 from grpokit.training.evaluation import HeldOutEval
 from grpokit.training.runlog import completion_records, step_metrics
-from grpokit.training.sampling import Batch, Sampler, group_relative_advantages, render_prompt, reward_column_names
+from grpokit.training.sampling import Batch, Sampler, group_relative_advantages
 from grpokit.training.supervised import split
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
@@ -124,9 +120,7 @@ class GRPOTrainer(Trainer):
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
         elif tokenizer is None:
             raise ValueError("a tokenizer is required when a model is passed")
-        if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
-            # The completion mask never looks at pad ids, so pad may safely equal EOS.
-            tokenizer.pad_token = tokenizer.eos_token
+        ensure_pad_token(tokenizer, repr(config.model))
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
         toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
                                 max_calls=config.max_tool_calls, timeout=config.tool_timeout)
@@ -357,13 +351,12 @@ class GRPOTrainer(Trainer):
         self.sampler.spread = {int(index): value for index, value in data.get("spread", [])}
 
     def save(self, path: str | Path) -> None:
-        """The policy and tokenizer with ``save_pretrained`` (safetensors; LoRA: the adapter, and with
-        ``merge_lora`` the merged model in ``model_merged`` beside it), and PPO's value model in
-        ``value_model`` beside it. Every process calls it: a sharded model is gathered first."""
+        """The policy and tokenizer (:func:`~grpokit.models.loading.save_pretrained`: safetensors, full weights; LoRA:
+        merged, the adapter in ``adapter`` beside it), and PPO's value model in ``value_model`` beside it. Every
+        process calls it: a sharded model is gathered first."""
         path = Path(path)
-        state = full_state_dict(self.model, self.world)
+        state = full_state_dict(self.model, self.world.main)
         if self.world.main:
-            merged = path.parent / "model_merged" if self.config.merge_lora else None
-            save_pretrained(self.model, self.tokenizer, path, state, merged)
+            save_pretrained(self.model, self.tokenizer, path, state)
         if self.critic is not None:
             self.critic.save(path.parent / "value_model")

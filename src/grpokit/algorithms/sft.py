@@ -8,7 +8,7 @@ stage before RL that teaches a model the format GRPO's rewards look for (docs/sf
     trainer.train()
 
 Each row becomes exactly the token sequence ``grpokit train`` would score had the model sampled the
-completion: the prompt rendered by :func:`~grpokit.training.sampling.render_prompt` and tokenized as the sampler
+completion: the prompt rendered by :func:`~grpokit.data.render_prompt` and tokenized as the sampler
 tokenizes it, then the completion's own tokens, ending at a stop token (EOS appended unless the
 completion already ends with one). Prompt and completion are tokenized apart, as in sampling, so no
 token merges across their border. The loss is the negative log-likelihood of the completion tokens
@@ -21,7 +21,6 @@ It runs in one process (no torchrun).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,18 +30,13 @@ from typing import Any
 import torch
 
 from grpokit.config import ConfigError, SFTConfig
-from grpokit.data import DataError, check_columns
-from grpokit.models.loading import (
-    autocast,
-    is_lora,
-    resolve_device,
-    save_pretrained,
-    with_lora,
-)
+from grpokit.data import DataError, check_columns, render_prompt
+from grpokit.models.loading import ensure_pad_token, save_pretrained
 from grpokit.models.logprobs import sequence_logprobs
+from grpokit.models.lora import with_lora
 from grpokit.resolve import load_model_and_tokenizer, load_rows
 from grpokit.rollout.generate import Rollout, stop_token_ids
-from grpokit.training.sampling import render_prompt
+from grpokit.runtime.device import autocast
 from grpokit.training.supervised import SupervisedTrainer, split
 from grpokit.training.update import LossCounts, UpdateBatch, update
 
@@ -82,7 +76,7 @@ def check_completions(rows: Sequence[dict[str, Any]], column: str, source: str) 
 
 def completion_text(tokenizer: Any, prompt: str | list[dict[str, str]], completion: str | list[dict[str, str]],
                     prompt_text: str, *, system_prompt: str | None = None, chat_template: bool | None = None) -> str:
-    """The text that follows ``prompt_text`` (the prompt as :func:`~grpokit.training.sampling.render_prompt`
+    """The text that follows ``prompt_text`` (the prompt as :func:`~grpokit.data.render_prompt`
     renders it). Text is itself; a list of assistant messages is what the chat template renders after the
     prompt when the conversation continues with them (its end-of-turn token included), as TRL does."""
     if isinstance(completion, str):
@@ -175,14 +169,7 @@ class SFTTrainer(SupervisedTrainer):
                  train_dataset: Sequence[dict[str, Any]] | None = None,
                  eval_dataset: Sequence[dict[str, Any]] | None = None):
         super().__init__()
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError("grpokit sft runs in one process; launch it without torchrun")
-        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
-
-        # The data are checked before the (possibly slow) model load.
-        if train_dataset is None and config.dataset is None:
-            raise ConfigError("dataset is required: a file of prompt/completion rows (JSONL, CSV, Parquet, or a "
-                              "directory written by datasets' save_to_disk)")
+        self.start(config, "grpokit sft", train_dataset, "prompt/completion rows")
         rows, source = _rows(train_dataset, config.dataset, "train_dataset", config)
         eval_rows, eval_source = _rows(eval_dataset, config.eval_dataset, "eval_dataset", config)
         if eval_rows and config.eval_fraction:
@@ -195,8 +182,7 @@ class SFTTrainer(SupervisedTrainer):
         if tokenizer.eos_token_id is None:
             raise ValueError(f"model: the tokenizer of {config.model!r} has no eos_token; a completion must end "
                              "with one to learn where to stop")
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token  # the completion mask never looks at pad ids
+        ensure_pad_token(tokenizer, repr(config.model))
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
 
         context = getattr(self.model.config, "max_position_embeddings", None)
@@ -284,11 +270,7 @@ class SFTTrainer(SupervisedTrainer):
         """The model and tokenizer at ``path`` (``save_pretrained``, safetensors): full weights, loadable by
         plain transformers and by ``grpokit train`` as ``model``. With LoRA, ``path`` holds the adapter
         merged into the weights and ``adapter`` beside it the adapter alone."""
-        path = Path(path)
-        if is_lora(self.model):
-            save_pretrained(self.model, self.tokenizer, path.parent / "adapter", merged_path=path)
-        else:
-            save_pretrained(self.model, self.tokenizer, path)
+        save_pretrained(self.model, self.tokenizer, path)
 
 
 def _rows(given: Sequence[dict[str, Any]] | None, file: str | None, name: str,

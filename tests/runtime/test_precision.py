@@ -5,11 +5,11 @@ import pytest
 import torch
 import yaml
 
-import grpokit.models.loading
+import grpokit.algorithms.grpo
 import grpokit.rollout.engines
-import grpokit.trainers.grpo
+import grpokit.runtime.device
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.models.loading import cpu_flags, cpu_model, describe_precision, native_bf16, resolve_precision
+from grpokit.runtime.device import cpu_flags, cpu_model, describe_precision, native_bf16, resolve_precision
 from helpers import make_trainer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -94,7 +94,7 @@ def test_bad_values_are_refused():
     with pytest.raises(ValueError, match="mixed_precision"):
         resolve_precision("fp16", CPU)
     with pytest.raises(ValueError, match="resolve_precision"):
-        grpokit.models.loading.autocast("auto", CPU)  # an unresolved 'auto' never reaches a pass
+        grpokit.runtime.device.autocast("auto", CPU)  # an unresolved 'auto' never reaches a pass
 
 
 def test_auto_is_the_default():
@@ -106,15 +106,15 @@ def test_the_trainer_runs_every_pass_at_the_resolved_precision(monkeypatch, toke
                                                                flags, expected, capsys):
     """'auto' resolves once, from the CPU's flags; sampling, the frozen passes and the update all receive
     the resolved value; config.yaml and the checkpoint keep 'auto', with the decision noted atop config.yaml."""
-    monkeypatch.setattr(grpokit.models.loading, "cpu_flags", lambda cpuinfo="/proc/cpuinfo": flags)
+    monkeypatch.setattr(grpokit.runtime.device, "cpu_flags", lambda cpuinfo="/proc/cpuinfo": flags)
     used = []
-    real = grpokit.models.loading.autocast
+    real = grpokit.runtime.device.autocast
 
     def spy(mixed_precision, device, **kwargs):
         used.append(mixed_precision)
         return real(mixed_precision, device, **kwargs)
 
-    monkeypatch.setattr(grpokit.trainers.grpo, "autocast", spy)
+    monkeypatch.setattr(grpokit.algorithms.grpo, "autocast", spy)
     monkeypatch.setattr(grpokit.rollout.engines, "autocast", spy)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="auto", max_steps=1,
                            num_iterations=2, device="cpu")  # μ = 2: the π_old pass runs too
@@ -143,7 +143,7 @@ def test_only_sampling_keeps_autocasts_weight_copies(tokenizer, tiny_model, tmp_
 
 
 def test_an_explicit_setting_reaches_the_passes_whatever_the_cpu(monkeypatch, tokenizer, tiny_model, tmp_path):
-    monkeypatch.setattr(grpokit.models.loading, "cpu_flags", lambda cpuinfo="/proc/cpuinfo": {"amx_bf16"})
+    monkeypatch.setattr(grpokit.runtime.device, "cpu_flags", lambda cpuinfo="/proc/cpuinfo": {"amx_bf16"})
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, mixed_precision="no", max_steps=1,
                            device="cpu")
     assert trainer.mixed_precision == "no" and trainer.engine.options.mixed_precision == "no"
@@ -153,8 +153,8 @@ def test_an_explicit_setting_reaches_the_passes_whatever_the_cpu(monkeypatch, to
 def test_a_bf16_run_stores_the_references_linear_layers_in_bf16_and_computes_the_same(name):
     """Under bf16 autocast a linear layer computes with its weight cast to bfloat16: stored so, the reference
     gives the very same log-probs, on the fast path and through the model's own forward."""
-    from grpokit.models.loading import build_reference
     from grpokit.models.logprobs import sequence_logprobs
+    from grpokit.models.reference import build_reference
     from grpokit.tasks.tiny_model import build_tokenizer
     from helpers import models
 

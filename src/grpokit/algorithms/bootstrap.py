@@ -30,9 +30,9 @@ import torch
 from tqdm.auto import tqdm
 
 from grpokit.core.answers import Text, extract_answer, last_number, text_of
+from grpokit.data import render_prompt, reward_column_names
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine
-from grpokit.training.sampling import render_prompt, reward_column_names
 
 DEFAULT_INSTRUCTION = ("Think step by step inside <think> </think> tags, then write only the final answer inside "
                        "<answer> </answer> tags.")

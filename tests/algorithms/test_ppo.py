@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModel
 
 from grpokit import GRPOConfig, GRPOTrainer, gae
+from grpokit.algorithms.ppo import ValueModel, token_rewards
 from grpokit.cli.main import main
 from grpokit.config import ConfigError
 from grpokit.core.ppo_objective import explained_variance, value_loss, whiten
-from grpokit.trainers.ppo import ValueModel, token_rewards
 from grpokit.training.update import UpdateBatch
 from helpers import (
     ROWS,
