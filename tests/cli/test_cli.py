@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import grpokit.training.evaluation
+import grpokit.from_config
 from grpokit.cli.main import main
 from grpokit.cli.options import load_run_config, parse_config_args
 from grpokit.config import GRPOConfig, SFTConfig, load_config
@@ -154,13 +154,13 @@ def test_version(capsys):
 
 
 def spy_on_evaluate(monkeypatch) -> dict:
-    seen, real = {}, grpokit.training.evaluation.evaluate
+    seen, real = {}, grpokit.from_config.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
         seen.update(kwargs)
         return real(model, tokenizer, rows, **kwargs)
 
-    monkeypatch.setattr(grpokit.training.evaluation, "evaluate", spy)
+    monkeypatch.setattr(grpokit.from_config, "evaluate", spy)
     return seen
 
 
@@ -208,9 +208,9 @@ def test_eval_chooses_the_tools_protocol_as_training_does(tmp_path, tiny_model_d
 def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The demo end to end with the warm start replaced by the tiny model (the real one is a benchmark); a GRPOConfig
     key as a flag sets the demo's run."""
-    import grpokit.trainers.demo
+    import grpokit.algorithms.demo
 
-    monkeypatch.setattr(grpokit.trainers.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
+    monkeypatch.setattr(grpokit.algorithms.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
     assert main(["demo", "--max_steps", "2", "--eval_prompts", "8", "--output_dir", str(tmp_path / "demo"),
                  "--beta", "0", "--progress_bar", "false"]) == 0
     out = capsys.readouterr().out
@@ -223,14 +223,14 @@ def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
 
 def test_tools_demo_plumbing(tmp_path, monkeypatch, capsys):
     """``demo --task tools`` end to end on an untrained tiny model with the tool tags."""
-    import grpokit.trainers.demo
+    import grpokit.algorithms.demo
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
     tokenizer = build_tokenizer(tool_tags=True)
     build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                          max_positions=160)).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    monkeypatch.setattr(grpokit.trainers.demo, "warm_started_model_path",
+    monkeypatch.setattr(grpokit.algorithms.demo, "warm_started_model_path",
                         lambda seed, progress, task: tmp_path / "tiny")
     assert main(["demo", "--task", "tools", "--max-steps", "1", "--eval-prompts", "4", "--output-dir",
                  str(tmp_path / "demo"), "--progress-bar", "false"]) == 0  # hyphens as well as underscores

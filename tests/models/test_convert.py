@@ -15,11 +15,11 @@ from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import grpokit.models.gguf  # noqa: E402
+from grpokit.algorithms.grpo import GRPOTrainer  # noqa: E402
 from grpokit.cli.main import main  # noqa: E402
 from grpokit.config import GRPOConfig  # noqa: E402
 from grpokit.models.gguf import ConversionError, convert_gguf, converted_gguf  # noqa: E402
 from grpokit.resolve import load_model_and_tokenizer  # noqa: E402
-from grpokit.trainers.grpo import GRPOTrainer  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -5,15 +5,15 @@ where an engine is expected samples as the native engine's defaults; what vLLM c
 import pytest
 import torch
 
+import grpokit.algorithms.grpo
+import grpokit.from_config
 import grpokit.rollout.engines
-import grpokit.trainers.grpo
-import grpokit.training.sampling
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.cli.main import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.loading import load_config
 from grpokit.rollout.engines import Engine, NativeEngine, SamplingOptions, as_engine
 from grpokit.tasks.tiny_model import build_model
-from grpokit.trainers.grpo import GRPOTrainer
 from helpers import TINY, ones, write_config
 
 # non-default values of every key that decides how completions are drawn
@@ -38,8 +38,8 @@ def spy_on_sampling(monkeypatch):
         return real_generate(model, prompt_ids, prompt_mask, **kwargs)
 
     monkeypatch.setattr(grpokit.rollout.engines, "build_engine", build)
-    monkeypatch.setattr(grpokit.trainers.grpo, "build_engine", build)  # training's
-    monkeypatch.setattr(grpokit.training.sampling, "build_engine", build)  # sample's and eval's (sampling_engine)
+    monkeypatch.setattr(grpokit.algorithms.grpo, "build_engine", build)  # training's
+    monkeypatch.setattr(grpokit.from_config, "build_engine", build)  # sample's and eval's (sampling_engine)
     monkeypatch.setattr(grpokit.rollout.engines, "generate", generate)
     return built, calls
 
@@ -113,7 +113,7 @@ def test_the_weights_pushed_to_vllm_are_the_merged_lora_model_and_leave_it_untou
     import copy
 
     pytest.importorskip("peft")
-    from grpokit.models.loading import with_lora
+    from grpokit.models.lora import with_lora
     from grpokit.rollout.vllm_engine import hf_weights
 
     model = with_lora(tiny_model, GRPOConfig(lora_rank=4, reward_funcs=[ones]))

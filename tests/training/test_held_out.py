@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from grpokit.algorithms.sft import SFTConfig, SFTTrainer
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rewards.builtin import accuracy_reward
-from grpokit.trainers.sft import SFTConfig, SFTTrainer
 from grpokit.training.evaluation import evaluate, reward_gaming_alarm, summarize
 from grpokit.training.report import write_report
 from helpers import make_trainer

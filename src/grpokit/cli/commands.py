@@ -34,7 +34,7 @@ def _last_step(history: list[dict[str, Any]], keys: Sequence[str], digits: int) 
 
 
 def _train(config: GRPOConfig) -> int:
-    from grpokit.trainers.grpo import GRPOTrainer
+    from grpokit.algorithms.grpo import GRPOTrainer
 
     trainer = GRPOTrainer(config)
     history = trainer.train()
@@ -46,7 +46,7 @@ def _train(config: GRPOConfig) -> int:
 
 
 def _sft(config: SFTConfig) -> int:
-    from grpokit.trainers.sft import SFTTrainer
+    from grpokit.algorithms.sft import SFTTrainer
 
     history = SFTTrainer(config).train()
     print(f"done: {len(history)} steps; last step: {_last_step(history, ('loss', 'eval_loss'), 4)}; model saved to "
@@ -55,7 +55,7 @@ def _sft(config: SFTConfig) -> int:
 
 
 def _reward_train(config: RewardConfig) -> int:
-    from grpokit.trainers.reward import RewardTrainer
+    from grpokit.algorithms.reward import RewardTrainer
 
     trainer = RewardTrainer(config)
     history = trainer.train()
@@ -107,7 +107,7 @@ def _output(args: argparse.Namespace, what: str) -> str:
 
 
 def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from grpokit.trainers.sample import sample_to_file
+    from grpokit.from_config import sample_to_file
 
     config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1)
     output = _output(args, "FILE: the JSONL file to write")
@@ -122,7 +122,7 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from grpokit.trainers.bootstrap import BootstrapSettings, bootstrap_from_config
+    from grpokit.algorithms.bootstrap import BootstrapSettings, bootstrap_from_config
 
     config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1)
     output = Path(_output(args, "FILE: the cold-start JSONL file to write"))
@@ -146,7 +146,7 @@ def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from grpokit.training.evaluation import evaluate_config
+    from grpokit.from_config import evaluate_config
 
     config, generations = sampling_config(args, extra, EVAL_KEYS, minimum=0)
     summary = evaluate_config(config, num_generations=generations, pass_ks=args.pass_k, num_prompts=_num_prompts(args),
@@ -159,8 +159,8 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from grpokit.algorithms.demo import run_demo
     from grpokit.tasks.demo import OUTPUT_DIRS, format_table
-    from grpokit.trainers.demo import run_demo
 
     source, overrides = parse_config_args(extra, GRPOConfig, others=args.own_flags, command="demo")
     if source is not None:

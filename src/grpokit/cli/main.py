@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
+from grpokit.algorithms.bootstrap import DEFAULT_INSTRUCTION
 from grpokit.cli import commands
 from grpokit.cli.options import config_keys_epilog, normalize_flags, refuse_options
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig
 from grpokit.resolve import BUILTIN
+from grpokit.runtime.versions import installed_version
 from grpokit.tasks.demo import DEMO_CONFIG, OUTPUT_DIRS
-from grpokit.trainers.bootstrap import DEFAULT_INSTRUCTION
 from grpokit.training.update import TrainingError
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -71,14 +71,6 @@ def _sampling_parser(commands_: argparse._SubParsersAction, name: str, help: str
     )
     parser.add_argument("--num_prompts", type=int, default=None, metavar="N", help="only the first N rows")
     return parser
-
-
-def installed_version() -> str:
-    """pyproject.toml's version, as installed (``grpokit.__version__`` is the same)."""
-    try:
-        return version("grpokit")
-    except PackageNotFoundError:  # a source tree never installed
-        return "0+unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The built-in demo task (``grpokit demo``, run by :func:`grpokit.trainers.demo.run_demo`): its GRPO settings (the
+"""The built-in demo task (``grpokit demo``, run by :func:`grpokit.algorithms.demo.run_demo`): its GRPO settings (the
 recipes ``arithmetic`` and ``tools``), its held-out rows, its before/after table and the greedy completion it shows.
 
 The measurements are on held-out prompts never seen in warm-start or GRPO training: accuracy with

@@ -1,29 +1,23 @@
 """Evaluation: accuracy and format rate of a model on prompts with answers, greedy and sampled (:func:`evaluate`;
-``grpokit eval`` is :func:`evaluate_config`), and a run's held-out evaluation on it (:class:`HeldOutEval`) with the
-reward-gaming alarm (:func:`reward_gaming_alarm`)."""
+``grpokit eval`` is :func:`grpokit.from_config.evaluate_config`), and a run's held-out evaluation on it
+(:class:`HeldOutEval`) with the reward-gaming alarm (:func:`reward_gaming_alarm`)."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.config import GRPOConfig
-from grpokit.data import check_columns
-from grpokit.resolve import eval_judge, load_eval_rows
 from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward
 from grpokit.rewards.code import CodeTests, extract_program
 from grpokit.rollout.engines import Engine, as_engine
 from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
 from grpokit.training.distributed import gather
-from grpokit.training.sampling import announce_sandboxes, render_prompt, sampling_engine
 
 
 @torch.no_grad()
@@ -125,51 +119,6 @@ def summarize(scores: dict[str, list[float]], keep: Sequence[bool] | None = None
     for key, values in scores.items():
         chosen = list(values) if keep is None else [v for v, k in zip(values, keep) if k]
         summary[key] = sum(chosen) / len(chosen) if chosen else float("nan")
-    return summary
-
-
-def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequence[int] | None = None,
-                    num_prompts: int | None = None, output: str | Path | None = None,
-                    completions: str | Path | None = None) -> dict[str, Any]:
-    """``grpokit eval``: the summary (model, dataset, rows, G, and the means of :func:`evaluate`'s scores) of
-    ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set),
-    sampled as a run with ``config`` samples (its prompt rendering, tools, engine and precision; ``prompts_per_step``
-    prompts per generation pass), greedy and ``num_generations`` samples per prompt (0: greedy only), with pass@k for
-    each of ``pass_ks`` (default: 1 and ``num_generations``). Rows with a ``tests`` column are judged by them, in the
-    run's sandbox. The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
-    ``completions`` (JSONL), when given."""
-    prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = load_eval_rows(config.dataset)[:num_prompts]
-    code = eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
-    judged_by = "tests" if code is not None else answer_column
-    check_columns(rows, [prompt_column, judged_by], source=config.dataset)
-    if code is not None:
-        announce_sandboxes([code], config.progress_bar)
-    engine, tokenizer, toolbox = sampling_engine(config)
-    listed = toolbox.prompt_tools()
-    # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
-    # with the system prompt and, where the template knows tools, the tools listed
-    prompts = [render_prompt(tokenizer, row[prompt_column], system_prompt=config.system_prompt,
-                             chat_template=config.chat_template, tools=listed) for row in rows]
-    greedy: list[str] = []
-    scores = evaluate(
-        engine, tokenizer, rows, prompts=prompts, prompt_column=prompt_column, answer_column=answer_column,
-        samples_per_prompt=num_generations, temperature=config.temperature, top_p=config.top_p,
-        max_new_tokens=config.max_completion_length, batch_size=config.prompts_per_step, seed=config.seed,
-        progress=config.progress_bar, pass_ks=pass_ks if pass_ks is not None else sorted({1, num_generations}),
-        greedy_completions=greedy, toolbox=toolbox, code=code,
-    )
-    if completions is not None:
-        with open(completions, "w") as out:
-            lenient = scores.get("greedy_lenient", [None] * len(rows))  # programs have no lenient reading
-            for row, text, correct, loose, formatted in zip(rows, greedy, scores["greedy_correct"], lenient,
-                                                            scores["greedy_format"]):
-                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row[judged_by], "completion": text,
-                                      "correct": correct, "lenient": loose, "format": formatted}) + "\n")
-    summary = {"model": config.model, "dataset": config.dataset, "num_prompts": len(rows),
-               "num_generations": num_generations, **summarize(scores)}
-    if output is not None:
-        Path(output).write_text(json.dumps(summary, indent=2))
     return summary
 
 
