@@ -11,16 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grpokit import resolve
 from grpokit.config import GRPOConfig
 from grpokit.data import check_columns, render_prompt
-from grpokit.resolve import (
-    code_options,
-    eval_judge,
-    load_eval_rows,
-    load_model_and_tokenizer,
-    load_rows,
-    resolve_reward_functions,
-)
 from grpokit.rollout.engines import Engine, build_engine
 from grpokit.rollout.python_tool import start_sandboxes
 from grpokit.rollout.sampling_options import SamplingOptions
@@ -37,8 +30,8 @@ def sampling_engine(config: GRPOConfig) -> tuple[Engine, Any, ToolBox]:
     chooses it; what it does is said on stderr unless ``config.progress_bar`` is off."""
     tool_functions, environment_factory = resolve_tools(config)
     announce_sandboxes(tool_functions, config.progress_bar)
-    model, tokenizer = load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
-                                                dtype=config.dtype)
+    model, tokenizer = resolve.load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
+                                                        dtype=config.dtype)
     toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
                             max_calls=config.max_tool_calls, timeout=config.tool_timeout)
     device = resolve_device(config.device)
@@ -67,8 +60,8 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
     run's sandbox. The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
     ``completions`` (JSONL), when given."""
     prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = load_eval_rows(config.dataset)[:num_prompts]
-    code = eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
+    rows = resolve.load_eval_rows(config.dataset)[:num_prompts]
+    code = resolve.eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
     judged_by = "tests" if code is not None else answer_column
     check_columns(rows, [prompt_column, judged_by], source=config.dataset)
     if code is not None:
@@ -106,10 +99,11 @@ def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: i
     """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
     ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
     ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
-    rows = load_rows(config.dataset, config.seed)[:num_prompts]
+    rows = resolve.load_rows(config.dataset, config.seed)[:num_prompts]
     check_columns(rows, [config.prompt_column], source=config.dataset)
-    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
-                                                  device=resolve_device(config.device))
+    functions, weights = resolve.resolve_reward_functions(config.reward_funcs, config.reward_weights,
+                                                          resolve.code_options(config),
+                                                          device=resolve_device(config.device))
     announce_sandboxes(functions, config.progress_bar)
     engine, tokenizer, toolbox = sampling_engine(config)
     add_environment_reward(functions, weights, toolbox.environment_factory)

@@ -62,8 +62,31 @@ def _training_parser(commands_: argparse._SubParsersAction, name: str, config_cl
                                            allow_abbrev=False), config_class)
 
 
-def _sampling_parser(commands_: argparse._SubParsersAction, name: str, help: str, description: str,
-                     keys: Sequence[str]) -> argparse.ArgumentParser:
+# The sampling commands' one-line help and description
+SAMPLING_COMMANDS = {
+    "sample": (
+        "sample completions from a model, label them with rule rewards: rows for `reward train`",
+        "Samples num_generations completions per prompt of the dataset from the model and labels each with the "
+        "reward_funcs (weighted sum: `label`; a process reward's steps: `steps`), written as JSONL rows that "
+        "`grpokit reward train` reads; --pairs writes preference pairs built within each group instead."),
+    "bootstrap": (
+        "a cold start from the model itself: sample, keep what the rewards judge correct",
+        "Samples num_generations completions per prompt of the dataset (default 8), each prompt after an instruction "
+        "and optional few-shot demonstrations, scores them with the run's reward_funcs, and keeps those the judge "
+        "calls correct (at most --keep_per_prompt per prompt, duplicates removed), optionally rewritten into the "
+        "<think>/<answer> reply format: SFT rows {prompt, completion} with their provenance, and a summary (coverage, "
+        "kept rate). Resumable: run the same command again after a crash. --iterations N: sample, fine-tune (grpokit "
+        "sft), sample again from the fine-tuned model, as in STaR / expert iteration (docs/bootstrap.md)."),
+    "eval": (
+        "accuracy and format rate of a model on a dataset (greedy, sampled, pass@k)",
+        "Accuracy and format rate of the model on the dataset's prompts (builtin:arithmetic and builtin:tools: "
+        "their held-out sets): greedy, and over num_generations samples per prompt (0: greedy only), with pass@k; "
+        "with tools, how often the model calls them."),
+}
+
+
+def _sampling_parser(commands_: argparse._SubParsersAction, name: str, keys: Sequence[str]) -> argparse.ArgumentParser:
+    help, description = SAMPLING_COMMANDS[name]
     parser = commands_.add_parser(
         name, help=help, description=f"{description}\n\n{SAMPLING_HELP}", formatter_class=RAW, allow_abbrev=False,
         usage=f"grpokit {name} [CONFIG.yaml | recipe:NAME] [MODEL] [--key value ...] [options]",
@@ -104,27 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     _training_parser(reward_commands, "train", RewardConfig, "train an outcome or process reward model from "
                      "labelled, pair or step rows", "grpokit reward train")
 
-    sample = _sampling_parser(
-        sub, "sample", "sample completions from a model, label them with rule rewards: rows for `reward train`",
-        "Samples num_generations completions per prompt of the dataset from the model and labels each with the "
-        "reward_funcs (weighted sum: `label`; a process reward's steps: `steps`), written as JSONL rows that "
-        "`grpokit reward train` reads; --pairs writes preference pairs built within each group instead.",
-        commands.SAMPLE_KEYS)
+    sample = _sampling_parser(sub, "sample", commands.SAMPLE_KEYS)
     sample.add_argument("--output", metavar="FILE", help="the JSONL file to write (required)")
     sample.add_argument("--pairs", action="store_true",
                         help="write preference pairs {prompt, chosen, rejected}: within each group, the best "
                         "completion with the worst, the second best with the second worst, ... (equal labels left out)")
     _own_flags(sample, GRPOConfig, commands.SAMPLE_KEYS)
 
-    boot = _sampling_parser(
-        sub, "bootstrap", "a cold start from the model itself: sample, keep what the rewards judge correct",
-        "Samples num_generations completions per prompt of the dataset (default 8), each prompt after an instruction "
-        "and optional few-shot demonstrations, scores them with the run's reward_funcs, and keeps those the judge "
-        "calls correct (at most --keep_per_prompt per prompt, duplicates removed), optionally rewritten into the "
-        "<think>/<answer> reply format: SFT rows {prompt, completion} with their provenance, and a summary (coverage, "
-        "kept rate). Resumable: run the same command again after a crash. --iterations N: sample, fine-tune (grpokit "
-        "sft), sample again from the fine-tuned model, as in STaR / expert iteration (docs/bootstrap.md).",
-        commands.SAMPLE_KEYS)
+    boot = _sampling_parser(sub, "bootstrap", commands.SAMPLE_KEYS)
     boot.add_argument("--output", metavar="FILE", help="the cold-start JSONL file to write (required); its samples "
                       "log and summary go beside it")
     boot.add_argument("--keep_per_prompt", type=int, default=2, metavar="N", help="the most rows kept per prompt")
@@ -146,12 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "model, dataset and output_dir are set by bootstrap)")
     _own_flags(boot, GRPOConfig, commands.SAMPLE_KEYS)
 
-    evaluate = _sampling_parser(
-        sub, "eval", "accuracy and format rate of a model on a dataset (greedy, sampled, pass@k)",
-        "Accuracy and format rate of the model on the dataset's prompts (builtin:arithmetic and builtin:tools: "
-        "their held-out sets): greedy, and over num_generations samples per prompt (0: greedy only), with pass@k; "
-        "with tools, how often the model calls them.",
-        commands.EVAL_KEYS)
+    evaluate = _sampling_parser(sub, "eval", commands.EVAL_KEYS)
     evaluate.add_argument("--output", metavar="FILE", help="write the summary as JSON here")
     evaluate.add_argument("--completions", metavar="FILE",
                           help="write each row's greedy completion and its scores here (JSONL)")
