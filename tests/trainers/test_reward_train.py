@@ -373,3 +373,25 @@ def test_reward_train_help_lists_every_key(capsys):
         main(["reward", "train", "--help"])
     out = capsys.readouterr().out
     assert all(key in out for key in RewardConfig.help())
+
+
+def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_model_dir):
+    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("steps", 8), eval_fraction=0.25, batch_size=3,
+                          micro_batch_size=2, max_steps=2)
+    examples = [trainer.train_examples[i] for i in trainer.batch_indices(0)]
+    metrics = trainer.training_step()
+    assert (metrics["step"], metrics["rows"], metrics["units"], metrics["truncated"]) == (1, 3, 9, 0)
+    assert metrics["tokens"] == sum(len(ids) for e in examples for ids in e.sequences)
+    assert metrics["epoch"] == 1 / trainer.steps_per_epoch == 0.5 and 0 <= metrics["accuracy"] <= 1
+    batch = RewardBatch(trainer.train_examples)
+    assert batch.select(torch.tensor([2, 0])).examples == [batch.examples[2], batch.examples[0]]
+    assert batch.select(slice(1, 3)).examples == batch.examples[1:3] and len(batch) == 6
+    assert batch.units() == 18.0 and batch.counts(SINGLE).tokens == 18.0 and batch.counts(SINGLE).sequences == 6.0
+    trainer.model.train()
+    evaluation = trainer.evaluate()  # two micro-batches of the two held-out rows' six steps
+    assert trainer.model.training  # left as it was
+    trainer.model.eval()
+    with torch.no_grad():
+        losses, right = trainer.unit_losses(trainer.model, trainer.eval_examples)
+    assert evaluation["eval_loss"] == pytest.approx(losses.mean().item(), rel=1e-5)
+    assert evaluation["eval_accuracy"] == int(right.sum()) / 6
