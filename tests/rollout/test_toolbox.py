@@ -18,6 +18,7 @@ from grpokit.rollout.tools import (
     own_token_steps,
     reward_keywords,
     tool_functions,
+    tool_messages,
 )
 from grpokit.tasks.tiny_model import build_tokenizer
 
@@ -188,6 +189,7 @@ def test_a_sessions_mask_counts_and_metrics(tok):
     counts = session.counts()
     assert list(counts) == ["tool_rate", "tool_calls", "tool_errors"]
     assert [counts[key].tolist() for key in counts] == [[1.0, 0.0, 1.0], [2.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    assert all(value.dtype == torch.float for value in counts.values())  # averaged into rates downstream
     mask = session.tool_mask(6, "cpu")
     assert mask.dtype == torch.long and mask.tolist() == [[0, 1, 1, 0, 0, 0], [0] * 6, [0, 0, 0, 0, 0, 1]]
     assert session.tool_mask(3, "cpu").tolist() == [[0, 1, 1], [0, 0, 0], [0, 0, 0]]  # cut to the rollout's width
@@ -202,3 +204,12 @@ def test_steps_on_inserted_tokens_move_to_the_policys_last_token_before_them():
     assert own_token_steps([(0, 1.0)], mask) == [(1, 1.0)]  # nothing of the policy's before: its first token
     steps = [(0, 1.0)]
     assert own_token_steps(steps, [0, 0]) is steps  # no token of the policy's: nothing to move to
+
+
+def test_tool_messages_drop_special_tokens_from_the_assistants_text(tok):
+    ids = tok("<pad>ab<tool>x</tool>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    call = ToolUse("f", {"a": 1}, "out", False, start=len(ids) - 1, tokens=0, seconds=0.0)
+    assert tool_messages(tok, ids, [call]) == [
+        {"role": "assistant", "content": "ab<tool>x</tool>",
+         "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "name": "f", "content": "out"}, {"role": "assistant", "content": ""}]

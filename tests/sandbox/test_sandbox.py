@@ -173,6 +173,21 @@ def test_limits_as_the_launcher_sets_them_and_as_the_log_says_them():
                                  "output 100 bytes, disk 3 MB")
 
 
+def test_describe_says_how_a_user_that_is_not_root_runs(isolation):
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    sandbox.as_root = False
+    said = {"bwrap": "a user namespace, uid 65534)", "process": "runs as this user: trusted code only)"}[isolation]
+    assert said in sandbox.describe() and "a uid of its own per run" not in sandbox.describe()
+    sandbox.as_root = True
+    assert "a uid of its own per run)" in sandbox.describe()
+
+
+def test_files_in_folders_are_made_with_their_folders(isolation):
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    result = sandbox.run("print(open('data/deep/f.txt').read())", files={"data/deep/f.txt": "nested"})
+    assert result.ok and result.stdout == "nested\n", result
+
+
 def test_no_bwrap_refuses_and_names_the_weaker_choice(monkeypatch):
     monkeypatch.setattr(bwrap_module, "bwrap_path", lambda: None)
     with pytest.raises(SandboxUnavailable, match="isolation: process"):

@@ -395,3 +395,11 @@ def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_m
         losses, right = trainer.unit_losses(trainer.model, trainer.eval_examples)
     assert evaluation["eval_loss"] == pytest.approx(losses.mean().item(), rel=1e-5)
     assert evaluation["eval_accuracy"] == int(right.sum()) / 6
+
+
+@pytest.mark.parametrize("form, said", [("pairs", "(outcome, pairs rows, Bradley-Terry)"),
+                                        ("labelled", "(outcome, labelled rows, bce)"),
+                                        ("steps", "(process, steps rows, bce per step)")])
+def test_the_announcement_names_the_kind_and_the_loss(tmp_path, tiny_model_dir, capsys, form, said):
+    trainer_for(tmp_path, tiny_model_dir, toy_rows(form, 8), eval_fraction=0.25, batch_size=3).announce()
+    assert f"reward model {said}: 6 training rows, 2 held out; " in capsys.readouterr().out
