@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -52,6 +53,8 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=300, help="mutants run (a uniform sample; default 300)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once")
+    parser.add_argument("--max-minutes", type=float, help="stop mutmut then: the mutants not reached are reported "
+                        "'not checked' (mutmut runs those whose tests take least time first)")
     parser.add_argument("--list", action="store_true", help="generate and list the sample; run nothing")
     parser.add_argument("--keep", action="store_true", help="keep mutants/ (mutmut reruns only what changed)")
     parser.add_argument("--again", type=Path, help="a report: rerun only its survivors (new tests kill, never revive)")
@@ -81,8 +84,13 @@ def main() -> None:
         return
     # Subprocesses of the tests (grpokit's CLI) import the mutated tree too, wherever they run.
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src")}
-    subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *run],
-                   env=env, check=False)
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *run]
+    with subprocess.Popen(command, env=env, start_new_session=True) as mutmut_run:
+        try:
+            mutmut_run.wait(timeout=None if args.max_minutes is None else args.max_minutes * 60)
+        except subprocess.TimeoutExpired:  # its results so far are saved per mutant as it goes
+            os.killpg(mutmut_run.pid, signal.SIGTERM)
+            mutmut_run.wait()
 
     from mutmut.__main__ import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code

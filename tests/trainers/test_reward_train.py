@@ -275,6 +275,8 @@ def test_a_process_model_needs_a_fast_tokenizer_and_a_template_that_keeps_the_te
 
     with pytest.raises(ValueError, match="a process reward model needs a fast tokenizer"):
         tokenize_rows([], "steps", SimpleNamespace(is_fast=False), None, "d")
+    (example,), _ = tokenize_rows([("", ["ab"], [1.0], [2])], "steps", tokenizer, None, "d")  # at character 0
+    assert example.targets == [1.0] and len(example.positions) == 1
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] | upper }}\n{% endfor %}"
     rows = [("q", ["ab"], [1.0], [2])]
     with pytest.raises(DataError, match="d: row 0: the tokenizer's chat template changes the assistant's text"):
@@ -383,6 +385,7 @@ def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_m
     assert (metrics["step"], metrics["rows"], metrics["units"], metrics["truncated"]) == (1, 3, 9, 0)
     assert metrics["tokens"] == sum(len(ids) for e in examples for ids in e.sequences)
     assert metrics["epoch"] == 1 / trainer.steps_per_epoch == 0.5 and 0 <= metrics["accuracy"] <= 1
+    assert metrics["time_step"] > 0
     batch = RewardBatch(trainer.train_examples)
     assert batch.select(torch.tensor([2, 0])).examples == [batch.examples[2], batch.examples[0]]
     assert batch.select(slice(1, 3)).examples == batch.examples[1:3] and len(batch) == 6
@@ -403,3 +406,14 @@ def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_m
 def test_the_announcement_names_the_kind_and_the_loss(tmp_path, tiny_model_dir, capsys, form, said):
     trainer_for(tmp_path, tiny_model_dir, toy_rows(form, 8), eval_fraction=0.25, batch_size=3).announce()
     assert f"reward model {said}: 6 training rows, 2 held out; " in capsys.readouterr().out
+
+
+def test_the_backbone_is_found_as_the_config_says(tmp_path, tiny_model_dir, monkeypatch):
+    import grpokit.trainers.reward as reward_module
+
+    asked = []
+    real = reward_module.model_directory
+    monkeypatch.setattr(reward_module, "model_directory", lambda *args: asked.append(args) or real(*args))
+    settings = config(tmp_path, model=str(tiny_model_dir), seed=3)
+    model, _ = reward_module.load_backbone(settings, "ForTokenClassification")
+    assert asked == [(str(tiny_model_dir), 3, False)] and type(model).__name__ == "LlamaForTokenClassification"
