@@ -281,6 +281,9 @@ def test_a_process_model_needs_a_fast_tokenizer_and_a_template_that_keeps_the_te
     rows = [("q", ["ab"], [1.0], [2])]
     with pytest.raises(DataError, match="d: row 0: the tokenizer's chat template changes the assistant's text"):
         tokenize_rows(rows, "steps", tokenizer, None, "d")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] | replace('a', 'b') }}\n{% endfor %}"
+    with pytest.raises(DataError, match="d: row 0: the tokenizer's chat template changes the assistant's text"):
+        tokenize_rows(rows, "steps", tokenizer, None, "d")  # the completion found, but rewritten
     (example,), dropped = tokenize_rows([("q", ["ab"], [1.0], [])], "labelled", tokenizer, None, "d")
     assert dropped == 0 and example.positions == [] and example.units == 1  # the outcome model copes
 
