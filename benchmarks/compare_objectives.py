@@ -31,15 +31,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import mean_band
+from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, mean_band, smoke_dir, smoke_warm_starts
 from transformers.utils import logging as hf_logging
 
-from grpokit.cli.demo import DEMO_CONFIG
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import GRPOConfig
 from grpokit.resolve import BUILTIN, load_model_and_tokenizer
 from grpokit.tasks.arithmetic import held_out_rows
+from grpokit.tasks.demo import DEMO_CONFIG
 from grpokit.tasks.warm_start import warm_started_model_path
-from grpokit.trainers.grpo import GRPOTrainer
 from grpokit.training.evaluation import evaluate, summarize
 
 OUTCOME = dict(supervision="outcome", reward_funcs=["accuracy", "format"])
@@ -52,20 +52,24 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def greedy_accuracy(model, tokenizer, rows, seed: int) -> dict[str, float]:
-    scores = evaluate(model, tokenizer, rows, samples_per_prompt=0, max_new_tokens=DEMO_CONFIG["max_completion_length"],
-                      seed=seed, progress=False)
+def greedy_accuracy(model, tokenizer, rows, seed: int, max_new_tokens: int) -> dict[str, float]:
+    scores = evaluate(model, tokenizer, rows, samples_per_prompt=0, max_new_tokens=max_new_tokens, seed=seed,
+                      progress=False)
     carry = [row["carry"] for row in rows]
     return {"greedy": summarize(scores)["greedy_correct"], "carry_greedy": summarize(scores, carry)["greedy_correct"]}
 
 
-def run(name: str, seed: int, budget: float, eval_every: int, out_dir: Path) -> dict:
+def run(name: str, seed: int, budget: float, eval_every: int, out_dir: Path, settings: dict,
+        held_out: int = 400) -> dict:
+    """One variant's run from ``seed``'s warm start with the demo's ``settings``, evaluated on ``held_out``
+    prompts at the end (and on half of them along the way)."""
     model, tokenizer = load_model_and_tokenizer(str(warm_started_model_path(seed, progress=False)), progress=False)
-    curve_rows, final_rows = held_out_rows(400)[:200], held_out_rows(400)
-    config = GRPOConfig.from_dict({**DEMO_CONFIG, **VARIANTS[name], "model": "warm-start", "dataset": BUILTIN,
+    curve_rows, final_rows = held_out_rows(held_out)[:held_out // 2], held_out_rows(held_out)
+    config = GRPOConfig.from_dict({**settings, **VARIANTS[name], "model": "warm-start", "dataset": BUILTIN,
                                    "seed": seed, "output_dir": str(out_dir), "progress_bar": False})
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
-    evals = [{"step": 0, "seconds": 0.0, **greedy_accuracy(trainer.model, tokenizer, curve_rows, seed)}]
+    length = config.max_completion_length
+    evals = [{"step": 0, "seconds": 0.0, **greedy_accuracy(trainer.model, tokenizer, curve_rows, seed, length)}]
     steps, seconds = [], 0.0
     while trainer.step < config.max_steps and seconds < budget:
         start = time.perf_counter()
@@ -75,12 +79,12 @@ def run(name: str, seed: int, budget: float, eval_every: int, out_dir: Path) -> 
                       "reward": metrics["accuracy"] + metrics["format_rate"], "format_rate": metrics["format_rate"]})
         if trainer.step % eval_every == 0:
             evals.append({"step": trainer.step, "seconds": seconds,
-                          **greedy_accuracy(trainer.model, tokenizer, curve_rows, seed)})
+                          **greedy_accuracy(trainer.model, tokenizer, curve_rows, seed, length)})
     if evals[-1]["step"] != trainer.step:
         evals.append({"step": trainer.step, "seconds": seconds,
-                      **greedy_accuracy(trainer.model, tokenizer, curve_rows, seed)})
-    scores = evaluate(trainer.model, tokenizer, final_rows, samples_per_prompt=4,
-                      max_new_tokens=DEMO_CONFIG["max_completion_length"], seed=seed, progress=False)
+                      **greedy_accuracy(trainer.model, tokenizer, curve_rows, seed, length)})
+    scores = evaluate(trainer.model, tokenizer, final_rows, samples_per_prompt=4, max_new_tokens=length, seed=seed,
+                      progress=False)
     carry = [row["carry"] for row in final_rows]
     final = {**summarize(scores), "carry_greedy": summarize(scores, carry)["greedy_correct"]}
     return {"variant": name, "seed": seed, "steps": steps, "evals": evals, "final": final, "train_seconds": seconds}
@@ -149,7 +153,7 @@ def plot(records: list[dict], names: list[str], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", type=float, default=60.0, help="training seconds per run")
@@ -158,9 +162,15 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", default="benchmarks/results/compare_objectives.json")
     parser.add_argument("--figure", default="docs/images/compare_objectives.png")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
-    torch.set_num_threads(2)
+    torch.set_num_threads(SMOKE_THREADS if args.smoke else 2)
+    settings, held_out = DEMO_CONFIG, 400
+    if args.smoke:
+        args.seeds, args.eval_every, settings, held_out = [0], 1, {**DEMO_CONFIG, **SMOKE_GRPO, "max_steps": 2}, 4
+        args.out, args.figure = (str(smoke_dir() / name) for name in ("compare_objectives.json", "objectives.png"))
+        smoke_warm_starts(args.seeds)
 
     for seed in args.seeds:  # build (or find) the warm starts first, outside every timing
         warm_started_model_path(seed, progress=False)
@@ -168,11 +178,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for name in args.variants:
-                record = run(name, seed, args.budget, args.eval_every, Path(tmp) / f"{seed}-{len(records)}")
+                record = run(name, seed, args.budget, args.eval_every, Path(tmp) / f"{seed}-{len(records)}",
+                             settings, held_out)
                 records.append(record)
                 print(f"seed {seed} {name}: {len(record['steps'])} steps in {record['train_seconds']:.0f} s, "
                       f"held-out greedy {100 * record['final']['greedy_correct']:.1f} %", flush=True)
-    meta = {"seeds": args.seeds, "budget": args.budget, "eval_every": args.eval_every, "demo_config": DEMO_CONFIG,
+    meta = {"seeds": args.seeds, "budget": args.budget, "eval_every": args.eval_every, "demo_config": settings,
             "torch": torch.__version__, "machine": platform.platform(), "threads": torch.get_num_threads()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "runs": records}, indent=1))

@@ -17,8 +17,8 @@ CUDA graph), column ``grpokit_graph_tokens_s``.
 - The bound: a decode step must read every weight once (the tied embedding is the LM head) and the rows' keys and
   values so far, and do 2 FLOPs per weight per row plus attention's 4·hidden FLOPs per cached position per layer.
   Its time is at least max(bytes / bandwidth, FLOPs / matmul throughput), with bandwidth measured as a sum over a
-  1 GiB tensor and matmul throughput as the best product in ``--dtype`` (``machine_bounds``), both here and now.
-  Summed over the steps, the bound in tokens/s; ``% of bound`` is the measured rate over it, and ``binds`` says
+  1 GiB tensor and matmul throughput as the best product in ``--dtype`` (``common.machine_bounds``), both here and
+  now. Summed over the steps, the bound in tokens/s; ``% of bound`` is the measured rate over it, and ``binds`` says
   which of the two it is. ``--int8``: the float32 model sampled with int8 products (``rollout_precision: int8``);
   its bound reads one byte per weight (the cache stays float32) at the best int8 product's rate (``torch._int_mm``).
 - On the CPU the process keeps the memory it frees (``keep_freed_memory``, the trainer's default), so a decode
@@ -34,92 +34,30 @@ import argparse
 import json
 import os
 import platform
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
-from common import SMOLLM2_135M, cpu_model
+from common import (
+    SMOKE_HELP,
+    SMOKE_THREADS,
+    SMOLLM2_135M,
+    TINY_LLAMA,
+    best_seconds,
+    machine_bounds,
+    roofline,
+    smoke_dir,
+)
 from transformers import LlamaConfig, LlamaForCausalLM
-from vs_trl_report import matmul_peak
 
-from grpokit.models.loading import keep_freed_memory
 from grpokit.rollout.generate import generate
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def best_seconds(call, device: torch.device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        call()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def int8_peak() -> float:
-    """Best integer products per second (2 per multiply-add, as FLOPs) of ``torch._int_mm``, large and decode-shaped
-    (32 rows), best of 10: the int8 path's compute bound."""
-    best = 0.0
-    for m, k, n in ((2048, 1024, 1024), (32, 1024, 4096)):
-        a = torch.randint(-127, 127, (m, k), dtype=torch.int8)
-        b = torch.randint(-127, 127, (n, k), dtype=torch.int8).t()  # (k, n) in the layout decoding uses
-        reps = max(3, int(2e9 / (2 * m * k * n)))
-        for _ in range(10):
-            start = time.perf_counter()
-            for _ in range(reps):
-                torch._int_mm(a, b)
-            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start))
-    return best
-
-
-def machine_bounds(device: torch.device, dtype: torch.dtype, int8: bool = False) -> dict:
-    """Read bandwidth (bytes/s: a sum over 1 GiB) and matmul throughput in ``dtype`` (FLOP/s: on the CPU the best of
-    MKL and oneDNN's packed weights, large and decode-shaped products, as ``vs_trl_report.matmul_peak``; on a GPU a
-    2048² × 2048 product)."""
-    big = torch.ones(2**28, dtype=torch.float32, device=device)
-    bandwidth = big.numel() * 4 / best_seconds(big.sum, device, 5)
-    if int8:
-        flops = int8_peak()
-    elif device.type == "cpu":
-        peaks = matmul_peak()
-        flops = 1e9 * max(v for k, v in peaks.items() if k.startswith(str(dtype).split(".")[-1]))
-    else:
-        a = torch.randn(2048, 2048, dtype=dtype, device=device)
-        flops = 2 * 2048**3 / best_seconds(lambda: torch.mm(a, a), device, 5)
-    return {"bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops / 1e9}
-
-
-def roofline(rows: int, prompt: int, new: int, element: int, bounds: dict, weight_element: int | None = None
-             ) -> tuple[float, str]:
-    """The bound in tokens/s for ``rows`` rows decoding ``new`` tokens after ``prompt``, and which term binds;
-    ``element`` bytes per cached key or value, ``weight_element`` per weight (``element`` when None)."""
-    weight_element = weight_element or element
-    c = SMOLLM2_135M
-    hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    head_dim = hidden // c["num_attention_heads"]
-    kv = c["num_key_value_heads"] * head_dim
-    per_layer = hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * c["intermediate_size"]
-    weights = layers * per_layer + vocab * hidden  # the tied embedding read once, as the LM head
-    memory_s = compute_s = total = 0.0
-    for t in range(new):
-        cached = prompt + t
-        step_bytes = weights * weight_element + layers * 2 * rows * kv * cached * element
-        step_flops = 2 * rows * weights + 4 * rows * cached * hidden * layers
-        m, f = step_bytes / (bounds["bandwidth_gb_s"] * 1e9), step_flops / (bounds["matmul_gflop_s"] * 1e9)
-        memory_s, compute_s, total = memory_s + m, compute_s + f, total + max(m, f)
-    return rows * new / total, "memory" if memory_s >= compute_s else "compute"
+from grpokit.runtime.device import cpu_model
+from grpokit.runtime.memory import keep_freed_memory
 
 
 def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     """Tokens/s of grpokit's sampling and of transformers' generate for ``rows`` rows, ``rows / G`` prompts × G."""
-    vocab = SMOLLM2_135M["vocab_size"]
+    vocab = model.config.vocab_size
     g = min(rows, 8)
     prompts = torch.randint(3, vocab, (rows // g, args.prompt_tokens), device=device)
     expanded = prompts.repeat_interleave(g, dim=0)
@@ -144,7 +82,7 @@ def speeds(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: 
 def profile(model: torch.nn.Module, rows: int, args: argparse.Namespace, device: torch.device) -> None:
     """Where a decode step's time goes at ``rows`` rows: the step, every weight's product alone (``F.linear`` on
     ``rows`` rows, the tied LM head included), and ``torch.profiler``'s operators over a 32-token call."""
-    vocab = SMOLLM2_135M["vocab_size"]
+    vocab = model.config.vocab_size
     g = min(rows, 8)
     prompts = torch.randint(3, vocab, (rows // g, args.prompt_tokens), device=device)
     call = partial(generate, model, prompts, torch.ones_like(prompts), num_generations=g, eos_token_id=[vocab],
@@ -153,15 +91,16 @@ def profile(model: torch.nn.Module, rows: int, args: argparse.Namespace, device:
     weights = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n] + [model.lm_head.weight]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=device) for w in weights}
     products = best_seconds(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights], device, 5)
-    step = best_seconds(partial(call, max_new_tokens=64), device, args.repeats) / 64
+    new = min(64, args.new_tokens)
+    step = best_seconds(partial(call, max_new_tokens=new), device, args.repeats) / new
     print(f"{rows} rows: {1000 * step:.0f} ms per decode step; every weight's product alone (F.linear) "
           f"{1000 * products:.0f} ms")
     with torch.profiler.profile() as prof:
-        call(max_new_tokens=32)
+        call(max_new_tokens=min(32, args.new_tokens))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--prompt_tokens", type=int, default=64)
@@ -173,23 +112,31 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="sample with int8 products (float32 model; CPU)")
     parser.add_argument("--profile", type=int, metavar="ROWS", help="only profile a decode step at ROWS rows")
     parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; also profiles a step")
+    args = parser.parse_args(argv)
+    shape = SMOLLM2_135M
+    if args.smoke:
+        shape, args.rows, args.prompt_tokens, args.new_tokens, args.repeats = TINY_LLAMA, [2], 4, 4, 1
+        torch.set_num_threads(SMOKE_THREADS)
+        args.out = str(smoke_dir() / "decode_roofline.json")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     kept = device.type == "cpu" and keep_freed_memory()
     torch.manual_seed(0)
     load_before = os.getloadavg()
-    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(device=device, dtype=dtype).eval()
-    if args.profile:
-        return profile(model, args.profile, args, device)
+    model = LlamaForCausalLM(LlamaConfig(**shape)).to(device=device, dtype=dtype).eval()
+    if args.profile or args.smoke:
+        profile(model, args.profile or args.rows[0], args, device)
+        if not args.smoke:
+            return
     # The bounds are measured before and after the speeds, and the better of each kept: a virtual machine's
     # bandwidth and throughput drift, and the bound is what the machine showed it can do.
-    first = machine_bounds(device, dtype, args.int8)
+    first = machine_bounds(device, dtype, args.int8, smoke=args.smoke)
     records = [{"rows": rows, **speeds(model, rows, args, device)} for rows in args.rows]
-    last = machine_bounds(device, dtype, args.int8)
+    last = machine_bounds(device, dtype, args.int8, smoke=args.smoke)
     bounds = {key: max(first[key], last[key]) for key in first}
     for record in records:
         bound, binds = roofline(record["rows"], args.prompt_tokens, args.new_tokens, dtype.itemsize, bounds,
-                                1 if args.int8 else None)
+                                1 if args.int8 else None, shape)
         record.update(bound_tokens_s=bound, binds=binds)
         print(json.dumps(record), flush=True)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else None

@@ -11,11 +11,14 @@ them), through each engine's ``generate`` as training calls it, in float32 (nati
 and bfloat16 (native: ``rollout_precision: bf16``'s copy; vLLM: dtype bfloat16); the best of 3 timed calls after a
 warm-up. Step: ``grpokit train``'s step, B = 2 prompts × G = 8, 128-token completions, mixed_precision no; the median
 step's phases over 3 steps after one. Writes ``benchmarks/results/engines.json``.
+
+``--smoke`` without vLLM installed runs the native engine alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
@@ -25,18 +28,13 @@ import time
 from pathlib import Path
 
 import torch
-from common import cpu_model
+from common import SMOKE_HELP, SMOKE_THREADS, smoke_dir, smollm2_directory, tiny_model_dir
 
 from grpokit.models.loading import load_pretrained
 from grpokit.rollout.engines import SamplingOptions, build_engine
+from grpokit.runtime.device import cpu_model
 
 PROMPT = "Write a short story about a robot who learns to paint. Begin with its first brushstroke."
-
-
-def smollm2() -> str:
-    from grpokit.models.gguf import converted_gguf, smollm2_gguf
-
-    return str(converted_gguf(smollm2_gguf()))
 
 
 def never_stop(engine) -> None:
@@ -60,10 +58,10 @@ def timed(engine, tokenizer, n: int, new_tokens: int, repeats: int) -> list[floa
     return times[1:]
 
 
-def sampling(model_dir: str, rows: list[int], new_tokens: int, repeats: int) -> list[dict]:
+def sampling(model_dir: str, engines: list[str], rows: list[int], new_tokens: int, repeats: int) -> list[dict]:
     records = []
     for precision in ("fp32", "bf16"):
-        for kind in ("native", "vllm"):
+        for kind in engines:
             model, tokenizer = load_pretrained(model_dir)
             engine = build_engine(SamplingOptions(engine=kind, rollout_precision=precision), model, tokenizer)
             never_stop(engine)
@@ -76,7 +74,7 @@ def sampling(model_dir: str, rows: list[int], new_tokens: int, repeats: int) -> 
     return records
 
 
-def steps(model_dir: str, new_tokens: int, count: int) -> list[dict]:
+def steps(model_dir: str, engines: list[str], new_tokens: int, count: int) -> list[dict]:
     from grpokit import GRPOConfig, GRPOTrainer
 
     rows = [{"prompt": f"What is {a} + {b}? Answer with the number.", "answer": str(a + b)}
@@ -86,7 +84,7 @@ def steps(model_dir: str, new_tokens: int, count: int) -> list[dict]:
         return [min(len(c), 200) / 200 for c in completions]
 
     records = []
-    for kind in ("native", "vllm"):
+    for kind in engines:
         with tempfile.TemporaryDirectory() as tmp:
             config = GRPOConfig(model=model_dir, output_dir=tmp, prompts_per_step=2, num_generations=8,
                                 max_completion_length=new_tokens, max_steps=count + 1, save_every=0,
@@ -105,7 +103,7 @@ def steps(model_dir: str, new_tokens: int, count: int) -> list[dict]:
     return records
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="a local model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 64])
@@ -116,20 +114,29 @@ def main() -> None:
                         help="what to measure; the other part is kept from --out's last result")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "engines.json"))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    engines = ["native", "vllm"]
+    if args.smoke:
+        args.model, args.rows, args.new_tokens, args.repeats, args.steps = tiny_model_dir(), [8], 4, 1, 1
+        args.threads = SMOKE_THREADS
+        args.out = str(smoke_dir() / "engines.json")
+        if importlib.util.find_spec("vllm") is None:
+            print("smoke: vllm is not installed (bash scripts/test_vllm.sh builds its environment), native alone")
+            engines = ["native"]
     torch.set_num_threads(args.threads)
-    model_dir = args.model or smollm2()
-    import vllm
+    model_dir = args.model or str(smollm2_directory())
+    versions = {"vllm": importlib.import_module("vllm").__version__} if "vllm" in engines else {}
 
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {}
     result.update({"machine": {"cpu": cpu_model(), "platform": platform.platform()}, "torch": torch.__version__,
-                   "vllm": vllm.__version__, "model": model_dir})
+                   **versions, "model": model_dir})
     if "sampling" in args.parts:
-        result["sampling"] = sampling(model_dir, args.rows, args.new_tokens, args.repeats)
+        result["sampling"] = sampling(model_dir, engines, args.rows, args.new_tokens, args.repeats)
         result["sampling_command"] = " ".join(sys.argv)
     if "step" in args.parts:
-        result["step"] = steps(model_dir, args.new_tokens, args.steps)
+        result["step"] = steps(model_dir, engines, args.new_tokens, args.steps)
         result["step_command"] = " ".join(sys.argv)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -3,12 +3,12 @@
     python benchmarks/freed_memory.py            # under a minute on 2 cores
 
 On the CPU under Linux with glibc, the trainer sets glibc's malloc thresholds
-(``grpokit.models.loading.keep_freed_memory``) so that the memory a step frees is reused by the next step instead
+(``grpokit.runtime.memory.keep_freed_memory``) so that the memory a step frees is reused by the next step instead
 of being returned to the system and taken back one zeroed 4 KB page at a time. This measures what that
 changes. For each setting, ``--rounds`` fresh processes (the setting is process-wide and cannot be
 undone), alternating off and on, each:
 
-- builds ``vs_trl.py``'s model for ``--config`` and a trainer with ``vs_trl.py``'s grpokit settings
+- builds ``vs_trl.py``'s model for ``--config`` (``common.build``) and a trainer with its grpokit settings
   (4 prompts × G = 8, float32) and ``keep_freed_memory`` off or on;
 - allocates and frees 16 tensors of 4 MB (a step's worth of large tensors) and counts the page faults
   that takes, median of 5 repetitions after one untimed;
@@ -17,9 +17,9 @@ undone), alternating off and on, each:
   (``time_update``).
 
 Page faults are counts, but they depend on the machine's state (its kernel, its other tenants): read them
-as orders of magnitude. Seconds per step are noisy on a shared machine; ``benchmarks/dev/ab_steps.py``
-compares whole steps over more processes. Writes ``benchmarks/results/freed_memory.json`` and prints
-the Markdown table for ``docs/memory.md``. Run it alone on the machine.
+as orders of magnitude. Seconds per step are noisy on a shared machine: more ``--rounds`` pool more processes.
+Writes ``benchmarks/results/freed_memory.json`` and prints the Markdown table for ``docs/memory.md``. Run it alone
+on the machine.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import cpu_model, run_worker
-from vs_trl import BETA, CONFIGS, LR, G, build, rows
+from common import BETA, CONFIGS, LR, SMOKE_HELP, SMOKE_THREADS, G, build, rows, run_worker, smoke_dir
+
+from grpokit.runtime.device import cpu_model
 
 
 def page_faults() -> int:
@@ -45,8 +46,8 @@ def worker(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
-    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
@@ -82,7 +83,7 @@ def worker(job: dict) -> dict:
             "page_faults_16x4mb": synthetic}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="small", choices=list(CONFIGS))
     parser.add_argument("--rounds", type=int, default=1, help="processes per setting, alternating off and on")
@@ -90,11 +91,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="measured steps per process")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/freed_memory.json")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.smoke:
+        args.config, args.rounds, args.warmup, args.steps, args.threads = "tiny", 1, 0, 1, SMOKE_THREADS
+        args.out = str(smoke_dir() / "freed_memory.json")
 
     import torch
 
@@ -107,7 +112,7 @@ def main() -> None:
                 job = {"model": str(Path(tmp) / "model"), "out": str(Path(tmp) / f"run-{keep}-{r}"),
                        "config": args.config, "keep_freed_memory": keep, "warmup": args.warmup, "steps": args.steps,
                        "threads": args.threads}
-                run = run_worker(script, job)
+                run = run_worker(script, job, inline=worker if args.smoke else None)
                 runs[keep].append(run)
                 print(f"keep_freed_memory={str(keep).lower()}: page faults per step "
                       f"{statistics.median(run['page_faults']):,.0f}, "

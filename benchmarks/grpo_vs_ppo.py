@@ -25,7 +25,6 @@ Markdown tables for ``docs/benchmarks.md``. Needs matplotlib (``pip install -e .
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import resource
@@ -35,107 +34,41 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from common import run_worker
+from common import (
+    SIZES,
+    SMOKE_GRPO,
+    SMOKE_HELP,
+    SMOKE_THREADS,
+    counted_memory,
+    mean_band,
+    rss_mb,
+    run_worker,
+    smoke_dir,
+    smoke_warm_starts,
+)
 
-SIZES = {  # name → TinyModelSpec fields, warm-started?, steps (None = --steps)
-    "small": (dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512), True, None),
-    "medium": (dict(hidden_size=256, num_layers=6, num_heads=8, intermediate_size=1024), False, 6),
-    # for a GPU (--device cuda --sizes large): ~200 M parameters
-    "large": (dict(hidden_size=1024, num_layers=16, num_heads=16, intermediate_size=4096), False, 6),
-}
 PHASES = ("time_generate", "time_score", "time_frozen_logprobs", "time_update")
 
 
 # ---- the worker: one size × algorithm × seed, in its own process ------------------------------------
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def saved_for_backward(fn) -> float:
-    """MB of distinct storages autograd saves for backward while ``fn`` runs its forward passes."""
-    import torch
-
-    storages: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn()
-    return sum(storages.values()) / 2**20
-
-
-def counted_memory(trainer, prompt_length: int) -> dict[str, float]:
-    import torch
-
-    from grpokit.rollout.generate import Rollout
-    from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
-
-    trained = [learner.module for learner in trainer.learners]
-    models = trained + ([trainer.reference.model] if trainer.reference is not None else [])
-    optimizers = [learner.optimizer for learner in trainer.learners]
-    mb = lambda tensors: sum(t.numel() * t.element_size() for t in tensors) / 2**20  # noqa: E731
-    unique = {p.data_ptr(): p for m in models for p in m.parameters()}
-    counted = {
-        "parameters": mb(unique.values()),
-        "gradients": mb(p for m in trained for p in m.parameters() if p.requires_grad),
-        "optimizer_states": mb(v for opt in optimizers for state in opt.state.values() for v in state.values()
-                               if torch.is_tensor(v)),
-    }
-    # One full-length micro-batch: every sequence `prompt_length + max_completion_length` tokens.
-    config, device = trainer.config, trainer.device
-    n, width = config.micro_batch_size, config.max_completion_length
-    gen = torch.Generator().manual_seed(0)
-    vocab = trainer.model.config.vocab_size
-    rollout = Rollout(
-        prompt_ids=torch.randint(3, vocab, (n, prompt_length), generator=gen).to(device),
-        prompt_mask=torch.ones(n, prompt_length, dtype=torch.long, device=device),
-        completion_ids=torch.randint(3, vocab, (n, width), generator=gen).to(device),
-        completion_mask=torch.ones(n, width, dtype=torch.long, device=device),
-        logp=torch.zeros(n, width, device=device), truncated=torch.zeros(n, dtype=torch.bool, device=device),
-    )
-    advantages = torch.randn(n, width).to(device)
-    with torch.no_grad():  # the critic's targets: its own predictions
-        values = trainer.critic.value_model(*rollout.sequences()) if trainer.critic else None
-    batch = UpdateBatch(rollout, rollout.completion_mask, advantages, ref_logp=trainer.reference_logprobs(rollout),
-                        returns=advantages, old_values=values)
-
-    def one_update(learner) -> float:
-        """The saved tensors of one learner's update on the micro-batch, with an optimizer that moves nothing."""
-        still = torch.optim.SGD(learner.module.parameters(), lr=0.0)
-        learner = dataclasses.replace(learner, optimizer=still,
-                                      scheduler=torch.optim.lr_scheduler.LambdaLR(still, lambda _: 1.0))
-        return saved_for_backward(lambda: update([learner], batch, micro_batch_size=n, max_grad_norm=0,
-                                                 guard=NonfiniteGuard(1)))
-
-    counted["activations"] = max(one_update(learner) for learner in trainer.learners)
-    counted["total"] = sum(counted.values())
-    return counted
-
-
 def worker(job: dict) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from grpokit.cli.demo import DEMO_CONFIG
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
     from grpokit.resolve import BUILTIN, load_model_and_tokenizer
     from grpokit.tasks.arithmetic import held_out_rows
+    from grpokit.tasks.demo import DEMO_CONFIG
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
     from grpokit.tasks.warm_start import warm_started_model_path
-    from grpokit.trainers.grpo import GRPOTrainer
     from grpokit.training.evaluation import evaluate, summarize
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(job["threads"])
+    settings = {**DEMO_CONFIG, **job["overrides"]}
     fields, warm, _ = SIZES[job["size"]]
     spec = TinyModelSpec(**fields)
     if warm:  # built (and cached) before the RSS baseline, in the parent
@@ -149,7 +82,7 @@ def worker(job: dict) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig.from_dict({**DEMO_CONFIG, "algorithm": job["algorithm"], "model": "benchmark",
+        config = GRPOConfig.from_dict({**settings, "algorithm": job["algorithm"], "model": "benchmark",
                                        "dataset": BUILTIN, "seed": job["seed"], "output_dir": tmp,
                                        "progress_bar": False, "device": job["device"], "log_completions": 0,
                                        "mixed_precision": "no"})
@@ -167,8 +100,8 @@ def worker(job: dict) -> dict:
         counted = counted_memory(trainer, prompt_length)
         final = None
         if warm:
-            scores = evaluate(trainer.model, tokenizer, held_out_rows(400), samples_per_prompt=0,
-                              max_new_tokens=DEMO_CONFIG["max_completion_length"], progress=False)
+            scores = evaluate(trainer.model, tokenizer, held_out_rows(job["held_out"]), samples_per_prompt=0,
+                              max_new_tokens=settings["max_completion_length"], progress=False)
             final = summarize(scores)["greedy_correct"]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     parameters = {"policy": sum(p.numel() for p in trainer.model.parameters())}
@@ -239,7 +172,6 @@ def plot(records: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from common import mean_band
 
     colors = {"grpo": "tab:blue", "ppo": "tab:orange"}
     sizes = list(dict.fromkeys(r["size"] for r in records))
@@ -282,7 +214,7 @@ def plot(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=60, help="steps for sizes with a warm start")
@@ -291,11 +223,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/grpo_vs_ppo.json")
     parser.add_argument("--figure", default="docs/images/grpo_vs_ppo.png")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    overrides, held_out = {}, 400
+    if args.smoke:
+        args.seeds, args.steps, args.sizes, overrides, held_out = [0], 2, ["small", "tiny"], SMOKE_GRPO, 8
+        args.threads = SMOKE_THREADS
+        args.out, args.figure = str(smoke_dir() / "grpo_vs_ppo.json"), str(smoke_dir() / "grpo_vs_ppo.png")
 
     from grpokit.tasks.tiny_model import TinyModelSpec
     from grpokit.tasks.warm_start import warm_started_model_path
@@ -305,13 +243,15 @@ def main() -> None:
         fields, warm, steps = SIZES[size]
         seeds = args.seeds if warm else args.seeds[:1]  # random-init sizes: memory and time only
         for seed in seeds:
+            if warm and args.smoke:
+                smoke_warm_starts([seed], model_spec=TinyModelSpec(**fields))
             if warm:  # build the warm start outside every measurement
                 warm_started_model_path(seed, TinyModelSpec(**fields), progress=False)
             for algorithm in ("grpo", "ppo"):
                 job = {"size": size, "algorithm": algorithm, "seed": seed, "steps": steps or args.steps,
-                       "device": args.device, "threads": args.threads}
+                       "device": args.device, "threads": args.threads, "overrides": overrides, "held_out": held_out}
                 start = time.perf_counter()
-                record = run_worker(__file__, job)
+                record = run_worker(__file__, job, inline=worker if args.smoke else None)
                 records.append(record)
                 print(f"{size} {algorithm} seed {seed}: {time.perf_counter() - start:.0f} s, counted "
                       f"{record['counted_mb']['total']:.1f} MB, peak RSS {record['peak_rss_mb']:.0f} MB", flush=True)

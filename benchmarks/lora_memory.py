@@ -18,8 +18,7 @@ import resource
 import tempfile
 from pathlib import Path
 
-from common import run_worker
-from grpo_vs_ppo import SIZES, counted_memory, rss_mb
+from common import SIZES, SMOKE_HELP, SMOKE_THREADS, counted_memory, rss_mb, run_worker, smoke_dir
 
 LORA = dict(lora_rank=8, lora_alpha=16.0,
             lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -28,12 +27,12 @@ LORA = dict(lora_rank=8, lora_alpha=16.0,
 def worker(job: dict) -> dict:
     import torch
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
     from grpokit.resolve import BUILTIN
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-    from grpokit.trainers.grpo import GRPOTrainer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(job["threads"])
     baseline = rss_mb()
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, TinyModelSpec(**SIZES[job["size"]][0]), seed=0)
@@ -52,19 +51,23 @@ def worker(job: dict) -> dict:
             "peak_rss_over_baseline_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["medium", "large"], choices=list(SIZES))
     parser.add_argument("--out", default="benchmarks/results/lora_memory.json")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.smoke:
+        args.sizes, args.out = ["tiny"], str(smoke_dir() / "lora_memory.json")
     records = []
     for size in args.sizes:
         for mode in ("full", "lora"):
-            records.append(run_worker(__file__, {"size": size, "mode": mode}))
+            job = {"size": size, "mode": mode, "threads": SMOKE_THREADS if args.smoke else 2}
+            records.append(run_worker(__file__, job, inline=worker if args.smoke else None))
             print(f"{size} {mode}: {records[-1]['counted_mb']['total']:.1f} MB counted", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(records, indent=1))

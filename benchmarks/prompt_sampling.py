@@ -25,14 +25,16 @@ import random
 import tempfile
 from pathlib import Path
 
-from common import cpu_model
+import torch
+from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_starts
 
-from grpokit.cli.demo import run_demo
+from grpokit.algorithms.demo import run_demo
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.arithmetic import train_rows
 
 
-def one_run(seed: int, mode: str, data: Path, out_dir: Path) -> dict:
-    result = run_demo(seed, out_dir, progress=False, dataset=str(data), prompt_sampling=mode, save_every=0)
+def one_run(seed: int, mode: str, data: Path, out_dir: Path, **settings) -> dict:
+    result = run_demo(seed, out_dir, progress=False, dataset=str(data), prompt_sampling=mode, save_every=0, **settings)
     steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     signal = [m["frac_signal_groups"] for m in steps if "frac_signal_groups" in m]
     half = signal[len(signal) // 2:]
@@ -41,13 +43,20 @@ def one_run(seed: int, mode: str, data: Path, out_dir: Path) -> dict:
             "before": result["before"], "after": result["after"], "grpo_seconds": result["seconds"]["grpo"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--num_prompts", type=int, default=128, help="training prompts (the demo's has 4096)")
     parser.add_argument("--unsolvable", type=float, default=0.0, help="share of training rows given a wrong answer")
     parser.add_argument("--out", default="benchmarks/results/prompt_sampling.json")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    settings = {}
+    if args.smoke:
+        args.seeds, args.num_prompts, args.out = [0], 8, str(smoke_dir() / "prompt_sampling.json")
+        settings = dict(SMOKE_GRPO, max_steps=2, eval_prompts=4, samples_per_prompt=1)
+        smoke_warm_starts(args.seeds)
+        torch.set_num_threads(SMOKE_THREADS)
 
     records = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +67,7 @@ def main() -> None:
                 row["answer"] = str(int(row["answer"]) + 1)
             data.write_text("".join(json.dumps(row) + "\n" for row in rows))
             for mode in ("uniform", "signal"):
-                records.append(one_run(seed, mode, data, Path(tmp) / f"{mode}-{seed}"))
+                records.append(one_run(seed, mode, data, Path(tmp) / f"{mode}-{seed}", **settings))
                 print(json.dumps({k: v for k, v in records[-1].items() if k != "signal_per_step"}), flush=True)
 
     machine = {"python": platform.python_version(), "cpu": cpu_model(), "cpus": os.cpu_count()}

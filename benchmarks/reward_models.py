@@ -6,7 +6,7 @@ wall-clock budget.
 Per seed, from the demo's warm-started tiny model (cached per seed):
 
 1. Reward-model data, small on purpose (so that the model can be fooled): ``--rm-prompts`` training prompts ×
-   4 completions sampled from the warm-started model (``grpokit.trainers.sample.sample_rows``), labelled by the rule
+   4 completions sampled from the warm-started model (``grpokit.training.labelling.sample_rows``), labelled by the rule
    ``accuracy`` (outcome rows, 0/1) and by ``arithmetic_steps`` (step rows: each column step and the answer).
 2. An outcome and a process reward model trained on them (``RewardTrainer``, the warm-started model as the
    backbone, DeepSeekMath's choice), their held-out accuracy recorded.
@@ -38,26 +38,35 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from common import cpu_model, mean_band
+from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, mean_band, smoke_dir, smoke_warm_starts
 from transformers.utils import logging as hf_logging
 
-from grpokit.cli.demo import DEMO_CONFIG
+from grpokit.algorithms.grpo import GRPOTrainer
+from grpokit.algorithms.reward import RewardTrainer
 from grpokit.config import GRPOConfig, RewardConfig
 from grpokit.resolve import BUILTIN, load_model_and_tokenizer, load_rows
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.learned import OutcomeRewardModel
 from grpokit.rollout.generate import generate, stop_token_ids
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.arithmetic import arithmetic_steps_reward, held_out_rows
+from grpokit.tasks.demo import DEMO_CONFIG
 from grpokit.tasks.warm_start import warm_started_model_path
-from grpokit.trainers.grpo import GRPOTrainer
-from grpokit.trainers.reward import RewardTrainer
-from grpokit.trainers.sample import sample_rows
 from grpokit.training.evaluation import evaluate, summarize
+from grpokit.training.labelling import sample_rows
 
 # The reward model's training settings (also what iterative RL retrains it with).
 REWARD_TRAINING = dict(learning_rate=2e-3, epochs=5, batch_size=16, micro_batch_size=32, eval_fraction=0.2,
                        mixed_precision="no", progress_bar=False, save_every=0)
+DEMO = DEMO_CONFIG  # the GRPO runs' settings
+HELD_OUT = 400  # held-out prompts of the final evaluations (the curves: half of them)
 SOURCES = ["rule outcome", "rule process", "learned outcome", "learned process", "learned outcome + iterative RL"]
+
+
+def smoke_scale() -> None:
+    """--smoke: GRPO, the evaluations and the reward models' training at a smoke run's size."""
+    global DEMO, HELD_OUT, REWARD_TRAINING
+    DEMO, HELD_OUT, REWARD_TRAINING = {**DEMO_CONFIG, **SMOKE_GRPO}, 4, dict(REWARD_TRAINING, epochs=1)
 
 
 def sources(models: dict[str, str], iterations: int, iteration_prompts: int) -> dict[str, dict]:
@@ -81,7 +90,7 @@ def reward_models(seed: int, warm: Path, prompts: int, root: Path) -> dict:
     held-out accuracies."""
     model, tokenizer = load_model_and_tokenizer(str(warm), progress=False)
     rows = load_rows(BUILTIN, seed)[-prompts:]  # the end of the seed's order: GRPO's first steps draw elsewhere
-    common = dict(num_generations=4, max_new_tokens=DEMO_CONFIG["max_completion_length"], seed=seed, progress=False)
+    common = dict(num_generations=4, max_new_tokens=DEMO["max_completion_length"], seed=seed, progress=False)
     outcome_rows, _ = sample_rows(model, tokenizer, rows, [accuracy_reward], [1.0], **common)
     step_rows, _ = sample_rows(model, tokenizer, rows, [arithmetic_steps_reward], [1.0], **common)
     out: dict = {"rm_rows": len(outcome_rows), "rm_positive": float(np.mean([r["label"] for r in outcome_rows]))}
@@ -113,7 +122,7 @@ def held_out_scores(model, tokenizer, rows, reward: OutcomeRewardModel) -> dict[
         batch = rows[first:first + 100]
         encoded = tokenizer([r["prompt"] for r in batch], padding=True, padding_side="left", return_tensors="pt")
         rollout = generate(model, encoded["input_ids"], encoded["attention_mask"], num_generations=1,
-                           max_new_tokens=DEMO_CONFIG["max_completion_length"], greedy=True,
+                           max_new_tokens=DEMO["max_completion_length"], greedy=True,
                            eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
         completions += rollout.decode(tokenizer)
     model.train()
@@ -128,7 +137,7 @@ def held_out_scores(model, tokenizer, rows, reward: OutcomeRewardModel) -> dict[
 
 def grpo(warm: Path, seed: int, settings: dict, out_dir: Path) -> GRPOTrainer:
     model, tokenizer = load_model_and_tokenizer(str(warm), progress=False)
-    config = GRPOConfig.from_dict({**DEMO_CONFIG, **settings, "model": str(warm), "dataset": BUILTIN, "seed": seed,
+    config = GRPOConfig.from_dict({**DEMO, **settings, "model": str(warm), "dataset": BUILTIN, "seed": seed,
                                    "output_dir": str(out_dir), "progress_bar": False, "save_every": 0})
     return GRPOTrainer(config, model=model, tokenizer=tokenizer)
 
@@ -144,7 +153,7 @@ def kl_run(warm: Path, seed: int, beta: float, models: dict, steps: int, eval_ev
     trainer = grpo(warm, seed, dict(beta=beta, max_steps=steps, reward_funcs=[f"model:{models['outcome']}",
                                                                               "accuracy"],
                                     reward_weights=[1.0, 0.0]), out_dir)
-    rows = held_out_rows(400)[:200]
+    rows = held_out_rows(HELD_OUT)[:HELD_OUT // 2]
     reward = trainer.reward_funcs[0]
     evals = [{"step": 0, **held_out_scores(trainer.model, trainer.tokenizer, rows, reward)}]
     records = []
@@ -167,9 +176,9 @@ def source_run(warm: Path, seed: int, name: str, settings: dict, budget: float, 
         metrics = trainer.training_step()  # with iterative RL, an iteration's end runs inside the step
         seconds += time.perf_counter() - started
         records.append({**step_record(trainer, metrics, seconds), "seconds": seconds})
-    scores = evaluate(trainer.model, trainer.tokenizer, held_out_rows(400), samples_per_prompt=0,
-                      max_new_tokens=DEMO_CONFIG["max_completion_length"], seed=seed, progress=False)
-    carry = [row["carry"] for row in held_out_rows(400)]
+    scores = evaluate(trainer.model, trainer.tokenizer, held_out_rows(HELD_OUT), samples_per_prompt=0,
+                      max_new_tokens=DEMO["max_completion_length"], seed=seed, progress=False)
+    carry = [row["carry"] for row in held_out_rows(HELD_OUT)]
     iterations = out_dir / "reward_model" / "iterations.jsonl"
     return {"source": name, "seed": seed, "steps": records, "train_seconds": seconds,
             "final": {"greedy": summarize(scores)["greedy_correct"],
@@ -271,7 +280,7 @@ def plot_sources(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rm-prompts", type=int, default=64, help="prompts (× 4 samples) the reward models learn from")
@@ -286,12 +295,19 @@ def main() -> None:
     parser.add_argument("--sources", nargs="+", default=SOURCES, choices=SOURCES, help="(b): the sources to run")
     parser.add_argument("--out", default="benchmarks/results/reward_models.json")
     parser.add_argument("--figures", default="docs/images/reward_models")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
-    torch.set_num_threads(2)
+    torch.set_num_threads(SMOKE_THREADS if args.smoke else 2)
+    if args.smoke:
+        args.seeds, args.rm_prompts, args.betas, args.steps, args.eval_every = [0], 4, [0.04], 1, 1
+        args.max_steps, args.iterations, args.iteration_prompts = 2, 1, 2
+        args.out, args.figures = str(smoke_dir() / "reward_models.json"), str(smoke_dir() / "reward_models")
+        smoke_scale()
+        smoke_warm_starts(args.seeds)
 
     warm = {seed: warm_started_model_path(seed, progress=False) for seed in args.seeds}  # outside every timing
-    result: dict = {"meta": {**vars(args), "reward_training": REWARD_TRAINING, "demo_config": DEMO_CONFIG,
+    result: dict = {"meta": {**vars(args), "reward_training": REWARD_TRAINING, "demo_config": DEMO,
                              "torch": torch.__version__, "machine": platform.platform(), "cpu": cpu_model(),
                              "threads": torch.get_num_threads()}, "reward_models": {}, "kl": [], "sources": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,11 +24,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import cpu_model
+from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_starts
 
-from grpokit.cli.demo import run_demo
+from grpokit.algorithms.demo import run_demo
 from grpokit.config import GRPOConfig
 from grpokit.core.importance import IS_MODES
+from grpokit.runtime.device import cpu_model
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -37,21 +38,28 @@ def mean(metrics: list[dict], key: str) -> float | None:
     return sum(m[key] for m in metrics) / len(metrics) if key in metrics[0] else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--is_mode", default=GRPOConfig().rollout_is_mode, choices=IS_MODES, help="rollout_is_mode")
     parser.add_argument("--is_cap", type=float, default=GRPOConfig().rollout_is_cap, help="rollout_is_cap")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_precision.json"))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
     correction = {"rollout_is_mode": args.is_mode, "rollout_is_cap": args.is_cap}
+    settings = {}
+    if args.smoke:
+        args.seeds, args.out = [0], str(smoke_dir() / "rollout_precision.json")
+        settings = dict(SMOKE_GRPO, max_steps=1, eval_prompts=4, samples_per_prompt=1)
+        smoke_warm_starts(args.seeds)
+        torch.set_num_threads(SMOKE_THREADS)
     records = []
     for seed in args.seeds:
         for precision in args.precisions:
             with tempfile.TemporaryDirectory() as tmp:
                 result = run_demo(seed, tmp, progress=False, rollout_precision=precision, mixed_precision="no",
-                                  **correction)
+                                  **correction, **settings)
                 metrics = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
             after, before = result["after"], result["before"]
             record = {"seed": seed, "rollout_precision": precision, **correction,

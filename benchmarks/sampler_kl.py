@@ -26,29 +26,39 @@ from pathlib import Path
 
 import torch
 import yaml
-from common import cpu_model
+from common import SMOKE_HELP, SMOKE_THREADS, smoke_dir, tiny_model_dir
 
 from grpokit.core.objective import kl_penalty
+from grpokit.data import render_prompt
 from grpokit.models.loading import load_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.generate import generate
-from grpokit.training.sampling import render_prompt
+from grpokit.runtime.device import cpu_model
+from grpokit.tasks.arithmetic import held_out_rows
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "smollm2"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="a local Hugging Face model directory")
+    parser.add_argument("--model", help="a local Hugging Face model directory (required but with --smoke)")
     parser.add_argument("--dataset", default="runs/smollm2/data/carry_share_0.5_carry_line_always/held_out.jsonl")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler_kl.json"))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; the built-in task's held-out prompts")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.seeds, args.threads = tiny_model_dir(), [0], SMOKE_THREADS
+        args.out = str(smoke_dir() / "sampler_kl.json")
+    elif args.model is None:
+        parser.error("--model is required")
     model, tokenizer = load_pretrained(args.model)
     model.eval()
     system = yaml.safe_load((RECIPE / "grpo.yaml").read_text())["system_prompt"]
-    rows = [json.loads(line) for line in Path(args.dataset).read_text().splitlines()[:8]]
+    # smoke: prompts of the recipe's form (examples/smollm2/make_data.py writes the built-in task's)
+    rows = held_out_rows(8) if args.smoke else [json.loads(line) for line in
+                                                Path(args.dataset).read_text().splitlines()[:8]]
     prompts = [render_prompt(tokenizer, row["prompt"], system_prompt=system) for row in rows]
     encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
     # name: (the model sampled, int8 products, under bf16 autocast, the prompts read in float32 under it)
@@ -60,7 +70,7 @@ def main() -> None:
     def sample(sampler: torch.nn.Module, int8: bool, autocast: bool, exact_prefill: bool, seed: int):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             return generate(sampler, encoded["input_ids"], encoded["attention_mask"], num_generations=4,
-                            max_new_tokens=48, eos_token_id=tokenizer.eos_token_id,
+                            max_new_tokens=8 if args.smoke else 48, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
                             int8=int8, exact_prefill=exact_prefill)
 

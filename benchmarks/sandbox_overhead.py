@@ -26,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import cpu_model
+from common import SMOKE_HELP, smoke_dir
 
+from grpokit.runtime.device import cpu_model
 from grpokit.sandbox import Sandbox
 from grpokit.sandbox.bwrap import bwrap_version
 from grpokit.sandbox.interpreter import closed_to_others
@@ -47,7 +48,7 @@ def timed(call) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--batch", type=int, default=64)
@@ -55,7 +56,10 @@ def main() -> None:
     parser.add_argument("--python", default="/usr/bin/python3",
                         help="the interpreter, where the process isolation as root cannot read this one")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sandbox_overhead.json"))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.batch, args.rounds, args.out = 2, 2, 1, str(smoke_dir() / "sandbox_overhead.json")
 
     load_before = os.getloadavg()
     python = os.path.realpath(sys.executable)

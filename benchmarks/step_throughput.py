@@ -3,6 +3,7 @@ each beside the bound the device sets, measured in the same run.
 
     python benchmarks/step_throughput.py --device cuda                         # a GPU: the bf16 variants below
     python benchmarks/step_throughput.py --prompts 2 --new_tokens 32 --steps 2  # a quick look on the CPU (float32)
+    python benchmarks/step_throughput.py --device cuda --variants bf16_copy_graphs --profile  # where the time goes
 
 - The step: ``GRPOTrainer.training_step`` as a run calls it (B prompts × G = 8 completions, β = 0.04, one optimizer
   step, AdamW), on prompts of ``--prompt_tokens`` tokens (the built-in character tokenizer) with random rewards:
@@ -14,15 +15,21 @@ each beside the bound the device sets, measured in the same run.
   on bf16 variants: the bound of sampling in bfloat16, whatever copy the variant reads).
 - Update: sequence tokens (prompt + completion) through the policy's forward and backward per second of
   ``time_update``, and its model FLOPs utilisation (MFU: 3 × a forward pass's FLOPs per second over the device's
-  measured matmul peak; the forward as ``vs_trl_report.forward_flops``, its LM head on the completions' positions
+  measured matmul peak; the forward as ``common.forward_flops``, its LM head on the completions' positions
   only, where log-probs are taken; recomputation not counted); likewise the reference model's forward.
 - The peak: the best of a few large products in the variant's dtype (a GPU: 8192³), measured in the same run;
-  bandwidth, a sum over 1 GiB (``decode_roofline.machine_bounds``).
+  bandwidth, a sum over 1 GiB (``common.machine_bounds``).
 
 Variants (``--variants``): ``fp32`` (CPU default), and on CUDA ``bf16`` (mixed_precision: bf16: float32 weights,
 passes under bfloat16 autocast), ``bf16_graphs`` (+ cuda_graphs: true), ``bf16_copy_graphs`` (+ rollout_precision:
 bf16, sampling from a bfloat16 copy of the weights). Writes ``benchmarks/results/step_throughput[_DEVICE].json`` and
 prints the Markdown table for docs/benchmarks.md. Run it alone.
+
+``--profile``: no measurement; each variant's step under ``torch.profiler`` instead, after one warm-up step: the
+device's busy time (its kernels' summed time) beside the wall time, for the sampling alone and for a whole step, and
+the operators that keep the device busiest. On a GPU, busy ÷ wall far below 1 says the GPU waits on the host
+(launches, syncs, Python); near 1 with a low MFU says the kernels themselves are slow (small shapes, float32 work,
+memory-bound operators).
 """
 
 from __future__ import annotations
@@ -32,19 +39,31 @@ import json
 import platform
 import random
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import SMOLLM2_135M, cpu_model
-from decode_roofline import best_seconds, machine_bounds, roofline
+from common import (
+    SMOKE_HELP,
+    SMOKE_THREADS,
+    SMOLLM2_135M,
+    TINY_LLAMA,
+    best_seconds,
+    forward_flops,
+    machine_bounds,
+    roofline,
+    smoke_dir,
+    sync,
+)
+from torch.autograd import DeviceType
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
-from vs_trl_report import forward_flops
 
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import GRPOConfig
+from grpokit.runtime.device import cpu_model
 from grpokit.tasks.tiny_model import build_tokenizer
-from grpokit.trainers.grpo import GRPOTrainer
 
 VARIANTS = {  # name → config overrides
     "fp32": {"mixed_precision": "no"},
@@ -75,10 +94,10 @@ def random_reward(completions, **kwargs) -> list[float]:
 
 def build_trainer(name: str, args: argparse.Namespace, device: torch.device, tokenizer, output_dir: str
                   ) -> GRPOTrainer:
-    """The trainer of variant ``name`` on a fresh random SmolLM2-135M, B = ``args.prompts`` prompts of
+    """The trainer of variant ``name`` on a fresh random SmolLM2-135M (``args.shape``), B = ``args.prompts`` prompts of
     ``args.prompt_tokens`` digits, every completion ``args.new_tokens`` long."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M))
+    model = LlamaForCausalLM(LlamaConfig(**args.shape))
     digits = random.Random(0)
     rows = [{"prompt": "".join(digits.choice("0123456789") for _ in range(args.prompt_tokens))}
             for _ in range(4 * args.prompts)]
@@ -117,7 +136,38 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, token
             "steps": [{k: s[k] for k in PHASES} for s in steps]}
 
 
-def main() -> None:
+def profiled(call, label: str, device: torch.device, rows: int) -> None:
+    """Run ``call`` under the profiler; print its wall time, the device's busy time and the top operators."""
+    on_cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
+    sync(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        call()
+        sync(device)
+        wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    on_gpu = [e for e in averages if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    busy, kernels = sum(e.self_device_time_total for e in on_gpu) / 1e6, sum(e.count for e in on_gpu)
+    print(f"\n== {label}: wall {wall:.3f} s (under the profiler), GPU busy {busy:.3f} s ({100 * busy / wall:.0f} %), "
+          f"{kernels} GPU activities", flush=True)
+    sort = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    print(averages.table(sort_by=sort, row_limit=rows, max_name_column_width=70), flush=True)
+
+
+def profile_variant(name: str, args: argparse.Namespace, device: torch.device, tokenizer) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(name, args, device, tokenizer, tmp)
+        trainer.training_step()  # warm-up
+        label = f"{name}, {args.prompts} × 8 completions, {args.prompt_tokens} + {args.new_tokens} tokens"
+        profiled(lambda: trainer.sampler.sample(trainer.step), f"{label}: sampling", device, args.top)
+        metrics = {}
+        profiled(lambda: metrics.update(trainer.training_step()), f"{label}: a whole step", device, args.top)
+        print("the step's phases (s): " + ", ".join(f"{k} {metrics[k]:.3f}" for k in
+                                                    ("time_generate", "time_frozen_logprobs", "time_update")))
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS))
@@ -127,11 +177,26 @@ def main() -> None:
     parser.add_argument("--micro_batch_size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up step")
     parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.add_argument("--profile", action="store_true", help="no measurement: each variant's step profiled")
+    parser.add_argument("--top", type=int, default=18, help="--profile: operators printed per table")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; also profiles a step")
+    args = parser.parse_args(argv)
+    args.shape = SMOLLM2_135M
+    if args.smoke:
+        args.shape, args.prompts, args.prompt_tokens, args.new_tokens, args.micro_batch_size, args.steps, args.top = (
+            TINY_LLAMA, [1], 4, 4, 8, 1, 5)
+        args.out = str(smoke_dir() / "step_throughput.json")
+        torch.set_num_threads(SMOKE_THREADS)
     device = torch.device(args.device)
     variants = args.variants or (["bf16", "bf16_graphs", "bf16_copy_graphs"] if device.type == "cuda" else ["fp32"])
     hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer()
+    if args.profile or args.smoke:
+        for prompts in args.prompts:
+            for name in variants:
+                profile_variant(name, argparse.Namespace(**{**vars(args), "prompts": prompts}), device, tokenizer)
+        if not args.smoke:
+            return
     records = []
     for prompts in args.prompts:
         for name in variants:
@@ -140,13 +205,13 @@ def main() -> None:
             print(json.dumps({k: v for k, v in record.items() if k != "steps"}), flush=True)
     bounds = {}
     for dtype in sorted({dtype_of(r["variant"]) for r in records}):
-        bounds[dtype] = machine_bounds(device, getattr(torch, dtype))
+        bounds[dtype] = machine_bounds(device, getattr(torch, dtype), smoke=args.smoke)
         if device.type == "cuda":
             bounds[dtype]["matmul_gflop_s"] = gpu_peak(device, getattr(torch, dtype))
     for r in records:
         dtype = dtype_of(r["variant"])
         bound, binds = roofline(r["completions"], r["prompt_tokens"], r["new_tokens"], getattr(torch, dtype).itemsize,
-                                bounds[dtype])
+                                bounds[dtype], shape=args.shape)
         peak = bounds[dtype]["matmul_gflop_s"] * 1e9
         r.update(generate_bound_tokens_s=bound, generate_binds=binds, update_mfu=r["update_flop_s"] / peak,
                  reference_mfu=r["reference_flop_s"] / peak)

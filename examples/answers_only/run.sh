@@ -18,9 +18,11 @@ mkdir -p "$out"
 # The addition task's pairs with their answers only (its cold_start.jsonl of worked solutions is not used here).
 python examples/smollm2/make_data.py "$data" > /dev/null
 
+# (64 prompts per generation pass, not grpo.yaml's 4: as the recorded evaluations ran)
 evaluate() {  # MODEL NAME DIR: greedy accuracy, strict and lenient, on the 200 held-out problems, prompted as GRPO trains
   grpokit eval $here/grpo.yaml --model "$1" --dataset "$data/held_out.jsonl" --num_generations 0 \
-    --max_completion_length 64 --quiet --output "$3/eval_$2.json" --completions "$3/completions_$2.jsonl"
+    --max_completion_length 64 --prompts_per_step 64 --progress_bar false --output "$3/eval_$2.json" \
+    --completions "$3/completions_$2.jsonl"
 }
 base=runs/answers_only/base  # the same for every seed and variant: run once
 if [ ! -f "$base/eval_base.json" ]; then mkdir -p "$base" && evaluate "gguf:$gguf" base "$base"; fi
@@ -30,10 +32,11 @@ stamp() { echo "\"$1\": $(( $(date +%s) - start ))," >> "$out/times.part"; }
 : > "$out/times.part"
 case $variant in
   bootstrap)
-    # The system prompt asks for the tags, so no instruction of bootstrap's own; no demonstrations (no solutions).
+    # The system prompt asks for the tags, so no instruction of bootstrap's own; no demonstrations (no solutions);
+    # 16 prompts per generation pass (not grpo.yaml's 4), as the recorded runs sampled.
     grpokit bootstrap $here/grpo.yaml --model "gguf:$gguf" --seed "$seed" --num_prompts "$prompts" \
       --num_generations 8 --max_completion_length 128 --rewrite tags --no_instruction --iterations 2 \
-      --sft_config $here/sft.yaml --output "$out/cold/rows.jsonl" --quiet
+      --prompts_per_step 16 --sft_config $here/sft.yaml --output "$out/cold/rows.jsonl" --progress_bar false
     stamp bootstrap
     grpokit sft $here/sft.yaml --model "gguf:$gguf" --dataset "$out/cold/rows.jsonl" --seed "$seed" \
       --output_dir "$out/sft" --progress_bar false

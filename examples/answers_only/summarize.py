@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from common import cpu_model  # noqa: E402
+from grpokit.runtime.device import cpu_model
 
 
 def accuracy(path: Path, runs: Path) -> dict[str, float] | None:

@@ -55,9 +55,11 @@ data=runs/smollm2/data/carry_share_$carry_share
 gguf=$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
 mkdir -p "$out"
 
+# (64 prompts per generation pass, not grpo.yaml's 4: as the recorded evaluations ran)
 evaluate() {  # MODEL NAME DIR: greedy accuracy and format rate on the 200 held-out problems, prompted as GRPO trains
   grpokit eval examples/smollm2/grpo.yaml --model "$1" --dataset "$data/held_out.jsonl" --num_generations 0 \
-    --max_completion_length 64 --quiet --output "$3/eval_$2.json" --completions "$3/completions_$2.jsonl"
+    --max_completion_length 64 --prompts_per_step 64 --progress_bar false --output "$3/eval_$2.json" \
+    --completions "$3/completions_$2.jsonl"
 }
 
 python examples/smollm2/make_data.py "$data" "$carry_share" --carry "$carry"

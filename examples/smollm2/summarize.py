@@ -18,26 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import sys
 from pathlib import Path
 
 import yaml
 
 from grpokit.core.answers import answers_match, extract_answer
-from grpokit.tasks.arithmetic import expected_steps, has_carry
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from common import cpu_model  # noqa: E402
+from grpokit.runtime.device import cpu_model
+from grpokit.tasks.arithmetic import carry_mistakes, has_carry, prompt_operands
 
 STAGES = ("base", "sft", "grpo")
 WINDOW = 10  # training steps per point of the accuracy curves
+MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO steps
 LABELS = {"base": "SmolLM2-135M-Instruct", "sft": "after the cold start", "grpo": "after GRPO"}
-
-
-def operands(prompt: str) -> tuple[int, int]:
-    a, b = prompt.removeprefix("What is ").removesuffix("?").split(" + ")
-    return int(a), int(b)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -57,47 +50,12 @@ def training_curves(records: list[dict]) -> dict[str, list[float | None]]:
     """Sampled (T = 1) accuracy of every logged completion, per window of WINDOW steps, by carry."""
     windows: dict[int, list[tuple[bool, bool]]] = {}
     for record in records:
-        a, b = operands(record["prompt"])
+        a, b = prompt_operands(record["prompt"])
         answer = extract_answer(record["completion"])
         correct = answer is not None and answers_match(answer, a + b)
         windows.setdefault((record["step"] - 1) // WINDOW, []).append((has_carry(a, b), correct))
     curves = [by_carry(windows[w]) for w in sorted(windows)]
     return {name: [c[name] for c in curves] for name in ("carry", "no_carry")}
-
-
-TENS_LINE = re.compile(r"^(\d+(?:\+\d+)*)=(\d+)$", re.MULTILINE)
-MISTAKE_STEPS = 30  # carry_mistakes: the first and the last this many GRPO steps
-
-
-def tens_column(a: int, b: int, completion: str) -> str:
-    """What a carry problem's completion writes in the tens column: ``forgot`` the carry (``7+8=15``, ``7+8+0=15``),
-    writes it but ``added_wrong`` (``7+8+1=15``, or ``7+8=15``, ``15+1=17`` with the carry in a line of its own),
-    ``right``, or ``other``."""
-    lines = [([int(x) for x in operands.split("+")], int(result))
-             for operands, result in TENS_LINE.findall(completion)]
-    tens = lines[1] if len(lines) > 1 else None
-    if tens is not None and len(lines) > 2 and len(tens[0]) == 2 and lines[2][0][1:] == [1]:
-        tens = (tens[0] + [1], lines[2][1])  # the carry in a line of its own: 4+8=12, 12+1=13
-    right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
-    forgot = [(right[0][:2] + zero, right[1] - 1) for zero in ([], [0])]  # 4+8=12, or 4+8+0=12
-    return ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
-            "forgot" if tens in forgot else "other")
-
-
-def carry_mistakes(records: list[dict]) -> dict[str, dict[str, float]]:
-    """The shares of :func:`tens_column`'s kinds among the sampled completions of carry problems in the first and the
-    last MISTAKE_STEPS steps."""
-    last = max(r["step"] for r in records)
-    out = {}
-    for name, low, high in (("first", 1, MISTAKE_STEPS), ("last", last - MISTAKE_STEPS + 1, last)):
-        kinds = {"forgot": 0, "added_wrong": 0, "right": 0, "other": 0}
-        for record in records:
-            a, b = operands(record["prompt"])
-            if low <= record["step"] <= high and has_carry(a, b):
-                kinds[tens_column(a, b, record["completion"])] += 1
-        total = sum(kinds.values())
-        out[name] = {kind: count / total for kind, count in kinds.items()} if total else {}
-    return out
 
 
 def sampling(metrics: list[dict], completions_per_step: int) -> dict[str, float | None]:
@@ -117,7 +75,7 @@ def load(run: Path) -> dict:
     times = json.loads((run / "times.json").read_text())
     evals = {stage: json.loads((run / f"eval_{stage}.json").read_text()) for stage in STAGES}
     completions = {stage: read_jsonl(run / f"completions_{stage}.jsonl") for stage in STAGES}
-    greedy_by_carry = {stage: by_carry([(has_carry(*operands(r["prompt"])), r["correct"]) for r in rows])
+    greedy_by_carry = {stage: by_carry([(has_carry(*prompt_operands(r["prompt"])), r["correct"]) for r in rows])
                        for stage, rows in completions.items()}
     sampled = read_jsonl(run / "grpo" / "completions.jsonl")
     config = yaml.safe_load((run / "grpo" / "config.yaml").read_text())
@@ -130,7 +88,7 @@ def load(run: Path) -> dict:
             "greedy_correct": {s: evals[s]["greedy_correct"] for s in STAGES},
             "greedy_format": {s: evals[s]["greedy_format"] for s in STAGES},
             "greedy_correct_by_carry": greedy_by_carry, "training_accuracy_by_window": training_curves(sampled),
-            "carry_mistakes": carry_mistakes(sampled),
+            "carry_mistakes": carry_mistakes(sampled, MISTAKE_STEPS),
             "examples": {stage: completions[stage][:3] for stage in ("sft", "grpo")}}
 
 

@@ -12,9 +12,11 @@ start=$(date +%s)
 stamp() { echo "\"$1\": $(( $(date +%s) - start ))," >> "$out/times.part"; }
 : > "$out/times.part"
 
+# (64 prompts per generation pass, not grpo.yaml's 4: as the recorded evaluations ran)
 evaluate() {  # MODEL NAME: greedy pass@1 on the held-out problems (every test passes), prompted as GRPO trains
   grpokit eval examples/smollm2_code/grpo.yaml --model "$1" --dataset $root/data/held_out.jsonl --num_generations 0 \
-    --max_completion_length 128 --quiet --output "$out/eval_$2.json" --completions "$out/completions_$2.jsonl"
+    --max_completion_length 128 --prompts_per_step 64 --progress_bar false --output "$out/eval_$2.json" \
+    --completions "$out/completions_$2.jsonl"
 }
 
 python examples/smollm2_code/make_data.py $root/data

@@ -18,10 +18,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model  # noqa: E402
-from make_data import SHAPE_FAMILIES  # noqa: E402
+from make_data import SHAPE_FAMILIES  # beside this script, which Python imports from when it runs it
+
+from grpokit.runtime.device import cpu_model
 
 STAGES = ("base", "sft", "grpo")
 WINDOW = 10  # training steps per point of the pass-rate curve

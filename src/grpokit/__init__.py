@@ -10,9 +10,9 @@ run the supervised cold start before it (docs/sft.md).
 ``docs/architecture.md`` maps the modules.
 """
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _installed_version
-
+from grpokit.algorithms.grpo import GRPOTrainer
+from grpokit.algorithms.reward import RewardTrainer
+from grpokit.algorithms.sft import SFTTrainer
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, SFTConfig, load_config
 from grpokit.core.objective import (
     aggregate_loss,
@@ -29,14 +29,9 @@ from grpokit.rewards.calling import RewardError
 from grpokit.rewards.code import code_tests
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.generate import Rollout, generate
-from grpokit.trainers.grpo import GRPOTrainer
-from grpokit.trainers.reward import RewardTrainer
-from grpokit.trainers.sft import SFTTrainer
+from grpokit.runtime.versions import installed_version
 
-try:  # pyproject.toml's version, as installed: the one source
-    __version__ = _installed_version("grpokit")
-except PackageNotFoundError:  # a source tree never installed
-    __version__ = "0+unknown"
+__version__ = installed_version()
 
 __all__ = [
     "ConfigError", "DataError", "GRPOConfig", "GRPOTrainer", "OutcomeRewardModel", "ProcessRewardModel",

@@ -1,4 +1,5 @@
-"""Prompt datasets: a list of dict rows, loaded from JSONL and checked before any training starts.
+"""Prompt datasets: a list of dict rows, loaded from JSONL and checked before any training starts; what the model
+and the reward functions see of a row (the rendered prompt, the reward keywords).
 
 Errors name the file, the line (1-based) and the column at fault.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import csv
 import difflib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,44 @@ def load_gsm8k(path: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"{path}: row {index} answer has no '#### <final answer>' line (GSM8K format)")
         rows.append({"prompt": row["question"], "answer": final.strip().replace(",", ""), "solution": solution.strip()})
     return rows
+
+
+# ---- what the model and the reward functions see of a row ---------------------------------------
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_prompt: str | None = None,
+                  chat_template: bool | None = None, tools: Sequence[Callable] | None = None) -> str:
+    """The text a prompt is sampled from: a plain prompt as is (after ``system_prompt`` on its own line), or
+    rendered with the tokenizer's chat template and its generation prompt — always for a list of
+    ``{role, content}`` messages, for plain text when ``chat_template`` is True or None and the
+    tokenizer has one. ``tools``: listed by the chat template (JSON schemas from their type hints and
+    Google-style docstrings, in transformers), for a template that knows tools
+    (:mod:`grpokit.rollout.tool_templates`)."""
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) or (chat_template is not False and has_template):
+        if not has_template:
+            raise ValueError("a prompt is a list of chat messages but the tokenizer has no chat template")
+        if system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
+                                             add_generation_prompt=True)
+    if chat_template:
+        raise ValueError("chat_template is true but the tokenizer has no chat template")
+    return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
+
+
+def reward_column_names(rows: Sequence[dict[str, Any]], prompt_column: str, answer_column: str) -> dict[str, str]:
+    """Keyword → dataset column, for what reward functions receive besides the reward arguments: every
+    column but the prompt under its own name, and the answer column also as ``answer`` (taking the name
+    over from any column called ``answer``)."""
+    names = {key: key for key in dict.fromkeys(key for row in rows for key in row) if key != prompt_column}
+    return {**names, "answer": answer_column}
+
+
+def reward_columns(rows: Sequence[dict[str, Any]], prompt_column: str, answer_column: str,
+                   repeat: int = 1) -> dict[str, list]:
+    """What reward functions receive of the rows besides the reward arguments (:func:`reward_column_names`): each
+    keyword's values, each row's repeated ``repeat`` times (once per completion of its group)."""
+    names = reward_column_names(rows, prompt_column, answer_column)
+    return {name: [row.get(key) for row in rows for _ in range(repeat)] for name, key in names.items()}

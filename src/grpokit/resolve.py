@@ -29,12 +29,13 @@ from typing import Any
 from grpokit.config import check_reward_weights
 from grpokit.data import load_file, load_gsm8k
 from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
-from grpokit.models.loading import load_pretrained, quiet_unless
+from grpokit.models.loading import load_pretrained
 from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward, math_accuracy_reward
 from grpokit.rewards.calling import RewardFunction, reward_name
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.python_tool import sandbox_limits
+from grpokit.runtime.progress import quiet_unless
 from grpokit.tasks import arithmetic, tool_task
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.user_code import load_callable

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import grpokit.training.evaluation
-from grpokit.cli.demo import DEMO_CONFIG
+import grpokit.from_config
 from grpokit.cli.main import main
 from grpokit.cli.options import load_run_config, parse_config_args
 from grpokit.config import GRPOConfig, SFTConfig, load_config
 from grpokit.rollout.tool_templates import TemplateProtocol
 from grpokit.rollout.tools import PlainProtocol
+from grpokit.tasks.demo import DEMO_CONFIG
 from helpers import write_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -53,7 +53,7 @@ def test_train_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, data_file, 
 def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
     out = tmp_path / "eval.json"
     assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--num_generations", "2",
-                 "--max_completion_length", "6", "--output", str(out), "--quiet"]) == 0
+                 "--max_completion_length", "6", "--output", str(out), "--progress_bar", "false"]) == 0
     summary = json.loads(out.read_text())
     assert summary["num_prompts"] == 10 and summary["num_generations"] == 2
     assert {"greedy_correct", "sampled_correct", "greedy_lenient", "sampled_lenient", "greedy_format", "sampled_format",
@@ -67,10 +67,12 @@ def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):
 def test_eval_with_tools_reports_their_use(tmp_path, tiny_model_dir, data_file, capsys):
     out = tmp_path / "eval.json"
     assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--num_generations", "2",
-                 "--max_completion_length", "6", "--tools", "calculator", "--output", str(out), "--quiet"]) == 0
+                 "--max_completion_length", "6", "--tools", "calculator", "--output", str(out), "--progress_bar",
+                 "false"]) == 0
     summary = json.loads(out.read_text())
     assert {"greedy_tool_rate", "sampled_tool_calls", "sampled_tool_errors"} <= set(summary)
-    assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--tools", "abacus", "--quiet"]) != 0
+    assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--tools", "abacus", "--progress_bar",
+                 "false"]) != 0
     assert "tools: unknown tool 'abacus'" in capsys.readouterr().err
 
 
@@ -78,7 +80,7 @@ def test_eval_writes_each_greedy_completion(tmp_path, tiny_model_dir, data_file)
     out = tmp_path / "completions.jsonl"
     assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--num_generations", "0",
                  "--max_completion_length", "6", "--system_prompt", "Be brief.", "--completions", str(out),
-                 "--quiet"]) == 0
+                 "--progress_bar", "false"]) == 0
     rows = [json.loads(line) for line in data_file.read_text().splitlines()]
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [w["prompt"] for w in written] == [r["prompt"] for r in rows]  # as in the data, not as rendered
@@ -89,7 +91,7 @@ def test_eval_writes_each_greedy_completion(tmp_path, tiny_model_dir, data_file)
 
 def test_eval_pass_k_larger_than_the_samples_is_refused(tmp_path, tiny_model_dir, data_file, capsys):
     assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--num_generations", "2", "--pass_k", "3",
-                 "--max_completion_length", "4", "--quiet"]) == 2
+                 "--max_completion_length", "4", "--progress_bar", "false"]) == 2
     assert "pass@3 needs 1 <= k <= samples_per_prompt=2" in capsys.readouterr().err
 
 
@@ -152,13 +154,13 @@ def test_version(capsys):
 
 
 def spy_on_evaluate(monkeypatch) -> dict:
-    seen, real = {}, grpokit.training.evaluation.evaluate
+    seen, real = {}, grpokit.from_config.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
         seen.update(kwargs)
         return real(model, tokenizer, rows, **kwargs)
 
-    monkeypatch.setattr(grpokit.training.evaluation, "evaluate", spy)
+    monkeypatch.setattr(grpokit.from_config, "evaluate", spy)
     return seen
 
 
@@ -168,11 +170,13 @@ def test_eval_and_sample_read_a_training_config(tmp_path, tiny_model_dir, data_f
     config = write_config(tmp_path, tiny_model_dir, data_file, system_prompt="Be brief.", temperature=0.7,
                           top_p=0.9, num_generations=3)
     seen = spy_on_evaluate(monkeypatch)
-    assert main(["eval", str(config), "--max_completion_length", "4", "--num_prompts", "2", "--quiet"]) == 0
+    assert main(["eval", str(config), "--max_completion_length", "4", "--num_prompts", "2", "--progress_bar",
+                 "false"]) == 0
     assert (seen["samples_per_prompt"], seen["temperature"], seen["top_p"], seen["max_new_tokens"]) == (3, 0.7, 0.9, 4)
     assert seen["prompts"] == ["Be brief.\nWhat is 10 + 1?", "Be brief.\nWhat is 11 + 1?"]
     out = tmp_path / "rows.jsonl"
-    assert main(["sample", str(config), "--output", str(out), "--num_prompts", "2", "--quiet"]) == 0
+    assert main(["sample", str(config), "--output", str(out), "--num_prompts", "2", "--progress_bar",
+                 "false"]) == 0
     assert len(out.read_text().splitlines()) == 2 * 3
     assert main(["sample", str(config), "--num_prompts", "2"]) == 2
     assert "grpokit sample needs --output FILE" in capsys.readouterr().err
@@ -191,7 +195,7 @@ def test_eval_chooses_the_tools_protocol_as_training_does(tmp_path, tiny_model_d
     tokenizer.save_pretrained(hermes)
     seen = spy_on_evaluate(monkeypatch)
     command = ["--dataset", str(data_file), "--tools", "calculator", "--num_generations", "0",
-               "--max_completion_length", "2", "--num_prompts", "1", "--quiet"]
+               "--max_completion_length", "2", "--num_prompts", "1", "--progress_bar", "false"]
     assert main(["eval", str(hermes), *command]) == 0
     assert isinstance(seen["toolbox"].protocol, TemplateProtocol)
     assert '"name": "calculator"' in seen["prompts"][0] and seen["prompts"][0].endswith("<|im_start|>assistant\n")
@@ -202,31 +206,34 @@ def test_eval_chooses_the_tools_protocol_as_training_does(tmp_path, tiny_model_d
 
 
 def test_demo_plumbing(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    """The demo end to end with the warm start replaced by the tiny model (the real one is a benchmark)."""
-    import grpokit.cli.demo
+    """The demo end to end with the warm start replaced by the tiny model (the real one is a benchmark); a GRPOConfig
+    key as a flag sets the demo's run."""
+    import grpokit.algorithms.demo
 
-    monkeypatch.setattr(grpokit.cli.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
+    monkeypatch.setattr(grpokit.algorithms.demo, "warm_started_model_path", lambda seed, progress, task: tiny_model_dir)
     assert main(["demo", "--max_steps", "2", "--eval_prompts", "8", "--output_dir", str(tmp_path / "demo"),
-                 "--quiet"]) == 0
+                 "--beta", "0", "--progress_bar", "false"]) == 0
     out = capsys.readouterr().out
     assert "accuracy, greedy" in out and "carry class: accuracy, greedy" in out
     assert "greedy:\n  before: '" in out and "\n  after:  '" in out
     result = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert set(result["before"]) == {"all", "carry", "no_carry"} and result["config"]["max_steps"] == 2
+    assert result["config"]["beta"] == 0 and result["config"]["learning_rate"] == DEMO_CONFIG["learning_rate"]
 
 
 def test_tools_demo_plumbing(tmp_path, monkeypatch, capsys):
     """``demo --task tools`` end to end on an untrained tiny model with the tool tags."""
-    import grpokit.cli.demo
+    import grpokit.algorithms.demo
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
     tokenizer = build_tokenizer(tool_tags=True)
     build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                          max_positions=160)).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    monkeypatch.setattr(grpokit.cli.demo, "warm_started_model_path", lambda seed, progress, task: tmp_path / "tiny")
+    monkeypatch.setattr(grpokit.algorithms.demo, "warm_started_model_path",
+                        lambda seed, progress, task: tmp_path / "tiny")
     assert main(["demo", "--task", "tools", "--max-steps", "1", "--eval-prompts", "4", "--output-dir",
-                 str(tmp_path / "demo"), "--quiet"]) == 0  # hyphens as well as underscores
+                 str(tmp_path / "demo"), "--progress-bar", "false"]) == 0  # hyphens as well as underscores
     out = capsys.readouterr().out
     assert "tool-call rate, greedy" in out and "tool errors per completion, sampled" in out
     result = json.loads((tmp_path / "demo" / "demo.json").read_text())

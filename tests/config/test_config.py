@@ -71,7 +71,7 @@ def test_every_field_is_documented():
 
 
 def test_bad_device_is_named():
-    from grpokit.models.loading import resolve_device
+    from grpokit.runtime.device import resolve_device
 
     with pytest.raises(ValueError, match="device='gpu0' is not a device"):
         resolve_device("gpu0")

@@ -73,7 +73,7 @@ def test_ppo_steps_its_value_model_with_it_too(tokenizer, tmp_path):
 
 
 def test_sft_takes_it(tiny_model_dir, tmp_path):
-    from grpokit.trainers.sft import SFTTrainer
+    from grpokit.algorithms.sft import SFTTrainer
 
     rows = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(16)]
     config = SFTConfig(model=str(tiny_model_dir), output_dir=str(tmp_path / "sft"), max_steps=2, batch_size=8,

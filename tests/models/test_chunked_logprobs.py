@@ -10,8 +10,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHead
 
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import token_entropy, token_logprobs
-from grpokit.models import chunked_logprobs
-from grpokit.models import logprobs as rollout
+from grpokit.models import chunked_logprobs, logprobs
 from grpokit.models.chunked_logprobs import (
     ChunkedTokenLogprobs,
     chunk_rows,
@@ -109,7 +108,7 @@ def test_chunk_rows_and_bad_arguments():
         chunked_token_logprobs(hidden, weight, None, tokens, temperature=0.0)
     with pytest.raises(ValueError, match=r"\(K, H\)"):
         chunked_token_logprobs(hidden, weight[:, :3], None, tokens)
-    assert GRPOConfig().logprob_chunk_mb == rollout.DEFAULT_CHUNK_MB  # sequence_logprobs' default is the config's
+    assert GRPOConfig().logprob_chunk_mb == logprobs.DEFAULT_CHUNK_MB  # sequence_logprobs' default is the config's
 
 
 # ---- end to end, through sequence_logprobs --------------------------------------------------------------------
@@ -253,7 +252,7 @@ def test_a_lora_model_with_a_plain_head_is_chunked(tokenizer):
 
 @pytest.mark.parametrize("chunk_mb", [0.0, 0.5])
 def test_the_trainer_passes_logprob_chunk_mb_to_every_pass(tokenizer, tiny_model, tmp_path, monkeypatch, chunk_mb):
-    from grpokit.trainers import grpo as trainer_module
+    from grpokit.algorithms import grpo as trainer_module
 
     calls = []
 

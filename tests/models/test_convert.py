@@ -15,11 +15,11 @@ from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import grpokit.models.gguf  # noqa: E402
+from grpokit.algorithms.grpo import GRPOTrainer  # noqa: E402
 from grpokit.cli.main import main  # noqa: E402
 from grpokit.config import GRPOConfig  # noqa: E402
 from grpokit.models.gguf import ConversionError, convert_gguf, converted_gguf  # noqa: E402
 from grpokit.resolve import load_model_and_tokenizer  # noqa: E402
-from grpokit.trainers.grpo import GRPOTrainer  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -178,10 +178,10 @@ def test_a_config_trains_from_gguf_converting_once(gguf_file, tmp_path, monkeypa
 
 
 def test_cli_convert(gguf_file, tmp_path, capsys):
-    assert main(["convert", str(gguf_file), str(tmp_path / "out")]) == 0
+    assert main(["convert", str(gguf_file), "--output", str(tmp_path / "out")]) == 0
     assert "converted" in capsys.readouterr().out
     assert (tmp_path / "out" / "config.json").is_file()
-    assert main(["convert", str(gguf_file), str(tmp_path / "out")]) == 2  # not empty now
+    assert main(["convert", str(gguf_file), "--output", str(tmp_path / "out")]) == 2  # not empty now
     assert "exists and is not empty" in capsys.readouterr().err
 
 

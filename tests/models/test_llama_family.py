@@ -142,7 +142,7 @@ def test_fixed_shape_decoding_for_cuda_graphs_samples_the_same_tokens(tokenizer,
     """generate(graph=True) keeps every shape fixed (finished rows stay in the batch, attention reads every
     column under a mask that opens one per step) so that CUDA can replay its decode step as a graph; on the
     CPU the step runs as it is and samples the same tokens with the same log-probs, while rows stop at
-    different steps. Its test on CUDA, graph captured: tests/trainers/test_cuda.py."""
+    different steps. Its test on CUDA, graph captured: tests/algorithms/test_cuda.py."""
     model = models(tokenizer)[name].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi", "What is 47 + 85? Think."], padding=True, padding_side="left",
                     return_tensors="pt")

@@ -1,6 +1,8 @@
 """LoRA: only the adapter trains, the reference is the base model with the adapter disabled (no copy),
 adapters save, load and merge, and checkpoints restore them."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -30,10 +32,10 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base(tokenizer, tiny_m
             assert torch.equal(p, base[name.replace(".base_layer", "")]), name
 
 
-def test_adapter_saves_loads_and_merges(tokenizer, tiny_model, tiny_model_dir, tmp_path):
-    trainer = lora_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, merge_lora=True)
+def test_model_is_merged_and_the_adapter_sits_beside_it(tokenizer, tiny_model, tiny_model_dir, tmp_path):
+    trainer = lora_trainer(tokenizer, tiny_model, tmp_path, max_steps=2)
     trainer.train()
-    adapter_dir, merged_dir = tmp_path / "run" / "model", tmp_path / "run" / "model_merged"
+    adapter_dir, merged_dir = tmp_path / "run" / "adapter", tmp_path / "run" / "model"
     assert (adapter_dir / "adapter_model.safetensors").is_file() and (adapter_dir / "adapter_config.json").is_file()
     ids = tokenizer(["Count 1:"], return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -54,6 +56,35 @@ def test_checkpoint_restores_the_adapter(tokenizer, tiny_model, tmp_path):
     fresh.resume(find_checkpoint(tmp_path / "run", "latest"))
     for (name, a), b in zip(trainer.model.named_parameters(), fresh.model.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_a_checkpoint_in_the_old_layout_still_resumes(tokenizer, tiny_model, tmp_path):
+    """Checkpoints written before the merged layout held the adapter in model/ and no adapter/."""
+    import shutil
+
+    from grpokit.tasks.tiny_model import build_model
+    from helpers import TINY
+
+    trainer = lora_trainer(tokenizer, tiny_model, tmp_path, max_steps=2, save_every=1)
+    trainer.train()
+    checkpoint = find_checkpoint(tmp_path / "run", "latest")
+    shutil.rmtree(checkpoint / "model")
+    (checkpoint / "adapter").rename(checkpoint / "model")
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"] = {name.replace("adapter/", "model/"): digest for name, digest in manifest["files"].items()
+                         if not name.startswith("model/")}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    fresh = lora_trainer(tokenizer, build_model(tokenizer, TINY, seed=0), tmp_path, max_steps=2)
+    fresh.resume(checkpoint)
+    for (name, a), b in zip(trainer.model.named_parameters(), fresh.model.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_merge_lora_is_refused_naming_the_layout():
+    from grpokit import ConfigError, GRPOConfig
+
+    with pytest.raises(ConfigError, match="merge_lora.*was removed.*output_dir/model.*output_dir/adapter"):
+        GRPOConfig.from_dict({"merge_lora": True})
 
 
 def test_lora_with_ppo_is_refused():

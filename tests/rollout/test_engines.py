@@ -5,14 +5,15 @@ where an engine is expected samples as the native engine's defaults; what vLLM c
 import pytest
 import torch
 
+import grpokit.algorithms.grpo
+import grpokit.from_config
 import grpokit.rollout.engines
-import grpokit.trainers.grpo
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.cli.main import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.loading import load_config
 from grpokit.rollout.engines import Engine, NativeEngine, SamplingOptions, as_engine
 from grpokit.tasks.tiny_model import build_model
-from grpokit.trainers.grpo import GRPOTrainer
 from helpers import TINY, ones, write_config
 
 # non-default values of every key that decides how completions are drawn
@@ -37,7 +38,8 @@ def spy_on_sampling(monkeypatch):
         return real_generate(model, prompt_ids, prompt_mask, **kwargs)
 
     monkeypatch.setattr(grpokit.rollout.engines, "build_engine", build)
-    monkeypatch.setattr(grpokit.trainers.grpo, "build_engine", build)
+    monkeypatch.setattr(grpokit.algorithms.grpo, "build_engine", build)  # training's
+    monkeypatch.setattr(grpokit.from_config, "build_engine", build)  # sample's and eval's (sampling_engine)
     monkeypatch.setattr(grpokit.rollout.engines, "generate", generate)
     return built, calls
 
@@ -47,8 +49,8 @@ def test_training_sample_and_eval_sample_alike_under_one_config(tmp_path, tiny_m
     built, calls = spy_on_sampling(monkeypatch)
     GRPOTrainer(load_config(config)).training_step()
     assert main(["sample", str(config), "--output", str(tmp_path / "rows.jsonl"), "--num_prompts", "2",
-                 "--quiet"]) == 0
-    assert main(["eval", str(config), "--num_prompts", "2", "--quiet"]) == 0
+                 "--progress_bar", "false"]) == 0
+    assert main(["eval", str(config), "--num_prompts", "2", "--progress_bar", "false"]) == 0
     training, sample, evaluate = built
     assert training == sample == evaluate == SamplingOptions(
         engine="native", rollout_precision="bf16_autocast", mixed_precision="no", fast_path=False)
@@ -63,7 +65,7 @@ def test_a_flag_changes_the_engine_alike_for_sample_and_eval(tmp_path, tiny_mode
     config = write_config(tmp_path, tiny_model_dir, data_file)
     built, calls = spy_on_sampling(monkeypatch)
     for command in (["sample", str(config), "--output", str(tmp_path / "rows.jsonl")], ["eval", str(config)]):
-        assert main([*command, "--num_prompts", "1", "--quiet", "--rollout_precision", "bf16",
+        assert main([*command, "--num_prompts", "1", "--progress_bar", "false", "--rollout_precision", "bf16",
                      "--mixed_precision", "no", "--fast_path", "false"]) == 0
     assert built[0] == built[1] and (built[0].rollout_precision, built[0].fast_path) == ("bf16", False)
 
@@ -111,7 +113,7 @@ def test_the_weights_pushed_to_vllm_are_the_merged_lora_model_and_leave_it_untou
     import copy
 
     pytest.importorskip("peft")
-    from grpokit.models.loading import with_lora
+    from grpokit.models.lora import with_lora
     from grpokit.rollout.vllm_engine import hf_weights
 
     model = with_lora(tiny_model, GRPOConfig(lora_rank=4, reward_funcs=[ones]))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from grpokit.models import logprobs as rollout
+from grpokit.models import logprobs
 from grpokit.models.logprobs import checkpointed_layers, sequence_logprobs
 from helpers import fixed_batch, make_trainer, models
 
@@ -50,7 +50,8 @@ def test_checkpointed_passes_equal_the_plain_ones(tokenizer, name, fast, chunk_m
 
 def test_flags_are_restored_and_no_grad_passes_are_left_alone(tokenizer):
     model = models(tokenizer)["llama"].eval()
-    layer = model.model.layers[0] if rollout.GradientCheckpointingLayer is not None else model.model  # the flag's owner
+    # the flag's owner
+    layer = model.model.layers[0] if logprobs.GradientCheckpointingLayer is not None else model.model
     with checkpointed_layers(model):
         assert layer.gradient_checkpointing and layer.training
     assert not layer.gradient_checkpointing and not layer.training and "_gradient_checkpointing_func" not in vars(layer)
@@ -68,8 +69,7 @@ def test_a_model_without_checkpointable_layers_is_named(tokenizer):
 
 
 def test_the_trainer_checkpoints_its_policy_passes_only(tokenizer, tiny_model, tmp_path, monkeypatch):
-    from grpokit.models import logprobs as rollout_module
-    from grpokit.trainers import grpo as trainer_module
+    from grpokit.algorithms import grpo as trainer_module
 
     calls = []
 
@@ -78,7 +78,7 @@ def test_the_trainer_checkpoints_its_policy_passes_only(tokenizer, tiny_model, t
         return sequence_logprobs(*args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "sequence_logprobs", recorded)  # the frozen passes
-    monkeypatch.setattr(rollout_module, "sequence_logprobs", recorded)  # the policy's (PolicyLogprobs)
+    monkeypatch.setattr(logprobs, "sequence_logprobs", recorded)  # the policy's (PolicyLogprobs)
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, max_steps=1, gradient_checkpointing=True)
     trainer.training_step()
     assert (True, True) in calls and all(checkpoint == grad for grad, checkpoint in calls if grad)

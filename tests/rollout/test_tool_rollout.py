@@ -205,7 +205,7 @@ def test_training_with_tools_leaves_results_out_of_the_loss_and_the_lengths(tok,
 
 def test_the_loss_mask_drops_exactly_the_inserted_tokens(tok, tmp_path, monkeypatch):
     """What reaches the objective: the model's own tokens only."""
-    from grpokit.trainers import grpo as trainer_module
+    from grpokit.algorithms import grpo as trainer_module
 
     seen = []
     real = trainer_module.grpo_loss
@@ -321,7 +321,8 @@ def test_a_resumed_run_with_tools_ends_where_a_straight_one_does(tok, tmp_path):
 def test_lora_trains_with_tools(tok, tmp_path):
     pytest.importorskip("peft")
     history = trainer_for(tok, tmp_path, lora_rank=4, lora_target_modules=["q_proj", "v_proj"]).train()
-    assert history[-1]["tool_calls"] > 0 and (tmp_path / "model" / "adapter_config.json").is_file()
+    assert history[-1]["tool_calls"] > 0 and (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "model" / "config.json").is_file()  # merged: plain transformers loads it
 
 
 def test_conversational_rewards_get_the_messages_with_the_tool_turns(model, tok):
@@ -355,7 +356,7 @@ def test_ids_past_the_tokenizer_are_no_call(tok):
 def test_sampled_rows_call_the_tools_as_training_does(model, tok):
     """``grpokit sample`` with tools (and iterative RL's sampling, which runs it with the run's toolbox): each
     completion is its whole trajectory, tool results included, as the labelling rewards read it."""
-    from grpokit.trainers.sample import sample_rows
+    from grpokit.training.labelling import sample_rows
 
     seen = []
 

@@ -5,11 +5,11 @@ tool's text never becomes a special token; templates of other kinds get no proto
 import pytest
 import torch
 
+from grpokit.data import render_prompt
 from grpokit.rollout.generate import generate
 from grpokit.rollout.tool_templates import TemplateProtocol, supports_tools, template_protocol
 from grpokit.rollout.tools import ToolBox, ToolCall, calculator
 from grpokit.tasks.tiny_model import build_model
-from grpokit.training.sampling import render_prompt
 from helpers import HERMES, Scripted, tokenizer_with
 from helpers import TEMPLATE_SPEC as SPEC
 

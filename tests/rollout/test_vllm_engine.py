@@ -206,7 +206,8 @@ def test_eval_gives_the_same_greedy_accuracy_on_both_engines(tmp_path):
         out = tmp_path / f"{engine}.json"
         assert main(["eval", str(tmp_path / "model"), "--dataset", str(data), "--generation_engine", engine,
                      "--mixed_precision", "no", "--num_generations", "2", "--max_completion_length", "12",
-                     "--completions", str(tmp_path / f"{engine}.jsonl"), "--output", str(out), "--quiet"]) == 0
+                     "--completions", str(tmp_path / f"{engine}.jsonl"), "--output", str(out),
+                     "--progress_bar", "false"]) == 0
         results[engine] = json.loads(out.read_text())
     greedy = [[json.loads(line)["completion"] for line in (tmp_path / f"{e}.jsonl").read_text().splitlines()]
               for e in ("native", "vllm")]
@@ -273,7 +274,8 @@ def test_bootstrap_samples_through_vllm(tmp_path):
     out = tmp_path / "cold.jsonl"
     assert main(["bootstrap", str(tmp_path / "model"), "--dataset", str(data), "--generation_engine", "vllm",
                  "--mixed_precision", "no", "--num_generations", "4", "--max_completion_length", "12",
-                 "--reward_funcs", f"{rewards}:has_a", "--no_instruction", "--output", str(out), "--quiet"]) == 0
+                 "--reward_funcs", f"{rewards}:has_a", "--no_instruction", "--output", str(out),
+                 "--progress_bar", "false"]) == 0
     log = [json.loads(line) for line in (tmp_path / "cold.samples-1.jsonl").read_text().splitlines()[1:]]
     assert sorted(r["row"] for r in log if "completions" in r) == list(range(8))
     assert all(len(r["completions"]) == 4 for r in log if "completions" in r)

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from grpokit.data import DataError, check_columns
+from grpokit.data import DataError, check_columns, render_prompt
 from grpokit.resolve import load_model_and_tokenizer
-from grpokit.training.sampling import render_prompt
 from helpers import CHAT_TEMPLATE as TEMPLATE
 from helpers import make_trainer, ones
 
@@ -80,7 +79,7 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     import json
     import shutil
 
-    import grpokit.training.evaluation
+    import grpokit.from_config
     from grpokit.cli.main import main
     from grpokit.tasks.tiny_model import build_tokenizer
 
@@ -92,13 +91,13 @@ def test_eval_renders_prompts_like_training(tmp_path, tiny_model_dir, monkeypatc
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "Q", "answer": "1"}) + "\n")
     seen = {}
-    real = grpokit.training.evaluation.evaluate
+    real = grpokit.from_config.evaluate
 
     def spy(model, tokenizer, rows, **kwargs):
         seen.update(kwargs)
         return real(model, tokenizer, rows, **kwargs)
 
-    monkeypatch.setattr(grpokit.training.evaluation, "evaluate", spy)
+    monkeypatch.setattr(grpokit.from_config, "evaluate", spy)
     assert main(["eval", str(model_dir), "--dataset", str(data), "--num_generations", "1", "--max_completion_length",
-                 "2", "--system_prompt", "S", "--quiet"]) == 0
+                 "2", "--system_prompt", "S", "--progress_bar", "false"]) == 0
     assert seen["prompts"] == ["[system] S\n[user] Q\n[assistant] "]

@@ -320,7 +320,7 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     torch.set_num_threads(1)
-    from grpokit.models import logprobs as rollout
+    from grpokit.models import logprobs
     from helpers import TINY
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
 
@@ -333,22 +333,22 @@ CHUNKED_HEAD_SCRIPT = textwrap.dedent(f"""
     completion_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
     sequences = (prompt_ids, torch.ones_like(prompt_ids), completion_ids, completion_mask)
     plain = torch.nn.utils.parameters_to_vector(
-        torch.autograd.grad(rollout.sequence_logprobs(model, *sequences, fast=fast)[0].sum(),
+        torch.autograd.grad(logprobs.sequence_logprobs(model, *sequences, fast=fast)[0].sum(),
                             list(model.parameters())))
 
     def refuse(*args, **kwargs):
         raise AssertionError("the full logits were computed")
 
-    rollout._full_logprobs = refuse
+    logprobs._full_logprobs = refuse
     dist.init_process_group("gloo")
     if mode == "fsdp":  # sharded in place: the pass runs the model's own forward (which gathers), head aside
         from torch.distributed.fsdp import fully_shard
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
-        logp, entropy = rollout.PolicyLogprobs(model, fast=False)(*sequences, with_entropy=True)
+        logp, entropy = logprobs.PolicyLogprobs(model, fast=False)(*sequences, with_entropy=True)
     else:
-        ddp = DistributedDataParallel(rollout.PolicyLogprobs(model, fast=fast))
+        ddp = DistributedDataParallel(logprobs.PolicyLogprobs(model, fast=fast))
         logp, entropy = ddp(*sequences, with_entropy=True)
     logp.sum().backward()
     assert entropy is not None and entropy.shape == completion_mask.shape

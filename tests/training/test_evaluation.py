@@ -52,8 +52,8 @@ def test_eval_judges_programming_problems_by_their_tests(tmp_path, tiny_model_di
     monkeypatch.setattr(grpokit.rollout.engines, "generate",
                         lambda model, input_ids, *args, **kwargs: Scripted(scripted[:len(input_ids)]))
     out, completions = tmp_path / "eval.json", tmp_path / "completions.jsonl"
-    assert main(["eval", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "0", "--quiet",
-                 "--output", str(out), "--completions", str(completions)]) == 0
+    assert main(["eval", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "0", "--progress_bar",
+                 "false", "--output", str(out), "--completions", str(completions)]) == 0
     summary = json.loads(out.read_text())
     assert summary["greedy_correct"] == pytest.approx(1 / 3) and summary["greedy_format"] == pytest.approx(2 / 3)
     written = [json.loads(line) for line in completions.read_text().splitlines()]

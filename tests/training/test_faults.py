@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from grpokit.algorithms.grpo import TrainingError
 from grpokit.rewards.calling import RewardError
-from grpokit.trainers.grpo import TrainingError
 from helpers import make_trainer, ones
 
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from grpokit.cli.report import write_report
+from grpokit.algorithms.sft import SFTConfig, SFTTrainer
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rewards.builtin import accuracy_reward
-from grpokit.trainers.sft import SFTConfig, SFTTrainer
 from grpokit.training.evaluation import evaluate, reward_gaming_alarm, summarize
+from grpokit.training.report import write_report
 from helpers import make_trainer
 
 ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(16)]

@@ -8,8 +8,8 @@ import struct
 import pytest
 
 import grpokit.training.runlog
+from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.trainers.grpo import GRPOTrainer
 from helpers import ROWS, make_trainer, ones
 
 

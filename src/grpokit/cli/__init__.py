@@ -1,2 +1,3 @@
-"""Front ends: the ``grpokit`` command (:mod:`.main`), the demo (:mod:`.demo`), evaluation with pass@k
-(:mod:`.evaluate`), learning curves (:mod:`.plots`) and the HTML report (:mod:`.report`)."""
+"""The front end: the ``grpokit`` command, which only parses and calls the library — its parser (:mod:`.main`), how
+every command reads ``[CONFIG] [--key value ...]`` (:mod:`.options`) and the call each command makes
+(:mod:`.commands`)."""

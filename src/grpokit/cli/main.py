@@ -1,12 +1,16 @@
 """The ``grpokit`` command's parser and dispatch: ``demo``, ``train``, ``sft``, ``reward train``, ``sample``,
-``bootstrap``, ``eval``,
-``recipes``, ``plot``, ``report``, ``convert``, ``--version`` (the commands themselves: :mod:`grpokit.cli.commands`).
+``bootstrap``, ``eval``, ``recipes``, ``plot``, ``report``, ``convert``, ``--version`` (what each calls:
+:mod:`grpokit.cli.commands`).
 
-One flag scheme for all (docs/usage.md, "Command line"): the training commands take ``[CONFIG.yaml | recipe:NAME]
-[--resume [PATH|latest]] [--key value ...]`` for any key of their config; ``sample`` and ``eval`` take the same
-``--key value`` for the keys of a GRPO config they read (and a training CONFIG, to sample as that run trains), besides
-options of their own; a flag is spelled with ``_`` or ``-``; ``--output`` is the file (or folder) a command writes,
-``--output_dir`` a run directory, as configs call it.
+One convention for all (docs/usage.md, "The command line"):
+- a config key is a flag of its name, ``--key value``: ``train``, ``sft`` and ``reward train`` take every key of their
+  config (after ``[CONFIG.yaml | recipe:NAME]``), ``demo`` every GRPOConfig key over its recipe's, and ``sample``,
+  ``bootstrap`` and ``eval`` the keys of a GRPO config that decide how a run samples (after an optional training
+  CONFIG, to sample as that run trains), besides a few options of their own;
+- a key has one default wherever it is read: its config's (the demo's: its recipe's);
+- the one progress switch is the config key ``--progress_bar false``;
+- ``--output`` is the file (or folder) a command writes; ``--output_dir`` a run directory, as configs call it;
+- a flag is spelled with ``_`` or ``-``, and an old spelling fails naming the new one.
 
 Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
 exit status 2, not a traceback.
@@ -17,13 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
+from grpokit.algorithms.bootstrap import DEFAULT_INSTRUCTION
 from grpokit.cli import commands
-from grpokit.cli.options import config_keys_epilog, normalize_flags
+from grpokit.cli.options import config_keys_epilog, normalize_flags, refuse_options
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig
-from grpokit.trainers.bootstrap import DEFAULT_INSTRUCTION
+from grpokit.resolve import BUILTIN
+from grpokit.runtime.versions import installed_version
+from grpokit.tasks.demo import DEMO_CONFIG, OUTPUT_DIRS
 from grpokit.training.update import TrainingError
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -35,41 +40,37 @@ CONFIG_HELP = ("CONFIG.yaml: a YAML config file, or recipe:NAME, a recipe packag
                "--resume PATH: from that one.")
 SAMPLING_HELP = ("MODEL: a model directory, gguf:FILE or builtin:arithmetic (or --model). CONFIG.yaml or recipe:NAME: "
                  "a training config, whose keys below are read, so that this samples as that run trains; --key value "
-                 "overrides them (--max_completion_length 64 or --max-completion-length 64).")
+                 "overrides them (--max_completion_length 64 or --max-completion-length 64); --progress_bar false: "
+                 "quiet; --prompts_per_step B: prompts per generation pass.")
 
 
-def _own_flags(parser: argparse.ArgumentParser) -> None:
-    """Note a command's own flag names, which its errors suggest beside the config keys."""
-    flags = [s[2:] for action in parser._actions for s in action.option_strings if s.startswith("--")]
-    parser.set_defaults(own_flags=flags)
+def _own_flags(parser: argparse.ArgumentParser, config_class: type | None = None,
+               keys: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Note a command's own flag names, which its errors suggest beside the config keys, and the config keys it reads
+    as flags (``keys``: only those of ``config_class``; None: all)."""
+    flags = [s[2:] for action in parser._actions for s in action.option_strings if s.startswith("--") and s != "--help"]
+    parser.set_defaults(own_flags=flags, config_class=config_class, config_keys=keys)
+    return parser
 
 
 def _training_parser(commands_: argparse._SubParsersAction, name: str, config_class: type, help: str,
                      usage: str) -> argparse.ArgumentParser:
     """A training command's parser: its arguments are read by ``commands.run_training`` (argparse would take a
     value with a space in it, such as --reward_funcs "[accuracy, format]", for a positional); this gives --help."""
-    return commands_.add_parser(name, help=help, usage=f"{usage} {CONFIG_USAGE}", description=CONFIG_HELP,
-                                epilog=config_keys_epilog(config_class), formatter_class=RAW, allow_abbrev=False)
+    return _own_flags(commands_.add_parser(name, help=help, usage=f"{usage} {CONFIG_USAGE}", description=CONFIG_HELP,
+                                           epilog=config_keys_epilog(config_class), formatter_class=RAW,
+                                           allow_abbrev=False), config_class)
 
 
 def _sampling_parser(commands_: argparse._SubParsersAction, name: str, help: str, description: str,
-                     keys: Sequence[str], defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+                     keys: Sequence[str]) -> argparse.ArgumentParser:
     parser = commands_.add_parser(
         name, help=help, description=f"{description}\n\n{SAMPLING_HELP}", formatter_class=RAW, allow_abbrev=False,
         usage=f"grpokit {name} [CONFIG.yaml | recipe:NAME] [MODEL] [--key value ...] [options]",
-        epilog=config_keys_epilog(GRPOConfig, keys, defaults),
+        epilog=config_keys_epilog(GRPOConfig, keys),
     )
     parser.add_argument("--num_prompts", type=int, default=None, metavar="N", help="only the first N rows")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
-
-
-def installed_version() -> str:
-    """pyproject.toml's version, as installed (``grpokit.__version__`` is the same)."""
-    try:
-        return version("grpokit")
-    except PackageNotFoundError:  # a source tree never installed
-        return "0+unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,17 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"grpokit {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after",
-                          allow_abbrev=False)
+    demo = sub.add_parser(
+        "demo", help="warm-start the tiny built-in model, train it with GRPO, show before/after", allow_abbrev=False,
+        usage="grpokit demo [--task arithmetic|tools] [--eval_prompts N] [--key value ...]", formatter_class=RAW,
+        description="Warm-start the tiny built-in model (cached), measure it on held-out prompts, train it with GRPO "
+        "(the recipe recipe:arithmetic, or recipe:tools with --task tools), measure again, print the table. Every "
+        "GRPOConfig key below is also a flag over the recipe's value: --beta 0, --max_steps 10, --progress_bar false.",
+        epilog=config_keys_epilog(GRPOConfig, defaults={**vars(GRPOConfig.from_dict(DEMO_CONFIG)), "seed": 0,
+                                                        "model": "(the warm start)", "dataset": BUILTIN,
+                                                        "output_dir": OUTPUT_DIRS["arithmetic"]},
+                                  title="config keys (--key value), with the arithmetic demo's values (recipe:"
+                                  "arithmetic; --task tools: recipe:tools, output_dir runs/demo-tools):"))
     demo.add_argument("--task", choices=("arithmetic", "tools"), default="arithmetic",
                       help="arithmetic: two-digit sums; tools: products, with a calculator the model may call")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--output_dir", default=None, help="the run directory (default: runs/demo, or runs/demo-tools)")
-    demo.add_argument("--max_steps", "--steps", type=int, default=None, help="GRPO steps (default: the demo's)")
-    demo.add_argument("--eval_prompts", type=int, default=400, help="held-out prompts to evaluate")
-    demo.add_argument("--generation_engine", choices=("native", "vllm"), default=None,
-                      help="the sampler's engine for the GRPO steps (default: native; vllm needs vLLM installed)")
-    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("--eval_prompts", type=int, default=400, metavar="N", help="held-out prompts to evaluate")
+    _own_flags(demo, GRPOConfig)
 
     _training_parser(sub, "train", GRPOConfig, "train with GRPO (or PPO) from a YAML config, a recipe or flags",
                      "grpokit train")
@@ -109,8 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--pairs", action="store_true",
                         help="write preference pairs {prompt, chosen, rejected}: within each group, the best "
                         "completion with the worst, the second best with the second worst, ... (equal labels left out)")
-    sample.add_argument("--batch_size", type=int, default=16, metavar="B", help="prompts per generation pass")
-    _own_flags(sample)
+    _own_flags(sample, GRPOConfig, commands.SAMPLE_KEYS)
 
     boot = _sampling_parser(
         sub, "bootstrap", "a cold start from the model itself: sample, keep what the rewards judge correct",
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "<think>/<answer> reply format: SFT rows {prompt, completion} with their provenance, and a summary (coverage, "
         "kept rate). Resumable: run the same command again after a crash. --iterations N: sample, fine-tune (grpokit "
         "sft), sample again from the fine-tuned model, as in STaR / expert iteration (docs/bootstrap.md).",
-        commands.SAMPLE_KEYS, {"num_generations": 8})
+        commands.SAMPLE_KEYS)
     boot.add_argument("--output", metavar="FILE", help="the cold-start JSONL file to write (required); its samples "
                       "log and summary go beside it")
     boot.add_argument("--keep_per_prompt", type=int, default=2, metavar="N", help="the most rows kept per prompt")
@@ -140,78 +144,68 @@ def build_parser() -> argparse.ArgumentParser:
                       help="rounds of sample → fine-tune → sample again (default 1: no fine-tuning)")
     boot.add_argument("--sft_config", metavar="FILE", help="grpokit sft settings for the rounds' fine-tuning (YAML; "
                       "model, dataset and output_dir are set by bootstrap)")
-    boot.add_argument("--batch_size", type=int, default=16, metavar="B", help="prompts per generation pass")
-    _own_flags(boot)
+    _own_flags(boot, GRPOConfig, commands.SAMPLE_KEYS)
 
     evaluate = _sampling_parser(
         sub, "eval", "accuracy and format rate of a model on a dataset (greedy, sampled, pass@k)",
         "Accuracy and format rate of the model on the dataset's prompts (builtin:arithmetic and builtin:tools: "
-        f"their held-out sets): greedy, and over num_generations samples per prompt ({commands.EVAL_GENERATIONS} "
-        "without a CONFIG; 0: greedy only), with pass@k; with tools, how often the model calls them.",
-        commands.EVAL_KEYS, {"num_generations": commands.EVAL_GENERATIONS})
+        "their held-out sets): greedy, and over num_generations samples per prompt (0: greedy only), with pass@k; "
+        "with tools, how often the model calls them.",
+        commands.EVAL_KEYS)
     evaluate.add_argument("--output", metavar="FILE", help="write the summary as JSON here")
     evaluate.add_argument("--completions", metavar="FILE",
                           help="write each row's greedy completion and its scores here (JSONL)")
     evaluate.add_argument("--pass_k", type=int, nargs="+", default=None, metavar="K",
                           help="report pass@K for each K (unbiased estimator over the samples; default: 1 and "
                           "num_generations)")
-    evaluate.add_argument("--batch_size", type=int, default=64, metavar="B", help="prompts per generation pass")
-    _own_flags(evaluate)
+    _own_flags(evaluate, GRPOConfig, commands.EVAL_KEYS)
 
-    sub.add_parser("recipes", help="list the recipes packaged with grpokit (`grpokit train recipe:NAME`)")
+    _own_flags(sub.add_parser("recipes", help="list the recipes packaged with grpokit (`grpokit train recipe:NAME`)",
+                              allow_abbrev=False))
 
-    plot = sub.add_parser("plot", help="learning curves of a run directory as PNG (needs matplotlib)")
+    plot = sub.add_parser("plot", help="learning curves of a run directory as PNG (needs matplotlib)",
+                          allow_abbrev=False)
     plot.add_argument("run_dir", help="a run's output_dir (holds metrics.jsonl)")
-    plot.add_argument("--output", help="folder for the PNG (default: RUN_DIR/plots)")
+    plot.add_argument("--output", metavar="DIR", help="folder for the PNG (default: RUN_DIR/plots)")
+    _own_flags(plot)
 
-    report = sub.add_parser("report", help="one self-contained HTML page: config, curves, completions")
+    report = sub.add_parser("report", help="one self-contained HTML page: config, curves, completions",
+                            allow_abbrev=False)
     report.add_argument("run_dir", help="a run's output_dir")
-    report.add_argument("--output", help="the HTML file (default: RUN_DIR/report.html)")
+    report.add_argument("--output", metavar="FILE", help="the HTML file (default: RUN_DIR/report.html)")
+    _own_flags(report)
 
     convert = sub.add_parser(
         "convert", help="a llama.cpp GGUF file → a Hugging Face model directory (float32, safetensors) to train",
         description="Dequantize a GGUF file's weights to float32 and save them with its tokenizer and chat "
         "template (save_pretrained), loadable by plain transformers and by `model:` in a config. Needs "
         "pip install 'grpokit[gguf]'. A config may also say `model: gguf:FILE` to convert once and cache.",
+        usage="grpokit convert GGUF_FILE --output DIR", allow_abbrev=False,
     )
     convert.add_argument("gguf_file", help="the .gguf file")
-    convert.add_argument("out_dir", help="the directory to create (must not exist, or be empty)")
+    convert.add_argument("--output", metavar="DIR", help="the directory to create (required; must not exist, or be "
+                         "empty)")
+    _own_flags(convert)
     return parser
 
 
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+def _run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.command in ("train", "sft", "reward"):
         return commands.run_training("reward train" if args.command == "reward" else args.command, extra)
-    if args.command == "sample":
-        return commands.cmd_sample(args, extra)
-    if args.command == "eval":
-        return commands.cmd_eval(args, extra)
-    if args.command == "bootstrap":
-        return commands.cmd_bootstrap(args, extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "demo":
-        return commands.cmd_demo(args)
-    if args.command == "recipes":
-        return commands.cmd_recipes(args)
-    if args.command == "report":
-        from grpokit.cli.report import write_report
-
-        print(write_report(args.run_dir, args.output))
-        return 0
-    if args.command == "plot":
-        from grpokit.cli.plots import plot_run
-
-        print(plot_run(args.run_dir, args.output))
-        return 0
-    return commands.cmd_convert(args)
+    with_keys = {"demo": commands.cmd_demo, "sample": commands.cmd_sample, "bootstrap": commands.cmd_bootstrap,
+                 "eval": commands.cmd_eval}
+    if args.command in with_keys:
+        return with_keys[args.command](args, extra)
+    refuse_options(extra, args.command, args.own_flags)
+    without_keys = {"recipes": commands.cmd_recipes, "plot": commands.cmd_plot, "report": commands.cmd_report,
+                    "convert": commands.cmd_convert}
+    return without_keys[args.command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(normalize_flags(sys.argv[1:] if argv is None else argv))
+    args, extra = build_parser().parse_known_args(normalize_flags(sys.argv[1:] if argv is None else argv))
     try:
-        return _run(parser, args, extra)
+        return _run(args, extra)
     except ValueError as error:  # ConfigError, DataError, RewardError and other bad input
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """How the ``grpokit`` commands read their arguments, one scheme for all: ``[CONFIG.yaml | recipe:NAME] [--key value
-...]`` against a config class (``train``, ``sft``, ``reward train``; ``sample`` and ``eval`` against the keys of
-:class:`~grpokit.config.GRPOConfig` they use, after an optional MODEL), flag names spelled with ``_`` or ``-``, the
-recipes packaged in ``grpokit/tasks/recipes``, and the old flag names, each refused naming its successor.
+...]`` against a config class (``train``, ``sft``, ``reward train``, and ``demo`` without a CONFIG; ``sample``,
+``bootstrap`` and ``eval`` against the keys of :class:`~grpokit.config.GRPOConfig` they use, after an optional MODEL),
+flag names spelled with ``_`` or ``-``, and the old flag names, each refused naming its successor in every command.
 """
 
 from __future__ import annotations
@@ -13,19 +13,22 @@ import types
 import typing
 from collections.abc import Sequence
 from importlib import resources
-from importlib.abc import Traversable
 from typing import Any
 
 import yaml
 
 from grpokit.config import ConfigError, load_config
+from grpokit.tasks.recipe_files import RECIPE, recipe_file
 
-RECIPE = "recipe:"
 # A flag's name: "--max-steps", or "--max_steps" in "--max_steps=3"; "--- a note ---" is text, not a flag.
 FLAG = re.compile(r"--[A-Za-z][\w-]*")
-# Flags renamed to the config keys' names: an old spelling fails naming the new one.
+# Flags renamed to the config keys' names (and `--output`): an old spelling fails naming the new one, in every command.
 RENAMED = {"data": "--dataset", "samples": "--num_generations", "max_new_tokens": "--max_completion_length",
-           "no_chat_template": "--chat_template false", "out": "--output"}
+           "no_chat_template": "--chat_template false", "out": "--output", "quiet": "--progress_bar false",
+           "steps": "--max_steps"}
+# Renamed only where the name is not a config key: sample, bootstrap and eval's prompts per generation pass (SFT's and
+# reward training's batch_size, rows per optimizer step, is another key).
+RENAMED_FOR_SAMPLING = {"batch_size": "--prompts_per_step"}
 
 
 def is_flag(arg: str) -> bool:
@@ -88,6 +91,8 @@ def parse_config_args(
             i += 1
         if key in RENAMED:
             raise ConfigError(f"--{name} was renamed {RENAMED[key]}")
+        if keys is not None and key in RENAMED_FOR_SAMPLING and key not in keys:
+            raise ConfigError(f"--{name} was renamed {RENAMED_FOR_SAMPLING[key]}")
         if keys is not None and key not in keys:
             raise ConfigError(_not_an_option(key, hints, keys, others, command))
         if not values:
@@ -96,6 +101,19 @@ def parse_config_args(
             values = ["latest"]
         overrides[key] = _value(name, values, hints.get(key))
     return source, overrides
+
+
+def refuse_options(args: Sequence[str], command: str, others: Sequence[str]) -> None:
+    """Refuse what argparse left over of a command that reads no config keys (``recipes``, ``plot``, ``report``,
+    ``convert``) as the others refuse it: an old spelling names its successor, an unknown flag the closest one."""
+    for arg in args:
+        if not is_flag(arg):
+            where = "; the output is --output PATH" if "output" in others else ""
+            raise ConfigError(f"unexpected argument {arg!r}{where}")
+        key = arg[2:].partition("=")[0]
+        if key in RENAMED:
+            raise ConfigError(f"--{key} was renamed {RENAMED[key]}")
+        raise ConfigError(_not_an_option(key, {}, (), others, command))
 
 
 def _not_an_option(key: str, hints: dict[str, Any], keys: Sequence[str], others: Sequence[str], command: str) -> str:
@@ -134,29 +152,6 @@ def _yaml(name: str, text: str) -> Any:
         raise ConfigError(f"--{name} {text!r} is not valid YAML: {error}") from None
 
 
-def recipe_folder() -> Traversable:
-    return resources.files("grpokit.tasks").joinpath("recipes")
-
-
-def recipe_names() -> list[str]:
-    """The packaged recipes' names (``recipe:NAME``)."""
-    return sorted(p.name.removesuffix(".yaml") for p in recipe_folder().iterdir() if p.name.endswith(".yaml"))
-
-
-def recipe_file(name: str) -> Traversable:
-    """``grpokit/tasks/recipes/NAME.yaml`` in the installed package; an unknown name lists the recipes."""
-    if name not in recipe_names():
-        raise ConfigError(f"no recipe {name!r}; the packaged recipes: "
-                          + ", ".join(RECIPE + n for n in recipe_names()))
-    return recipe_folder().joinpath(f"{name}.yaml")
-
-
-def recipe_summary(name: str) -> str:
-    """A recipe's first comment line: what it runs."""
-    first = recipe_file(name).read_text(encoding="utf-8").splitlines()[0]
-    return first.lstrip("# ").strip() if first.startswith("#") else ""
-
-
 def load_run_config(source: str | None, overrides: dict[str, Any], config_class: type) -> Any:
     """The config of ``source`` (a YAML file, ``recipe:NAME`` or None for the defaults) with ``overrides``."""
     if source is not None and source.startswith(RECIPE):
@@ -165,11 +160,11 @@ def load_run_config(source: str | None, overrides: dict[str, Any], config_class:
     return load_config(source, overrides, config_class)
 
 
-def config_keys_epilog(config_class: type, keys: Sequence[str] | None = None,
-                       defaults: dict[str, Any] | None = None) -> str:
-    """The config keys a command reads, with their help and defaults (the class's, unless ``defaults`` says), for
-    its ``--help``."""
-    lines = ["config keys (YAML file or --key value), with their defaults:"]
+def config_keys_epilog(config_class: type, keys: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
+                       title: str = "config keys (YAML file or --key value), with their defaults:") -> str:
+    """The config keys a command reads, with their help and defaults (the class's, unless ``defaults`` says: the
+    demo's are its recipe's), for its ``--help``."""
+    lines = [title]
     for f in dataclasses.fields(config_class):
         if keys is None or f.name in keys:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default

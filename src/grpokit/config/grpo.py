@@ -20,6 +20,9 @@ class GRPOConfig(_Config):
     TRL_NAMES: typing.ClassVar[dict[str, str]] = {
         "optim": TRL_OPTIM, "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
         "vllm_importance_sampling_cap": "rollout_is_cap", "vllm_importance_sampling_clip_max": "rollout_is_cap"}
+    REMOVED: typing.ClassVar[dict[str, str]] = {
+        "merge_lora": "a LoRA run always writes the merged weights to output_dir/model and the adapter alone to "
+                      "output_dir/adapter (docs/lora.md)"}
 
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
@@ -313,11 +316,11 @@ class GRPOConfig(_Config):
 
     # ---- LoRA (pip install 'grpokit[lora]'; docs/lora.md) ----------------------------------------
     lora_rank: int = _field(0, "LoRA rank r (peft); 0 trains every weight. With LoRA the reference policy is the "
-                            "base model with the adapter disabled: no second copy of the weights.", min=0)
+                            "base model with the adapter disabled: no second copy of the weights. output_dir/model "
+                            "holds the adapter merged into the weights; output_dir/adapter the adapter alone.", min=0)
     lora_alpha: float = _common("lora_alpha")
     lora_dropout: float = _common("lora_dropout")
     lora_target_modules: list[str] | None = _common("lora_target_modules")
-    merge_lora: bool = _field(False, "Also save the adapter merged into the base weights, in output_dir/model_merged.")
 
     # ---- scale-out (torchrun; docs/distributed.md) ----------------------------------------------
     parallelism: str = _field(

@@ -1,6 +1,6 @@
 """PPO's math as pure functions on tensors (docs/math.md, "PPO"): GAE, whitening, the clipped value loss and
 explained variance. Shapes: (N, T) completion tokens, right-padded, mask 1 on the tokens that count. The value
-model and its training are :mod:`grpokit.trainers.ppo`'s."""
+model and its training are :mod:`grpokit.algorithms.ppo`'s."""
 
 from __future__ import annotations
 

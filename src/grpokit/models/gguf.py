@@ -1,6 +1,6 @@
 """GGUF → a Hugging Face model directory that grpokit (and plain transformers) trains from.
 
-    grpokit convert SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2    # the command
+    grpokit convert SmolLM2-135M-Instruct.Q4_1.gguf --output models/smollm2    # the command
     model: gguf:path/to/file.gguf                                      # or in a config: converted once, cached
 
 A GGUF file (llama.cpp's format) holds the weights, usually quantized, the config as metadata, and the
@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from grpokit.runtime.cache import cache_dir
 
 GGUF_PREFIX = "gguf:"  # `model: gguf:PATH`
 CONVERSION_VERSION = 2  # part of the cache key: bump when the conversion's output changes
@@ -88,12 +90,11 @@ def supported_architectures() -> set[str]:
 def _load_dequantized(path: Path) -> tuple[Any, Any]:
     """The GGUF file's model (float32, dequantized: plain ``nn.Linear`` weights) and tokenizer."""
     import torch
-    import transformers
-    from packaging.version import Version
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    options: dict[str, Any] = {"dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype":
-                               torch.float32}
+    from grpokit.models.loading import dtype_options
+
+    options: dict[str, Any] = dtype_options(torch.float32)
     try:  # transformers >= 5 can keep GGUF blocks packed (with the `kernels` package); here we want them unpacked
         from transformers import GgufConfig
 
@@ -134,15 +135,14 @@ def _stated_tokenizer_settings(path: Path, tokenizer: Any) -> dict[str, Any]:
 def _plain_copy(model: Any) -> Any:
     """A model of the same config without its GGUF quantization marker, holding ``model``'s weights."""
     import torch
-    import transformers
-    from packaging.version import Version
     from transformers import AutoModelForCausalLM
+
+    from grpokit.models.loading import dtype_options
 
     config = model.config
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config  # the marker save_pretrained refuses; the weights are dense already
-    keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-    plain = AutoModelForCausalLM.from_config(config, **{keyword: torch.float32})
+    plain = AutoModelForCausalLM.from_config(config, **dtype_options(torch.float32))
     plain.load_state_dict(model.state_dict())  # strict: every weight, by name
     plain.generation_config = model.generation_config
     return plain
@@ -220,8 +220,6 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
 def converted_gguf(gguf_file: str | Path) -> Path:
     """The directory of ``gguf_file`` converted (:func:`convert_gguf`), cached under grpokit's cache directory
     (``$GRPOKIT_CACHE``, else ``~/.cache/grpokit``) by the file's SHA-256: converted once, reused after."""
-    from grpokit.models.loading import cache_dir  # loading imports nothing of this module
-
     path = check_gguf_file(gguf_file)
     key = hashlib.sha256(f"{file_sha256(path)}:{CONVERSION_VERSION}".encode()).hexdigest()[:16]
     target = cache_dir() / f"gguf-{key}"

@@ -22,7 +22,7 @@ from grpokit.config import DEFAULT_CHUNK_MB
 from grpokit.core.objective import token_entropy, token_logprobs
 from grpokit.models.chunked_logprobs import chunk_rows, chunked_logprobs_and_entropy
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported, unwrap_peft
-from grpokit.models.loading import is_sharded
+from grpokit.models.sharding import is_sharded
 
 try:  # transformers >= 4.52: each decoder layer checkpoints itself
     from transformers.modeling_layers import GradientCheckpointingLayer

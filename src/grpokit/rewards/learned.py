@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from grpokit.core.answers import Text, text_of
-from grpokit.models.loading import DTYPES, autocast, resolve_device, resolve_precision
+from grpokit.models.loading import DTYPES, dtype_options
+from grpokit.runtime.device import autocast, resolve_device, resolve_precision
 
 MODEL_PREFIX, PROCESS_MODEL_PREFIX = "model:", "process_model:"
 # Stands in for the completion while a chat template renders, to find where the completion starts.
@@ -54,7 +55,6 @@ class _RewardModel:
 
     def _load(self, dtype: str):
         import transformers
-        from packaging.version import Version
         from transformers import AutoConfig, AutoTokenizer
 
         if not self.path.is_dir():
@@ -78,10 +78,8 @@ class _RewardModel:
             raise self._fail(self._labels_problem(config.num_labels))
         if dtype != "auto" and dtype not in DTYPES:
             raise self._fail(f"dtype {dtype!r} is not one of 'auto', {', '.join(map(repr, DTYPES))}")
-        keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-        options = {} if dtype == "auto" else {keyword: DTYPES[dtype]}
         auto = getattr(transformers, f"AutoModel{self.head}")
-        model, info = auto.from_pretrained(self.path, output_loading_info=True, **options)
+        model, info = auto.from_pretrained(self.path, output_loading_info=True, **dtype_options(dtype))
         if info.get("missing_keys"):  # e.g. a head that was never trained, hence random
             raise self._fail(f"its weights lack {sorted(info['missing_keys'])[:4]}: not a trained model of this kind")
         try:
@@ -203,7 +201,7 @@ def context_length(tokenizer: Any, config: Any) -> int | None:
     return min(limits) if limits else None
 
 
-# ---- what training (grpokit.trainers.reward) shares, so that a trained model scores as it was trained -----
+# ---- what training (grpokit.algorithms.reward) shares, so that a trained model scores as it was trained -----
 
 
 def reward_text(tokenizer: Any, prompt: Text, completion: Text, locate: bool = False) -> tuple[str, int]:

@@ -15,11 +15,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from grpokit.models.loading import autocast
 from grpokit.models.rollout_weights import RolloutWeights
-from grpokit.rollout.generate import Rollout, generate, stop_token_ids
+from grpokit.rollout.generate import Rollout, generate, padding_id, stop_token_ids
 from grpokit.rollout.sampling_options import SamplingOptions
 from grpokit.rollout.tools import InertSession, ToolSession
+from grpokit.runtime.device import autocast
 
 
 @runtime_checkable
@@ -59,7 +59,7 @@ class NativeEngine:
         self.options, self.sharded = options or SamplingOptions(), sharded
         self.weights = RolloutWeights(model, self.options.rollout_precision)
         self.stop_ids = stop_token_ids(model, tokenizer)
-        self.pad_id = self.stop_ids[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+        self.pad_id = padding_id(tokenizer, self.stop_ids)
         self.device = next(model.parameters()).device
 
     @property

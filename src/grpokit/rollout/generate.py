@@ -133,6 +133,12 @@ def stop_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
     return ids
 
 
+def padding_id(tokenizer, stop_ids: list[int]) -> int:
+    """The id completions are padded with after they stop: the tokenizer's pad, else the first stop id (padding is
+    masked everywhere, so any id serves; the tokenizer is left as it is)."""
+    return stop_ids[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+
 def _cache_argument(model: torch.nn.Module) -> str:
     # transformers 5.2x renamed ``past_key_values`` to ``cache``; older versions use the old name. Wrappers
     # (peft) forward keyword arguments: ask the model they wrap.

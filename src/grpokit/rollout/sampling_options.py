@@ -13,7 +13,7 @@ class SamplingOptions:
 
     engine: str = "native"  # generation_engine
     rollout_precision: str = "fp32"
-    mixed_precision: str = "no"  # resolved: 'no' or 'bf16' (models.loading.resolve_precision)
+    mixed_precision: str = "no"  # resolved: 'no' or 'bf16' (runtime.device.resolve_precision)
     fast_path: bool = True
     cuda_graphs: bool = False
     vllm_gpu_memory_utilization: float = 0.3

@@ -2,7 +2,7 @@
 keeps the plain-text protocol (:class:`grpokit.rollout.tools.PlainProtocol`).
 
 A model tuned for tool use has learnt its template's format, so the prompt lists the tools the way the template
-renders them (:func:`grpokit.training.sampling.render_prompt` with ``tools``) and the rollout reads and answers calls in
+renders them (:func:`grpokit.data.render_prompt` with ``tools``) and the rollout reads and answers calls in
 that format (:class:`TemplateProtocol`). Nothing about a model family is written here: the markers are read
 from the template itself, by rendering probe conversations — a user message, an assistant message with one tool
 call, the tool's message, the next generation prompt — and cutting the renders at the probe's known texts:

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from grpokit.models.loading import is_lora
-from grpokit.rollout.generate import Rollout, stop_token_ids
+from grpokit.models.lora import is_lora
+from grpokit.rollout.generate import Rollout, padding_id, stop_token_ids
 from grpokit.rollout.sampling_options import SamplingOptions
 from grpokit.rollout.tools import InertSession, ToolSession
 
@@ -79,7 +79,7 @@ class VLLMEngine:
         self.options, self.policy = options, model
         self.device = torch.device("cpu")  # where the sampling generator lives (it only draws the requests' seeds)
         self.stop_ids = stop_token_ids(model, tokenizer)
-        self.pad_id = self.stop_ids[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+        self.pad_id = padding_id(tokenizer, self.stop_ids)
         self.dtype = "bfloat16" if options.rollout_precision == "bf16" else "float32"
         on_cpu = next(model.parameters()).device.type == "cpu"
         if options.vllm_enable_sleep_mode and on_cpu:

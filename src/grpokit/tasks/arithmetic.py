@@ -181,6 +181,64 @@ def _column_steps(prompt: Text, completion: Text, *, split: bool) -> list[tuple[
     return steps
 
 
+# ---- reading completions: what a carry problem's tens column says --------------------------------------------
+
+
+def prompt_operands(prompt: str) -> tuple[int, int]:
+    """a and b of a prompt that asks for a + b (:func:`prompt_text`'s).
+
+    >>> prompt_operands("What is 47 + 85?")
+    (47, 85)
+    """
+    match = _PROMPT_RE.search(prompt)
+    if match is None:
+        raise ValueError(f"no a + b in the prompt {prompt!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+_TENS_LINE_RE = re.compile(r"^(\d+(?:\+\d+)*)=(\d+)$", re.MULTILINE)
+
+
+def tens_column(a: int, b: int, completion: str) -> str:
+    """What a carry problem's completion writes in the tens column: ``forgot`` the carry (``4+8=12``,
+    ``4+8+0=12``), writes it but ``added_wrong`` (``4+8+1=12``, or ``4+8=12``, ``12+1=14`` with the carry in a
+    line of its own), ``right``, or ``other``: the mistake the warm-start corpus makes, told apart from the
+    one a model makes while learning to write the carry.
+
+    >>> tens_column(47, 85, worked_solution(47, 85, forget_carry=True))
+    'forgot'
+    >>> tens_column(47, 85, worked_solution(47, 85, carry="line"))
+    'right'
+    >>> tens_column(47, 85, "<think>\\n7+5=12\\n4+8+1=14\\n</think>")
+    'added_wrong'
+    """
+    lines = [([int(x) for x in terms.split("+")], int(result)) for terms, result in _TENS_LINE_RE.findall(completion)]
+    tens = lines[1] if len(lines) > 1 else None
+    if tens is not None and len(lines) > 2 and len(tens[0]) == 2 and lines[2][0][1:] == [1]:
+        tens = (tens[0] + [1], lines[2][1])  # the carry in a line of its own: 4+8=12, 12+1=13
+    right = expected_steps(a, b)[1]  # ([tens digits, 1], their sum)
+    forgot = [(right[0][:2] + zero, right[1] - 1) for zero in ([], [0])]  # 4+8=12, or 4+8+0=12
+    return ("right" if tens == right else "added_wrong" if tens is not None and tens[0] == right[0] else
+            "forgot" if tens in forgot else "other")
+
+
+def carry_mistakes(records: Sequence[dict], steps: int = 30) -> dict[str, dict[str, float]]:
+    """The shares of :func:`tens_column`'s kinds among logged completions (``{step, prompt, completion}``, as
+    a run's ``completions.jsonl`` holds them) of carry problems, in the ``first`` and the ``last`` ``steps``
+    steps; empty where a window has none."""
+    last = max(r["step"] for r in records)
+    out = {}
+    for name, low, high in (("first", 1, steps), ("last", last - steps + 1, last)):
+        kinds = dict.fromkeys(("forgot", "added_wrong", "right", "other"), 0)
+        for record in records:
+            a, b = prompt_operands(record["prompt"])
+            if low <= record["step"] <= high and has_carry(a, b):
+                kinds[tens_column(a, b, record["completion"])] += 1
+        total = sum(kinds.values())
+        out[name] = {kind: count / total for kind, count in kinds.items()} if total else {}
+    return out
+
+
 def _is_held_out(a: int, b: int) -> bool:
     # A fixed ~10 % of all pairs, never seen in warm-start or GRPO training, whatever the seed.
     return int(hashlib.sha256(f"{a}+{b}".encode()).hexdigest(), 16) % 10 == 0

@@ -23,10 +23,12 @@ from pathlib import Path
 import torch
 
 from grpokit.core.optim import lr_factor
-from grpokit.models.loading import cache_dir
+from grpokit.runtime.cache import cache_dir
 from grpokit.tasks import tool_task
 from grpokit.tasks.arithmetic import TASK_VERSION, TRAIN_PAIRS, has_carry, prompt_text, worked_solution
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
+from grpokit.training.distributed import World
+from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, update
 
 
 @dataclass
@@ -83,9 +85,30 @@ TASKS = {"arithmetic": (arithmetic_batch, TASK_VERSION, False, 128),
          "tools": (tools_batch, tool_task.TASK_VERSION, True, 160)}
 
 
+class LabelledRows:
+    """A batch of :func:`supervised_batch` as the engine's :func:`~grpokit.training.update.update` trains on it
+    (its ``Minibatchable``): the loss averages over the labelled tokens."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors["input_ids"])
+
+    def select(self, index: torch.Tensor | slice) -> LabelledRows:
+        return LabelledRows({key: value[index] for key, value in self.tensors.items()})
+
+    def units(self) -> float:
+        return float((self.tensors["labels"] != -100).sum())
+
+    def counts(self, world: World) -> LossCounts:
+        return LossCounts(sequences=float(len(self)), tokens=max(1.0, self.units()))
+
+
 def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool = True,
                task: str = "arithmetic") -> list[float]:
-    """Supervised training on the task's flawed corpus; returns the loss per step."""
+    """Supervised training on the task's flawed corpus, each step through the engine's update (one minibatch, the
+    gradient clipped at 1); returns the loss per step."""
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
@@ -93,18 +116,16 @@ def warm_start(model, tokenizer, spec: WarmStartSpec, seed: int, progress: bool 
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
     # Linear warmup, then cosine decay to 0 over the run: GRPO's own schedule (optim.py).
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(spec.warmup_steps, "cosine", spec.steps))
-    model.train()
+    learner = Learner("", model, model, optimizer, scheduler,
+                      loss=lambda module, rows, counts, first: (module(**rows.tensors).loss, {}))
+    guard = NonfiniteGuard(limit=3)
     losses = []
     bar = tqdm(range(spec.steps), desc="warm start", disable=not progress, dynamic_ncols=True)
     for _ in bar:
-        loss = model(**TASKS[task][0](tokenizer, rng, spec)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        rows = LabelledRows(TASKS[task][0](tokenizer, rng, spec))
+        (step,) = update([learner], rows, micro_batch_size=len(rows), max_grad_norm=1.0, guard=guard)
+        losses.append(step["loss"])
+        bar.set_postfix(loss=f"{step['loss']:.3f}")
     model.eval()
     return losses
 

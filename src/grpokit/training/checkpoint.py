@@ -2,14 +2,15 @@
 
 A checkpoint is a directory ``output_dir/checkpoints/step-NNNNNN/`` holding:
 
-- ``model/``: the policy and tokenizer, ``save_pretrained`` (safetensors): loadable by plain transformers;
+- ``model/``: the policy and tokenizer, ``save_pretrained`` (safetensors): loadable by plain transformers (LoRA:
+  the adapter merged in, and ``adapter/`` the adapter alone, which a resume reads);
 - ``value_model.safetensors`` (PPO): the value model;
 - ``trainer_state.pt``: optimizer and scheduler state dicts and each process's torch RNG states —
   tensors and plain containers only, read back with ``torch.load(weights_only=True)``;
 - ``state.json``: step, data position, each process's Python and NumPy RNG states, the config and
   every metric so far;
 
-What it holds is the trainer's :meth:`~grpokit.trainers.grpo.GRPOTrainer.state_dict`, and on resume the
+What it holds is the trainer's :meth:`~grpokit.algorithms.grpo.GRPOTrainer.state_dict`, and on resume the
 trainer's ``load_state_dict`` takes it back: this module reads nothing else of the trainer.
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
 
@@ -42,7 +43,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
 from grpokit.config import config_class_of
-from grpokit.models.loading import is_lora, is_sharded, save_pretrained
+from grpokit.models.loading import save_pretrained
+from grpokit.models.lora import is_lora
+from grpokit.models.sharding import is_sharded
 from grpokit.training.distributed import SINGLE, World, barrier, gather
 
 FORMAT = 1
@@ -82,7 +85,7 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
 
 
 def save_checkpoint(state: dict[str, Any], output_dir: str | Path, keep: int, world: World = SINGLE) -> Path:
-    """Write ``state`` (a trainer's :meth:`~grpokit.trainers.grpo.GRPOTrainer.state_dict`) as
+    """Write ``state`` (a trainer's :meth:`~grpokit.algorithms.grpo.GRPOTrainer.state_dict`) as
     ``output_dir/checkpoints/step-NNNNNN`` (atomically) and keep the last ``keep`` checkpoints. With
     several processes every one calls this (each one's random streams are saved) and the first writes."""
     root = checkpoints_dir(output_dir)
@@ -197,7 +200,7 @@ def verify(path: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SINGLE) -> dict[str, Any]:
-    """Load the checkpoint at ``path`` for the run whose :meth:`~grpokit.trainers.grpo.GRPOTrainer.state_dict`
+    """Load the checkpoint at ``path`` for the run whose :meth:`~grpokit.algorithms.grpo.GRPOTrainer.state_dict`
     is ``state``: the weights of ``state["modules"]`` in place, after checking every file, the config
     and the world size; returns the rest of the state (this process's random streams) for the trainer's
     ``load_state_dict``."""
@@ -217,8 +220,10 @@ def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SING
         source = f"checkpoint {path}: {name}"
         if name != "model":
             load_weights(module, [path / f"{name}.safetensors"], source)
-        elif is_lora(module):
-            _load_adapter(module, path / "model" / "adapter_model.safetensors", source)
+        elif is_lora(module):  # checkpoints written before the merged layout hold the adapter in model/
+            adapter = next((d for d in (path / "adapter", path / "model") if (d / "adapter_config.json").exists()),
+                           path / "adapter")
+            _load_adapter(module, adapter / "adapter_model.safetensors", source)
         else:
             load_weights(module, sorted((path / "model").glob("*.safetensors")), source)
     try:
@@ -279,9 +284,9 @@ def _load_adapter(model: torch.nn.Module, file: Path, source: str) -> None:
 
 def _check_config(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     # What may differ is declared with the keys of the resuming run's config class (GRPO, SFT or reward).
-    resumable = config_class_of(current).resumable_keys()
-    different = [k for k in sorted(set(saved) | set(current))
-                 if k not in resumable and saved.get(k) != current.get(k)]
+    config_class = config_class_of(current)
+    ignored = config_class.resumable_keys() | set(config_class.REMOVED)
+    different = [k for k in sorted(set(saved) | set(current)) if k not in ignored and saved.get(k) != current.get(k)]
     if different:
         details = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in different[:5])
         raise CheckpointError(f"checkpoint {path} was written by a run with a different config ({details})")

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from grpokit.config import ConfigError
-from grpokit.models.loading import is_sharded
+from grpokit.models.sharding import shard, sharded_part
 
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -49,6 +49,13 @@ class World:
 
 
 SINGLE = World()  # one process, no launcher
+
+
+def require_one_process(command: str) -> None:
+    """Refuse a torchrun launch of a trainer that runs in one process, where every process would train its own
+    copy. A process group already up is allowed: iterative RL retrains its reward model on the first process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        raise ConfigError(f"{command} runs in one process; launch it without torchrun")
 
 
 def init_world(device: str, prompts_per_step: int, environ: dict[str, str] | None = None) -> World:
@@ -156,12 +163,7 @@ def data_parallel(module: torch.nn.Module, world: World, parallelism: str = "ddp
     if not world.distributed:
         return module
     if parallelism == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in [m for m in module.modules() if type(m).__name__.endswith("DecoderLayer")]:
-            fully_shard(layer)
-        fully_shard(module)
-        return module
+        return shard(module)
     from torch.nn.parallel import DistributedDataParallel
 
     on_cuda = next(module.parameters()).is_cuda
@@ -172,8 +174,8 @@ def data_parallel(module: torch.nn.Module, world: World, parallelism: str = "ddp
 def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Skip the gradient reduction in this forward/backward (all micro-batches but the last). ``module``: DDP
     around the pass, or a module holding an FSDP2-sharded model."""
-    sharded = next((m for m in module.modules() if is_sharded(m)), None)
-    if sharded is not None:  # FSDP2
+    sharded = sharded_part(module)
+    if sharded is not None:
         sharded.set_requires_gradient_sync(enabled)
         yield
     elif enabled or not hasattr(module, "no_sync"):
@@ -181,24 +183,6 @@ def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
     else:
         with module.no_sync():
             yield
-
-
-def full_state_dict(module: torch.nn.Module, world: World) -> dict[str, torch.Tensor] | None:
-    """The unsharded state dict (on CPU, on rank 0; None elsewhere) of a module sharded by FSDP2;
-    the plain state dict otherwise. A collective when sharded: every process calls it."""
-    if not is_sharded(module):
-        return module.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not world.main:
-        return None
-    # A tied parameter (e.g. the LM head sharing the embedding) is saved once, as save_pretrained does.
-    first: dict[int, str] = {}
-    for name, parameter in module.named_parameters(remove_duplicate=False):
-        if first.setdefault(id(parameter), name) != name:
-            state.pop(name, None)
-    return state
 
 
 def all_sum_dict(values: dict[str, float], world: World) -> dict[str, float]:

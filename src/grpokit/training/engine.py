@@ -13,18 +13,18 @@ non-finite streak and the metrics so far (:mod:`grpokit.training.checkpoint` wri
 
 from __future__ import annotations
 
-import random
 import signal
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.models.loading import describe_precision, follows_progress_bar, resolve_precision, seed_everything
+from grpokit.runtime.device import describe_precision, resolve_precision
+from grpokit.runtime.progress import follows_progress_bar
+from grpokit.runtime.seeding import rng_states, seed_everything, set_rng_states
 from grpokit.training.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
 from grpokit.training.distributed import SINGLE, World, all_max
 from grpokit.training.runlog import RunLog, check_trackers
@@ -166,11 +166,7 @@ class Trainer:
         ``modules`` (:meth:`modules`), ``tokenizer``, ``optimizers`` (each learner's optimizer and schedule
         state), ``rng`` (this process's random streams), ``data`` (:meth:`data_state`), ``step``,
         ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                               "numpy": np.random.get_state(),
-                               **{name: g.get_state() for name, g in self.generators().items()}}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        rng = {**rng_states(), **{name: g.get_state() for name, g in self.generators().items()}}
         optimizers = {}
         for learner in self.learners:
             optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
@@ -186,14 +182,9 @@ class Trainer:
         for learner in self.learners:
             learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
             learner.scheduler.load_state_dict(state["optimizers"][learner.prefix + "scheduler"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        set_rng_states(state["rng"])
         for name, generator in self.generators().items():
-            generator.set_state(rng[name])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+            generator.set_state(state["rng"][name])
         self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
 
     def resume(self, which: str = "latest") -> Path:

@@ -1,6 +1,6 @@
-"""Evaluation: accuracy and format rate of a model on prompts with answers, greedy and sampled (:func:`evaluate`,
-``grpokit eval``'s), and a run's held-out evaluation on it (:class:`HeldOutEval`) with the reward-gaming alarm
-(:func:`reward_gaming_alarm`)."""
+"""Evaluation: accuracy and format rate of a model on prompts with answers, greedy and sampled (:func:`evaluate`;
+``grpokit eval`` is :func:`grpokit.from_config.evaluate_config`), and a run's held-out evaluation on it
+(:class:`HeldOutEval`) with the reward-gaming alarm (:func:`reward_gaming_alarm`)."""
 
 from __future__ import annotations
 

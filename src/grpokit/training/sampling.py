@@ -7,6 +7,10 @@ generator, the reward functions. The trainer owns the models and the update.
 Every completion's reward arrives as steps ``(token that ends the step, reward)``: with outcome
 supervision one step, the whole reward at the completion's last token; with process supervision the
 reward functions' steps. Both then take one path to the advantages (:func:`group_relative_advantages`).
+
+Outside a run, ``grpokit sample``, ``bootstrap`` and ``eval`` draw their completions from
+:func:`grpokit.from_config.sampling_engine`: the engine, tokenizer and tools that a run with the same config samples
+with.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
 from grpokit.core.offsets import step_token_ends
+from grpokit.data import reward_columns
 from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
 from grpokit.rewards.code import code_counts
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
@@ -68,36 +73,6 @@ class Batch:
             steps=[s for b in batches for s in b.steps],
             tool_calls=None if batches[0].tool_calls is None else [c for b in batches for c in b.tool_calls],
         )
-
-
-def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], *, system_prompt: str | None = None,
-                  chat_template: bool | None = None, tools: Sequence[Callable] | None = None) -> str:
-    """The text a prompt is sampled from: a plain prompt as is (after ``system_prompt`` on its own line), or
-    rendered with the tokenizer's chat template and its generation prompt — always for a list of
-    ``{role, content}`` messages, for plain text when ``chat_template`` is True or None and the
-    tokenizer has one. ``tools``: listed by the chat template (JSON schemas from their type hints and
-    Google-style docstrings, in transformers), for a template that knows tools
-    (:mod:`grpokit.rollout.tool_templates`)."""
-    has_template = getattr(tokenizer, "chat_template", None) is not None
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    if isinstance(prompt, list) or (chat_template is not False and has_template):
-        if not has_template:
-            raise ValueError("a prompt is a list of chat messages but the tokenizer has no chat template")
-        if system_prompt is not None and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": system_prompt}, *messages]
-        return tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
-                                             add_generation_prompt=True)
-    if chat_template:
-        raise ValueError("chat_template is true but the tokenizer has no chat template")
-    return prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
-
-
-def reward_column_names(rows: Sequence[dict[str, Any]], prompt_column: str, answer_column: str) -> dict[str, str]:
-    """Keyword → dataset column, for what reward functions receive besides the reward arguments: every
-    column but the prompt under its own name, and the answer column also as ``answer`` (taking the name
-    over from any column called ``answer``)."""
-    names = {key: key for key in dict.fromkeys(key for row in rows for key in row) if key != prompt_column}
-    return {**names, "answer": answer_column}
 
 
 def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: World = SINGLE) -> torch.Tensor:
@@ -187,10 +162,9 @@ class Sampler:
 
     def reward_columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
         """Every column of the rows but the prompt, under its own name and repeated G times; the answer
-        column also as ``answer`` (:func:`reward_column_names`)."""
-        g, config = self.config.num_generations, self.config
-        names = reward_column_names(rows, config.prompt_column, config.answer_column)
-        return {name: [row.get(key) for row in rows for _ in range(g)] for name, key in names.items()}
+        column also as ``answer`` (:func:`~grpokit.data.reward_column_names`)."""
+        config = self.config
+        return reward_columns(rows, config.prompt_column, config.answer_column, config.num_generations)
 
     def sample(self, step: int = 0) -> tuple[Batch, Batch, dict[str, float]]:
         """The step's training batch of B groups, every group sampled this step, and sampling metrics;
@@ -303,3 +277,8 @@ class Sampler:
         advantage is 0 does not depend on the scale, so this stays local to the process."""
         advantages = group_relative_advantages(batch, self.config.num_generations, "none")
         return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
+
+
+# ---- outside a run: `grpokit sample`, `bootstrap` and `eval` sample as a run with the same config would --------------
+
+

@@ -12,7 +12,9 @@ import torch
 from grpokit.config import ConfigError
 from grpokit.core.optim import adamw_with_schedule
 from grpokit.data import DataError
+from grpokit.runtime.device import resolve_device
 from grpokit.training.checkpoint import CheckpointError
+from grpokit.training.distributed import require_one_process
 from grpokit.training.engine import Trainer
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard
 
@@ -30,6 +32,16 @@ class SupervisedTrainer(Trainer):
     def __init__(self) -> None:
         super().__init__()
         self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order of the training rows)
+
+    def start(self, config: Any, command: str, train_dataset: Any, rows: str) -> None:
+        """What SFT and reward training do first: refuse torchrun (one process trains), :meth:`set_up` (seeding
+        every stream, the precision), and require rows (``train_dataset`` or the config's ``dataset``), which are
+        checked before the (possibly slow) model load. ``rows``: what the dataset must hold, for the error."""
+        require_one_process(command)
+        self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
+        if train_dataset is None and config.dataset is None:
+            raise ConfigError(f"dataset is required: a file of {rows} (JSONL, CSV, Parquet, or a directory written by "
+                              "datasets' save_to_disk)")
 
     def use_examples(self, examples: list, held_out: list, summary: dict[str, Any], none_left: str) -> None:
         """Train on ``examples`` and evaluate on ``held_out`` (None: a row that does not fit, left out), with the

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from grpokit.models.loading import is_sharded
+from grpokit.models.sharding import full_value
 from grpokit.rollout.generate import Rollout
 from grpokit.training.distributed import SINGLE, World, all_sum, all_sum_dict, gradient_sync
 
@@ -155,7 +155,7 @@ def update(
                 totals = all_sum_dict(totals, world)
                 totals[p + "lr"] = learner.scheduler.get_last_lr()[0]
                 norm = torch.nn.utils.clip_grad_norm_(learner.module.parameters(), max_grad_norm or math.inf)
-                totals[p + "grad_norm"] = float(norm.full_tensor() if is_sharded(learner.module) else norm)
+                totals[p + "grad_norm"] = float(full_value(norm))
                 if guard.check(totals[p + "loss"], totals[p + "grad_norm"]):
                     learner.optimizer.step()
                     learner.scheduler.step()

@@ -114,7 +114,7 @@ def decode_product(*modules: nn.Module, rows: int, dtype: torch.dtype | None = N
     when the layers are plain ``nn.Linear``; ``order`` (out features) permutes the outputs, also folded
     into the weights; ``add`` is added to the product (a residual connection). On the CPU the larger
     weights are packed once for oneDNN (``rows``: the batch it is tuned for), faster at a few rows than
-    either MKL layout and without MKL's slow row counts (``benchmarks/dev/profile_step.py``;
+    either MKL layout and without MKL's slow row counts (``benchmarks/profile_step.py``;
     docs/benchmarks.md). Elsewhere, or without oneDNN, it is MKL/``F.linear``. Under autocast
     (``dtype``), products too small for oneDNN stay in the weights' dtype on the CPU: there the casts
     cost more than the lower precision saves. ``dtype=torch.int8``: every plain layer's product in int8

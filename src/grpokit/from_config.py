@@ -1,0 +1,130 @@
+"""What ``grpokit sample`` and ``grpokit eval`` run, and the engine ``grpokit bootstrap`` samples with: a GRPOConfig's
+names resolved (:mod:`grpokit.resolve`: the model, rows, reward functions), then the library's functions called
+(:func:`~grpokit.training.labelling.sample_rows`, :func:`~grpokit.training.evaluation.evaluate`). The CLI only
+parses its arguments into a config and calls these."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grpokit.config import GRPOConfig
+from grpokit.data import check_columns, render_prompt
+from grpokit.resolve import (
+    code_options,
+    eval_judge,
+    load_eval_rows,
+    load_model_and_tokenizer,
+    load_rows,
+    resolve_reward_functions,
+)
+from grpokit.rollout.engines import Engine, build_engine
+from grpokit.rollout.python_tool import start_sandboxes
+from grpokit.rollout.sampling_options import SamplingOptions
+from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tools import ToolBox, add_environment_reward, resolve_tools
+from grpokit.runtime.device import describe_precision, resolve_device, resolve_precision
+from grpokit.training.evaluation import evaluate, summarize
+from grpokit.training.labelling import sample_rows
+
+
+def sampling_engine(config: GRPOConfig) -> tuple[Engine, Any, ToolBox]:
+    """The engine that samples as a run with ``config`` trains (its generation_engine and precision, on
+    ``config.device``), the tokenizer and the ToolBox, the tools' protocol chosen by ``build_toolbox`` as that run
+    chooses it; what it does is said on stderr unless ``config.progress_bar`` is off."""
+    tool_functions, environment_factory = resolve_tools(config)
+    announce_sandboxes(tool_functions, config.progress_bar)
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
+                                                dtype=config.dtype)
+    toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
+                            max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+    device = resolve_device(config.device)
+    if config.progress_bar:
+        print(describe_precision(config.mixed_precision, device), file=sys.stderr)
+    options = SamplingOptions.from_config(config, resolve_precision(config.mixed_precision, device))
+    return build_engine(options, model.to(device), tokenizer, seed=config.seed), tokenizer, toolbox
+
+
+def announce_sandboxes(users: Sequence[Any], say: bool = True) -> None:
+    """Start the sandboxes of the tools or rewards among ``users`` that run model-written code (refusing now where
+    one cannot start), and, if ``say``, say on stderr what each is."""
+    for note in start_sandboxes(users):
+        if say:
+            print(note, file=sys.stderr)
+
+
+def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequence[int] | None = None,
+                    num_prompts: int | None = None, output: str | Path | None = None,
+                    completions: str | Path | None = None) -> dict[str, Any]:
+    """``grpokit eval``: the summary (model, dataset, rows, G, and the means of :func:`evaluate`'s scores) of
+    ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set),
+    sampled as a run with ``config`` samples (its prompt rendering, tools, engine and precision; ``prompts_per_step``
+    prompts per generation pass), greedy and ``num_generations`` samples per prompt (0: greedy only), with pass@k for
+    each of ``pass_ks`` (default: 1 and ``num_generations``). Rows with a ``tests`` column are judged by them, in the
+    run's sandbox. The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
+    ``completions`` (JSONL), when given."""
+    prompt_column, answer_column = config.prompt_column, config.answer_column
+    rows = load_eval_rows(config.dataset)[:num_prompts]
+    code = eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
+    judged_by = "tests" if code is not None else answer_column
+    check_columns(rows, [prompt_column, judged_by], source=config.dataset)
+    if code is not None:
+        announce_sandboxes([code], config.progress_bar)
+    engine, tokenizer, toolbox = sampling_engine(config)
+    listed = toolbox.prompt_tools()
+    # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
+    # with the system prompt and, where the template knows tools, the tools listed
+    prompts = [render_prompt(tokenizer, row[prompt_column], system_prompt=config.system_prompt,
+                             chat_template=config.chat_template, tools=listed) for row in rows]
+    greedy: list[str] = []
+    scores = evaluate(
+        engine, tokenizer, rows, prompts=prompts, prompt_column=prompt_column, answer_column=answer_column,
+        samples_per_prompt=num_generations, temperature=config.temperature, top_p=config.top_p,
+        max_new_tokens=config.max_completion_length, batch_size=config.prompts_per_step, seed=config.seed,
+        progress=config.progress_bar, pass_ks=pass_ks if pass_ks is not None else sorted({1, num_generations}),
+        greedy_completions=greedy, toolbox=toolbox, code=code,
+    )
+    if completions is not None:
+        with open(completions, "w") as out:
+            lenient = scores.get("greedy_lenient", [None] * len(rows))  # programs have no lenient reading
+            for row, text, correct, loose, formatted in zip(rows, greedy, scores["greedy_correct"], lenient,
+                                                            scores["greedy_format"]):
+                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row[judged_by], "completion": text,
+                                      "correct": correct, "lenient": loose, "format": formatted}) + "\n")
+    summary = {"model": config.model, "dataset": config.dataset, "num_prompts": len(rows),
+               "num_generations": num_generations, **summarize(scores)}
+    if output is not None:
+        Path(output).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: int, num_prompts: int | None = None,
+                   pairs: bool = False) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
+    ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
+    ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
+    rows = load_rows(config.dataset, config.seed)[:num_prompts]
+    check_columns(rows, [config.prompt_column], source=config.dataset)
+    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
+                                                  device=resolve_device(config.device))
+    announce_sandboxes(functions, config.progress_bar)
+    engine, tokenizer, toolbox = sampling_engine(config)
+    add_environment_reward(functions, weights, toolbox.environment_factory)
+    out, counts = sample_rows(
+        engine, tokenizer, rows, functions, weights, num_generations=num_generations,
+        prompt_column=config.prompt_column, answer_column=config.answer_column,
+        max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+        system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed,
+        batch_size=config.prompts_per_step, pairs=pairs, progress=config.progress_bar, toolbox=toolbox,
+    )
+    if not out:
+        raise ValueError(f"dataset {config.dataset}: no row to write ({counts['completions']} completions: "
+                         f"{counts['unscored']} unscored, {counts['no_steps']} without a step"
+                         + (f", {counts['groups_without_pairs']} groups without a pair)" if pairs else ")"))
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in out)
+    return out, counts

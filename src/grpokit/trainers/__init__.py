@@ -1,3 +1,0 @@
-"""The trainers, each a recipe on the engine (:mod:`grpokit.training.engine`): GRPO and the PPO baseline
-(:mod:`.grpo`, with PPO's value model in :mod:`.ppo`), the supervised cold start (:mod:`.sft`), reward-model training
-(:mod:`.reward`), iterative RL (:mod:`.iterative`) and the sampled rows of ``grpokit sample`` (:mod:`.sample`)."""
