@@ -12,9 +12,10 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 
 import grpokit
 from grpokit import OutcomeRewardModel, ProcessRewardModel, RewardConfig, RewardTrainer
-from grpokit.algorithms.reward import RewardBatch
+from grpokit.algorithms.reward import RewardBatch, detect_form, parse_rows, tokenize_rows
 from grpokit.cli.main import main
 from grpokit.config import ConfigError
+from grpokit.data import DataError
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 from grpokit.training.distributed import SINGLE
 from helpers import assert_resume_is_bit_exact
@@ -206,6 +207,106 @@ def test_config_checks():
         RewardConfig(model="m", max_length=1)
 
 
+# ---- each check of the rows, and of what the trainer is handed, alone --------------------------------------
+
+
+def parse(rows, form, **keys):
+    return parse_rows(rows, form, RewardConfig(model="m", **keys), "d.jsonl")
+
+
+def test_texts_labels_and_steps_are_read_as_written():
+    messages = [{"role": "assistant", "content": "a"}]
+    parsed, loss = parse([{"prompt": "q", "completion": messages, "label": "1"},
+                          {"prompt": "q", "completion": "", "label": 0}], "labelled")  # CSV text; empty allowed
+    assert parsed == [("q", [messages], [1.0], []), ("q", [""], [0.0], [])] and loss == "bce"
+    parsed, _ = parse([{"prompt": "q", "completion": "ab\ncd", "steps": "[[1, 0], [5, 1]]"}], "steps")
+    assert parsed == [("q", ["ab\ncd"], [0.0, 1.0], [1, 5])]  # the first and the last character end steps
+    parsed, loss = parse([{"prompt": "q", "chosen": "a", "rejected": "b"}], "pairs")
+    assert parsed == [("q", ["a", "b"], [], [])] and loss == ""
+    # the labels choose the loss unless label_loss says
+    assert parse([{"prompt": "q", "completion": "a", "label": v} for v in (0, 1)], "labelled")[1] == "bce"
+    assert parse([{"prompt": "q", "completion": "a", "label": v} for v in (0, 0.5)], "labelled")[1] == "mse"
+    assert parse([{"prompt": "q", "completion": "a", "label": 1}], "labelled", label_loss="mse")[1] == "mse"
+    assert parse([{"prompt": "q", "completion": "a", "label": v} for v in (0, 0.5)], "labelled",
+                 label_loss="bce")[1] == "bce"
+
+
+@pytest.mark.parametrize("row, form, message", [
+    ({"completion": [], "label": 1}, "labelled",
+     "row 0 column 'completion' must be text or a non-empty list of {\"role\": ..., \"content\": ...} messages"),
+    ({"completion": [{"role": "assistant", "content": 3}], "label": 1}, "labelled", "must be text or a non-empty"),
+    ({"completion": 7, "label": 1}, "labelled", "row 0 column 'completion' must be text (or a list of chat "
+                                                "messages), got int 7"),
+    ({"completion": "a", "label": "inf"}, "labelled", "row 0 column 'label' must be a finite number, got float inf"),
+    ({"completion": "a", "label": [1]}, "labelled", "row 0 column 'label' must be a finite number, got list [1]"),
+    ({"completion": "ab", "steps": "[[2, 1]"}, "steps",
+     "row 0 column 'steps' is text that is not a JSON list of [offset, label] pairs"),
+    ({"completion": "ab", "steps": {"2": 1}}, "steps", "row 0 column 'steps' must be a non-empty list"),
+    ({"completion": "ab", "steps": [[True, 1]]}, "steps", "step 0 is [True, 1]; expected [offset, label]"),
+    ({"completion": "ab", "steps": [[2]]}, "steps", "step 0 is [2]; expected [offset, label]"),
+    ({"completion": "ab", "steps": [(1, 0), [2, 1, 0]]}, "steps", "step 1 is [2, 1, 0]; expected"),
+    ({"completion": "ab", "steps": [[2, -0.5]]}, "steps", "step 0's label -0.5 is out of range"),
+    ({"completion": "ab", "steps": [[2, "x"]]}, "steps", "step 0's label must be a finite number, got str 'x'"),
+    ({"completion": "a", "label": -1}, "labelled-bce", "row 0 column 'label': label -1.0 is out of range"),
+])
+def test_each_bad_value_is_named(row, form, message):
+    form, _, loss = form.partition("-")
+    with pytest.raises(DataError) as caught:
+        parse([{"prompt": "q", **row}], form, **({"label_loss": loss} if loss else {}))
+    assert message in str(caught.value) and str(caught.value).startswith("d.jsonl: row 0")
+
+
+def test_the_form_is_found_from_the_first_row_steps_then_pairs_then_labelled():
+    every = {"prompt": "q", "completion": "a", "label": 1, "chosen": "a", "rejected": "b", "steps": [[1, 1]]}
+    auto = RewardConfig(model="m")
+    assert detect_form([every], auto, "d") == "steps"
+    assert detect_form([{k: v for k, v in every.items() if k != "steps"}], auto, "d") == "pairs"
+    assert detect_form([{"prompt": "q", "completion": "a", "label": 1, "chosen": "a"}], auto, "d") == "labelled"
+    assert detect_form([every], RewardConfig(model="m", form="labelled"), "d") == "labelled"  # as set
+    assert detect_form([{"prompt": "q", "text": "a", "score": 1}],
+                       RewardConfig(model="m", completion_column="text", label_column="score"), "d") == "labelled"
+    with pytest.raises(DataError, match=r"d: row 0's columns \[\] make none of the three forms \(labelled: \['prompt', "
+                                        r"'completion', 'label'\]; pairs: \['prompt', 'chosen', 'rejected'\]; steps"):
+        detect_form([], auto, "d")
+
+
+def test_a_process_model_needs_a_fast_tokenizer_and_a_template_that_keeps_the_text(tokenizer):
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="a process reward model needs a fast tokenizer"):
+        tokenize_rows([], "steps", SimpleNamespace(is_fast=False), None, "d")
+    (example,), _ = tokenize_rows([("", ["ab"], [1.0], [2])], "steps", tokenizer, None, "d")  # at character 0
+    assert example.targets == [1.0] and len(example.positions) == 1
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] | upper }}\n{% endfor %}"
+    rows = [("q", ["ab"], [1.0], [2])]
+    with pytest.raises(DataError, match="d: row 0: the tokenizer's chat template changes the assistant's text"):
+        tokenize_rows(rows, "steps", tokenizer, None, "d")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] | replace('a', 'b') }}\n{% endfor %}"
+    with pytest.raises(DataError, match="d: row 0: the tokenizer's chat template changes the assistant's text"):
+        tokenize_rows(rows, "steps", tokenizer, None, "d")  # the completion found, but rewritten
+    (example,), dropped = tokenize_rows([("q", ["ab"], [1.0], [])], "labelled", tokenizer, None, "d")
+    assert dropped == 0 and example.positions == [] and example.units == 1  # the outcome model copes
+
+
+def test_the_trainer_refuses_what_it_cannot_train(tmp_path, tiny_model_dir, monkeypatch):
+    rows = toy_rows("labelled", 8)
+    with pytest.raises(DataError, match="eval_dataset: its labels make the loss mse, the training rows' bce; "
+                                        "set label_loss"):
+        RewardTrainer(config(tmp_path, model=str(tiny_model_dir)), train_dataset=rows,
+                      eval_dataset=[{**row, "label": 0.5} for row in rows])
+    with pytest.raises(ValueError, match="a tokenizer is required when a model is passed"):
+        RewardTrainer(config(tmp_path), model=torch.nn.Linear(1, 1), train_dataset=rows)
+    with pytest.raises(ConfigError, match="max_length=65 exceeds the model's context of 64 tokens"):
+        trainer_for(tmp_path, tiny_model_dir, rows, max_length=65)
+    steps = [{"prompt": "q", "completion": "x" * 80, "steps": [[80, 1]]}]
+    with pytest.raises(DataError, match="train_dataset: no training row left: every row's steps lie past "
+                                        "max_length=20"):
+        trainer_for(tmp_path, tiny_model_dir, steps, max_length=20, eval_fraction=0.0)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="grpokit reward train runs in one process; launch it without torchrun"):
+        trainer_for(tmp_path, tiny_model_dir, rows)
+
+
 # ---- bad input, through the command line -----------------------------------------------------------
 
 
@@ -277,3 +378,45 @@ def test_reward_train_help_lists_every_key(capsys):
         main(["reward", "train", "--help"])
     out = capsys.readouterr().out
     assert all(key in out for key in RewardConfig.help())
+
+
+def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_model_dir):
+    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("steps", 8), eval_fraction=0.25, batch_size=3,
+                          micro_batch_size=2, max_steps=2)
+    examples = [trainer.train_examples[i] for i in trainer.batch_indices(0)]
+    metrics = trainer.training_step()
+    assert (metrics["step"], metrics["rows"], metrics["units"], metrics["truncated"]) == (1, 3, 9, 0)
+    assert metrics["tokens"] == sum(len(ids) for e in examples for ids in e.sequences)
+    assert metrics["epoch"] == 1 / trainer.steps_per_epoch == 0.5 and 0 <= metrics["accuracy"] <= 1
+    assert metrics["time_step"] > 0
+    batch = RewardBatch(trainer.train_examples)
+    assert batch.select(torch.tensor([2, 0])).examples == [batch.examples[2], batch.examples[0]]
+    assert batch.select(slice(1, 3)).examples == batch.examples[1:3] and len(batch) == 6
+    assert batch.units() == 18.0 and batch.counts(SINGLE).tokens == 18.0 and batch.counts(SINGLE).sequences == 6.0
+    trainer.model.train()
+    evaluation = trainer.evaluate()  # two micro-batches of the two held-out rows' six steps
+    assert trainer.model.training  # left as it was
+    trainer.model.eval()
+    with torch.no_grad():
+        losses, right = trainer.unit_losses(trainer.model, trainer.eval_examples)
+    assert evaluation["eval_loss"] == pytest.approx(losses.mean().item(), rel=1e-5)
+    assert evaluation["eval_accuracy"] == int(right.sum()) / 6
+
+
+@pytest.mark.parametrize("form, said", [("pairs", "(outcome, pairs rows, Bradley-Terry)"),
+                                        ("labelled", "(outcome, labelled rows, bce)"),
+                                        ("steps", "(process, steps rows, bce per step)")])
+def test_the_announcement_names_the_kind_and_the_loss(tmp_path, tiny_model_dir, capsys, form, said):
+    trainer_for(tmp_path, tiny_model_dir, toy_rows(form, 8), eval_fraction=0.25, batch_size=3).announce()
+    assert f"reward model {said}: 6 training rows, 2 held out; " in capsys.readouterr().out
+
+
+def test_the_backbone_is_found_as_the_config_says(tmp_path, tiny_model_dir, monkeypatch):
+    import grpokit.algorithms.reward as reward_module
+
+    asked = []
+    real = reward_module.model_directory
+    monkeypatch.setattr(reward_module, "model_directory", lambda *args: asked.append(args) or real(*args))
+    settings = config(tmp_path, model=str(tiny_model_dir), seed=3)
+    model, _ = reward_module.load_backbone(settings, "ForTokenClassification")
+    assert asked == [(str(tiny_model_dir), 3, False)] and type(model).__name__ == "LlamaForTokenClassification"

@@ -262,3 +262,12 @@ def test_grpokit_sample_scores_with_code_tests_and_says_its_sandbox(tmp_path, ti
     said = Sandbox(isolation=any_isolation, limits=sandbox_limits(GRPOConfig().sandbox_timeout)).describe()
     assert said in capsys.readouterr().err  # before sampling
     assert [json.loads(line)["label"] for line in out.read_text().splitlines()] == [0.0] * 4  # the tiny model: no code
+
+
+def test_the_sandbox_is_made_once_with_the_rewards_settings(monkeypatch):
+    made = []
+    monkeypatch.setattr(code, "Sandbox", lambda **settings: made.append(settings) or settings)
+    limits = Limits(wall_seconds=3)
+    reward = make_code_tests(limits=limits, isolation="process", workers=3)
+    assert reward.start_sandbox() is reward.start_sandbox()
+    assert made == [{"isolation": "process", "limits": limits, "workers": 3}]

@@ -69,3 +69,11 @@ def test_gsm8k_dataset_through_the_trainer(tokenizer, tiny_model, tmp_path):
     tiny_model.config.max_position_embeddings = 512  # the sample's questions are longer than the tiny context
     trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer)
     assert len(trainer.sampler.rows) == 4 and trainer.sampler.rows[0]["answer"] == "72"
+
+
+def test_a_reference_that_is_no_number_is_read_as_latex():
+    """A plain reference such as ``x+1`` is read inside $…$: parsed bare, math-verify's expression reader finds
+    nothing in it (and ``3x`` would be read as 3)."""
+    pytest.importorskip("math_verify")
+    assert math_accuracy_reward(["q"] * 2, ["<answer>x+1</answer>", "<answer>3x</answer>"], answer=["x+1", "3x"]) \
+        == [1.0, 1.0]

@@ -10,7 +10,14 @@ from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli.main import main
 from grpokit.resolve import resolve_reward_functions
 from grpokit.rewards.builtin import accuracy_reward, format_reward
-from grpokit.rewards.calling import TrainerState, score_completions, score_steps
+from grpokit.rewards.calling import (
+    RewardError,
+    TrainerState,
+    accepted_keywords,
+    check_reward_functions,
+    score_completions,
+    score_steps,
+)
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
 from helpers import CHAT_TEMPLATE, make_trainer
 
@@ -195,3 +202,110 @@ def test_cli_trains_with_a_reward_from_a_file(tmp_path, tiny_model_dir, monkeypa
     assert "rewards/brevity" in (tmp_path / "run" / "metrics.jsonl").read_text()
     assert main([*args, "--reward_funcs", "[accuracy, my_rewards.py:brevty]"]) == 2  # no CONFIG, a spaced value
     assert "did you mean 'brevity'" in capsys.readouterr().err
+
+
+# ---- calling, checking and combining, each piece alone ------------------------------------------------------
+
+
+def test_what_a_function_takes_and_which_columns_it_requires():
+    def loose(completions, solution, level=1, *args, **kwargs):
+        return [0.0] * len(completions)
+
+    def strict(prompts, solution, hint, *, tag=None):
+        return [0.0] * len(prompts)
+
+    assert accepted_keywords(loose) is None and accepted_keywords(max) is None  # **kwargs; no signature
+    assert accepted_keywords(strict) == {"prompts", "solution", "hint", "tag"}
+    assert check_reward_functions([loose, strict, max], ["solution", "hint", "level"], "d") == ["solution", "hint"]
+    with pytest.raises(ValueError, match=r"d: column 'prompts' has the name of an argument every reward function is "
+                                         r"passed \(prompts, completions, completion_ids, trainer_state\); rename"):
+        check_reward_functions([loose], ["solution", "prompts"], "d")
+    with pytest.raises(ValueError, match=r"reward function 'strict' needs 'hint', which is neither a reward argument "
+                                         r"\(prompts, completions, completion_ids, trainer_state\) nor a column of d "
+                                         r"\(its columns: \['solution'\]\)$"):
+        check_reward_functions([strict], ["solution"], "d")
+
+
+def batch_only_fails(completions, **kwargs):
+    if len(completions) > 1:
+        raise RuntimeError("the batch")
+    return [len(completions[0])]
+
+
+def test_a_batch_that_fails_where_each_completion_alone_scores():
+    with pytest.raises(RewardError, match=r"'batch_only_fails' raised RuntimeError: the batch on the batch of 2 "
+                                          r"completions, though each completion alone scores"):
+        score_completions([batch_only_fails], [1.0], ["q", "q"], ["a", "bc"], {})
+    errors = []
+    total, _ = score_completions([batch_only_fails], [1.0], ["q", "q"], ["a", "bc"], {}, on_error="skip",
+                                 errors=errors)
+    assert total.tolist() == [1.0, 2.0] and errors == []
+
+    def single_is_wrong(completions, **kwargs):
+        if len(completions) > 1:
+            raise RuntimeError("the batch")
+        return [1.0, 2.0]
+
+    with pytest.raises(RewardError, match=r"'single_is_wrong' returned \[1.0, 2.0\] for 1 completion; expected a "
+                                          r"list of 1"):
+        score_completions([single_is_wrong], [1.0], ["q", "q"], ["a", "b"], {}, on_error="skip")
+
+
+def test_a_failing_completion_is_skipped_without_an_error_list():
+    def fails_on_b(completions, **kwargs):
+        if "b" in completions:
+            raise ValueError("b")
+        return [1.0] * len(completions)
+
+    _, per_function = score_completions([fails_on_b], [1.0], ["q", "q"], ["a", "b"], {}, on_error="skip")
+    assert per_function["fails_on_b"][0] == 1.0 and per_function["fails_on_b"][1].isnan()
+
+
+def test_outcome_totals_are_weighted_sums_over_the_functions_that_applied():
+    def first(completions, **kwargs):
+        return [1.0, None, 0.5]
+
+    def second(completions, **kwargs):
+        return [None, None, 2]
+
+    total, per_function = score_completions([first, second], [2.0, 0.5], ["q"] * 3, ["a", "b", "c"], {})
+    assert total.tolist() == [2.0, 0.0, 2.0]  # 2·1; nothing applied: 0; 2·0.5 + 0.5·2
+    assert per_function["first"][[0, 2]].tolist() == [1.0, 0.5] and per_function["first"][1].isnan()
+    assert per_function["second"][2] == 2.0 and per_function["second"][:2].isnan().all()
+
+
+def test_steps_of_process_and_outcome_rewards_mix_by_their_weights():
+    def process(completions, **kwargs):
+        return [[(1, 1.0), (3, 0.5)], [], None]
+
+    def outcome(completions, **kwargs):
+        return [1.0, 2.0, None]
+
+    completions = ["abc", "de", "x"]
+    total, per_function, steps = score_steps([process, outcome], [1.0, 0.5], ["q"] * 3, completions, {})
+    assert steps == [[(1, 1.0), (3, 1.0)], [(2, 1.0)], []]  # 0.5 + 0.5·1 where both end; the outcome at the end
+    assert per_function["process"][0] == 0.75 and per_function["process"][1:].isnan().all()
+    assert total.tolist() == [0.75 + 0.5, 1.0, 0.0]
+    with pytest.raises(RewardError, match=r"'process' returned step rewards \(a list\) for completion 0: it is a "
+                                          r"process reward; set supervision: process"):
+        score_completions([process], [1.0], ["q"] * 3, completions, {})
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([(0, 1.0), (3, 1.0)], None),  # the first and the last offsets are inside
+    ([(4, 1.0)], r"step 0 of completion 0 ends at character 4, outside the completion's \[0, 3\]"),
+    ([(-1, 1.0)], r"ends at character -1, outside"),
+    ([(1, 1.0), (1,)], r"step 1 of completion 0 is \(1,\); expected a pair \(character offset where the step ends"),
+    ([(1.0, 1.0)], r"step 0 of completion 0 is \(1.0, 1.0\); expected a pair"),
+    ([(1, float("nan"))], r"returned nan for completion 0, step 0 \(prompt 'q', completion 'abc'\)"),
+    ([(1, "1")], r"returned str '1' for completion 0, step 0; expected a float or None"),
+])
+def test_each_step_is_checked(steps, message):
+    def process(completions, **kwargs):
+        return [steps]
+
+    if message is None:
+        assert score_steps([process], [1.0], ["q"], ["abc"], {})[2] == [steps]
+    else:
+        with pytest.raises(RewardError, match=message):
+            score_steps([process], [1.0], ["q"], ["abc"], {})

@@ -412,3 +412,8 @@ def test_process_steps_do_not_depend_on_the_rows_batched_with_them(dirs):
     for a, b in zip(alone, together):
         assert_same_steps(a, b)
     assert [end for end, _ in together[1]] == [9, 19, 29, 39] and len(together[3]) == 8
+
+
+def test_an_empty_step_separator_is_refused_before_anything_loads(tmp_path):
+    with pytest.raises(ValueError, match=r"^process_model:nowhere: step_separator must not be empty$"):
+        ProcessRewardModel("nowhere", step_separator="")

@@ -8,7 +8,7 @@ from transformers.utils import get_json_schema
 from grpokit import GRPOConfig
 from grpokit.config import ConfigError
 from grpokit.rollout.generate import generate
-from grpokit.rollout.python_tool import make_python_tool, result_text, sandbox_limits
+from grpokit.rollout.python_tool import make_python_tool, result_text, sandbox_limits, start_sandboxes
 from grpokit.rollout.tools import ToolBox, python, resolve_tools
 from grpokit.sandbox import Result
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
@@ -39,6 +39,26 @@ def test_what_the_model_reads_back(run, text):
 def test_a_long_traceback_keeps_its_end():
     text = result_text(result(stderr="frame\n" * 500 + "ValueError: the end", exit_code=1))
     assert text.startswith("error: ") and text.endswith("ValueError: the end") and len(text) == len("error: ") + 1000
+
+
+def test_each_sandbox_starts_once_and_each_kind_is_said_once(any_isolation):
+    class User:
+        def __init__(self, said):
+            self.said, self.started = said, 0
+
+        def start_sandbox(self):
+            self.started += 1
+            return type("Started", (), {"describe": lambda _: self.said})()
+
+    users = [User("sandbox: one"), len, User("sandbox: one"), User("sandbox: two")]
+    assert start_sandboxes(users) == ["sandbox: one", "sandbox: two"]
+    assert [u.started for u in users if isinstance(u, User)] == [1, 1, 1]
+    tool = make_python_tool(any_isolation, sandbox_limits(2.0))
+    sandbox = tool.start_sandbox()
+    assert tool.start_sandbox() is sandbox and sandbox.isolation == any_isolation  # made once, at the first ask
+    assert sandbox.limits == sandbox_limits(2.0) and make_python_tool(any_isolation).start_sandbox().limits == \
+        sandbox_limits()
+    assert sandbox_limits() == sandbox_limits(5.0) and sandbox_limits(0.2).cpu_seconds == 1
 
 
 def test_runs_programs_in_the_sandbox(isolation):

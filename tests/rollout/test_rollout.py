@@ -132,3 +132,20 @@ def test_stop_token_ids_join_tokenizer_and_generation_config(tiny_model, tokeniz
 
     tiny_model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]
     assert stop_token_ids(tiny_model, tokenizer) == [tokenizer.eos_token_id, 7]
+
+
+def test_rollouts_of_different_widths_stack_padded_on_their_sides():
+    from grpokit.rollout.generate import Rollout
+
+    def rollout(prompt, completion, tool_mask=None):
+        prompt, completion = torch.tensor([prompt]), torch.tensor([completion])
+        return Rollout(prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
+                       completion.float(), torch.tensor([False]), tool_mask)
+
+    stacked = Rollout.cat([rollout([5], [7, 8, 9], torch.tensor([[0, 1, 0]])), rollout([5, 6], [7])], pad_token_id=0)
+    assert stacked.prompt_ids.tolist() == [[0, 5], [5, 6]] and stacked.prompt_mask.tolist() == [[0, 1], [1, 1]]
+    assert stacked.completion_ids.tolist() == [[7, 8, 9], [7, 0, 0]]
+    assert stacked.completion_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert stacked.logp.tolist() == [[7.0, 8.0, 9.0], [7.0, 0.0, 0.0]] and stacked.truncated.tolist() == [False] * 2
+    assert stacked.tool_mask.tolist() == [[0, 1, 0], [0, 0, 0]]
+    assert Rollout.cat([rollout([5], [7]), rollout([5], [7, 8])], pad_token_id=0).tool_mask is None

@@ -220,3 +220,49 @@ def test_the_trainer_uses_the_template_format_where_there_is_one(tok, tmp_path):
         assert isinstance(trainer.sampler.toolbox.protocol, kind)
         listed = '"name": "calculator"' in trainer.sampler.prompts[0]
         assert listed == (kind is TemplateProtocol)
+
+
+# Templates built to reach each way template_protocol reads the markers. Each lists the tools' descriptions, renders
+# a call as [CALL]{json}[/CALL] and the tool's message as <|tool|>…; they differ where the markers are found.
+DESCRIBED = "{%- for t in tools %}{{ t.function.description }}\n{% endfor %}"
+CALLED = ('{% for c in m.tool_calls %}[CALL]{"name": "{{ c.function.name }}", "arguments": '
+          '{{ c.function.arguments | tojson }}}[/CALL]{% endfor %}')
+# A call turn that ends with its own special token, not the plain turn's: the close marker ends at the first
+# special token after the call.
+OWN_END = (DESCRIBED + "{%- for m in messages %}"
+           "{%- if m.role == 'user' %}<|im_start|>user\n{{ m.content }}<|im_end|>\n"
+           "{%- elif m.tool_calls %}<|im_start|>assistant\n" + CALLED + "<|call_end|>\n"
+           "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}<|im_end|>\n"
+           "{%- else %}<|tool|>{{ m.content }}<|call_end|>\n{% endif %}{%- endfor %}"
+           "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ("<|im_start|>", "<|im_end|>", "<|call_end|>", "<|tool|>")
+
+
+def test_a_call_turn_with_its_own_end_is_closed_at_the_first_special_token():
+    found = template_protocol(tokenizer_with(OWN_END, SPECIALS))
+    assert (found.open, found.close) == ("[CALL]", "[/CALL]")
+    assert (found.before, found.after) == ("<|call_end|><|tool|>", "<|call_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_open_marker_is_what_the_call_line_holds_after_the_question():
+    # no reply text rendered beside a call, and the call on the question's own line
+    same_line = (DESCRIBED + "{%- for m in messages %}"
+                 "{%- if m.role == 'user' %}<|im_start|>{{ m.content }}"
+                 "{%- elif m.tool_calls %} " + CALLED + "<|im_end|>\n"
+                 "{%- elif m.role == 'assistant' %} {{ m.content }}<|im_end|>\n"
+                 "{%- else %}<|im_start|><|tool|>{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
+                 "{%- if add_generation_prompt %}<|im_start|>{% endif %}")
+    assert template_protocol(tokenizer_with(same_line, SPECIALS)).open == "[CALL]"
+
+
+def test_a_call_object_with_objects_before_its_name_is_found():
+    nested = HERMES.replace('\'\\n<tool_call>\\n{"name": "\'', '\'\\n<tool_call>\\n{"meta": {"n": 1}, "name": "\'')
+    assert nested != HERMES
+    found = template_protocol(tokenizer_with(nested))
+    assert (found.open, found.close) == ("<tool_call>", "</tool_call>")
+
+
+def test_an_open_marker_the_generation_prompt_writes_is_no_marker_of_the_models():
+    prompted = OWN_END.replace("{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+                               "{%- if add_generation_prompt %}<|im_start|>assistant\n[CALL]{% endif %}")
+    assert prompted != OWN_END and template_protocol(tokenizer_with(prompted, SPECIALS)) is None

@@ -160,3 +160,9 @@ def test_without_tools_the_empty_box_does_nothing():
     assert session.reward_inputs(inert, [[{"role": "user", "content": "Q?"}]] * 4, columns) is None and not columns
     assert session.own_steps(steps, inert) is steps and session.calls is None
     assert session.metrics() == {} and session.counts() == {}
+
+
+def test_nesting_is_bounded_at_exactly_32():
+    assert calculator("-" * 32 + "1") == "1" and calculator("(" * 32 + "1" + ")" * 32) == "1"
+    assert calculator("-" * 33 + "1") == calculator("(" * 33 + "1" + ")" * 33) == "error: nested more than 32 deep"
+    assert calculator("(1 + 2 3") == "error: a '(' is not closed"

@@ -152,6 +152,42 @@ def test_bad_arguments_are_refused_by_name():
             sandbox.run("pass", files={name: "x"})
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"wall_seconds": 0}, "wall_seconds must be a positive number, got 0"),
+    ({"cpu_seconds": -1}, "cpu_seconds must be a positive number, got -1"),
+    ({"open_files": True}, "open_files must be a positive number, got True"),
+    ({"disk_mb": "64"}, "disk_mb must be a positive number, got '64'"),
+    ({"processes": 1}, "processes must be at least 2, got 1"),
+])
+def test_limits_refuse_what_bounds_nothing(values, message):
+    with pytest.raises(ValueError, match=f"^sandbox limits: {message}$"):
+        Limits(**values)
+
+
+def test_limits_as_the_launcher_sets_them_and_as_the_log_says_them():
+    limits = Limits(wall_seconds=0.5, cpu_seconds=2.5, memory_mb=1.5, processes=2, file_size_mb=2, open_files=8,
+                    output_bytes=100, disk_mb=3)
+    assert limits.rlimits() == {"CPU": 3, "AS": 3 << 19, "NPROC": 2, "FSIZE": 2 << 20, "NOFILE": 8, "CORE": 0}
+    assert Limits(cpu_seconds=0.2).rlimits()["CPU"] == 1  # at least a second
+    assert limits.describe() == ("wall 0.5 s, cpu 2.5 s, memory 1.5 MB, 2 processes, files 2 MB, 8 open files, "
+                                 "output 100 bytes, disk 3 MB")
+
+
+def test_describe_says_how_a_user_that_is_not_root_runs(isolation):
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    sandbox.as_root = False
+    said = {"bwrap": "a user namespace, uid 65534)", "process": "runs as this user: trusted code only)"}[isolation]
+    assert said in sandbox.describe() and "a uid of its own per run" not in sandbox.describe()
+    sandbox.as_root = True
+    assert "a uid of its own per run)" in sandbox.describe()
+
+
+def test_files_in_folders_are_made_with_their_folders(isolation):
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    result = sandbox.run("print(open('data/deep/f.txt').read())", files={"data/deep/f.txt": "nested"})
+    assert result.ok and result.stdout == "nested\n", result
+
+
 def test_no_bwrap_refuses_and_names_the_weaker_choice(monkeypatch):
     monkeypatch.setattr(bwrap_module, "bwrap_path", lambda: None)
     with pytest.raises(SandboxUnavailable, match="isolation: process"):

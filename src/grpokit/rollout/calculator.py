@@ -20,7 +20,9 @@ class CalculatorError(ValueError):
     """What the calculator answers instead of a number."""
 
 
-def calculator(expression: str) -> str:
+# Left out of the mutation audit (docs/reliability.md): its copies there are renamed, and Python's own TypeError
+# for a call with wrong arguments, which the tests pin, names the function.
+def calculator(expression: str) -> str:  # pragma: no mutate block
     """Evaluate an arithmetic expression: numbers (decimals allowed), + − × ÷ (or + - * /), parentheses.
 
     Args:

@@ -23,7 +23,9 @@ from grpokit.runtime.device import autocast
 
 
 @runtime_checkable
-class Engine(Protocol):
+class Engine(Protocol):  # pragma: no mutate block
+    # (Left out of the mutation audit: a protocol's members are its attributes, and the audit's copies of each
+    # method would become members no engine has.)
     """What draws completions. ``lowered``: its log-probs are not the policy's own (a lower precision, another
     engine), so the loss corrects for the difference and logs ``sampler_kl`` (docs/math.md)."""
 

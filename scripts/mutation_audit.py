@@ -1,0 +1,117 @@
+"""The mutation audit of the tool and reward layers (docs/reliability.md, "Mutation audit").
+
+    python scripts/mutation_audit.py              # the whole audit, from a fresh mutants/
+    python scripts/mutation_audit.py --list       # generate the mutants and list the sample, run nothing
+    python scripts/mutation_audit.py --again mutation_audit.json   # after new tests: rerun what survived there
+
+mutmut 3.8.1 (pyproject.toml's [tool.mutmut] names the files and the tests) makes the mutants and runs, for each,
+the selected tests that reach the mutated function (``pytest -x``, in a process forked per mutant). This script
+adds what mutmut has not: a uniform sample where there are more mutants than an audit's time allows (every one
+when ``--sample`` is at least their number), and a report of the counts and of each mutant that survived, as the
+diff of its function, for the docs to kill or explain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTMUT = "3.8.1"
+
+
+def generate() -> None:
+    """mutmut's own first phase (``mutmut run``'s generation, without the tests): src/ copied into mutants/ with
+    every mutant of the audited files."""
+    import mutmut.__main__ as mm
+
+    os.makedirs("mutants", exist_ok=True)
+    mm.copy_src_dir()
+    mm.copy_also_copy_files()
+    mm.create_mutants(2)
+
+
+def mutants() -> dict[str, tuple[str, int | None]]:
+    """Every mutant's name → (its source file, its exit code so far: None before it ran)."""
+    found = {}
+    for meta in sorted(Path("mutants/src").rglob("*.py.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            found[name] = (str(meta.relative_to("mutants"))[: -len(".meta")], code)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sample", type=int, default=300, help="mutants run (a uniform sample; default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants run at once")
+    parser.add_argument("--max-minutes", type=float, help="stop mutmut then: the mutants not reached are reported "
+                        "'not checked' (mutmut runs those whose tests take least time first)")
+    parser.add_argument("--list", action="store_true", help="generate and list the sample; run nothing")
+    parser.add_argument("--keep", action="store_true", help="keep mutants/ (mutmut reruns only what changed)")
+    parser.add_argument("--again", type=Path, help="a report: rerun only its survivors (new tests kill, never revive)")
+    parser.add_argument("--report", type=Path, default=Path("mutation_audit.json"), help="where the results go")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    import mutmut
+
+    if mutmut.__version__ != MUTMUT:
+        sys.exit(f"the audit is pinned to mutmut {MUTMUT} (found {mutmut.__version__}): "
+                 f"python -m pip install mutmut=={MUTMUT}")
+    if not args.keep:
+        shutil.rmtree("mutants", ignore_errors=True)
+    generate()
+    every = mutants()
+    names = sorted(every)
+    sample = names if args.sample >= len(names) else sorted(random.Random(args.seed).sample(names, args.sample))
+    print(f"{len(names)} mutants in {len({f for f, _ in every.values()})} files; {len(sample)} in the sample "
+          f"(seed {args.seed})")
+    before = None
+    if args.again:
+        before = json.loads(args.again.read_text())
+        assert (before["sample"], before["seed"]) == (len(sample), args.seed), "--again takes the same sample"
+    run = sample if before is None else [name for name in sample if name in before["survivors"]]
+    if args.list:
+        print("\n".join(sample))
+        return
+    # Subprocesses of the tests (grpokit's CLI) import the mutated tree too, wherever they run.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src")}
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *run]
+    with subprocess.Popen(command, env=env, start_new_session=True) as mutmut_run:
+        try:
+            mutmut_run.wait(timeout=None if args.max_minutes is None else args.max_minutes * 60)
+        except subprocess.TimeoutExpired:  # its results so far are saved per mutant as it goes
+            os.killpg(mutmut_run.pid, signal.SIGTERM)
+            mutmut_run.wait()
+
+    from mutmut.__main__ import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    every = mutants()
+    # Not rerun: killed in the report --again names
+    status = {name: status_by_exit_code[every[name][1]] if name in run else "killed" for name in sample}
+    counts = Counter(status.values())
+    survivors = [name for name in sample if status[name] not in ("killed", "timeout", "segfault")]
+    report = {"mutmut": MUTMUT, "mutants": len(names), "sample": len(sample), "seed": args.seed,
+              "counts": dict(sorted(counts.items())),
+              "survivors": {name: {"status": status[name], "file": every[name][0],
+                                   "diff": get_diff_for_mutant(name, path=every[name][0])} for name in survivors}}
+    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    for name in survivors:
+        print(f"# {name}: {status[name]}\n{report['survivors'][name]['diff']}")
+    by_file = Counter(every[name][0] for name in survivors)
+    print("survivors per file:", dict(sorted(by_file.items())))
+    print(f"counts over the sample of {len(sample)} (of {len(names)}): {dict(sorted(counts.items()))}; "
+          f"report: {args.report}")
+
+
+if __name__ == "__main__":
+    main()
