@@ -417,3 +417,19 @@ def test_process_steps_do_not_depend_on_the_rows_batched_with_them(dirs):
 def test_an_empty_step_separator_is_refused_before_anything_loads(tmp_path):
     with pytest.raises(ValueError, match=r"^process_model:nowhere: step_separator must not be empty$"):
         ProcessRewardModel("nowhere", step_separator="")
+
+
+def test_a_reward_model_whose_head_was_never_saved_is_refused_naming_the_weights(dirs, tmp_path):
+    """A directory whose classifier head is missing would load with a random head: refused, naming what is missing."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target = tmp_path / "headless"
+    shutil.copytree(dirs["orm_char"], target)
+    weights = target / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(weights)).items() if not k.startswith("score.")}, str(weights),
+              metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"reward_funcs: model:.*headless: its weights lack \['score\.weight'\]: not a "
+                                         r"trained model of this kind"):
+        resolve_reward_functions([f"model:{target}"])
