@@ -151,7 +151,8 @@ def test_texts_longer_than_the_context_are_cut_at_the_start_and_counted(dirs):
     reward = OutcomeRewardModel(dirs["orm_char"])
     assert reward.context == 64
     long = ["x" * 50 + "1" * 30, "y" * 70]
-    with pytest.warns(UserWarning, match=r"'orm_char': 2 of 3 texts are longer than its context of 64 tokens"):
+    with pytest.warns(UserWarning, match=r"'orm_char': 2 of 3 texts are longer than its context of 64 tokens and were "
+                                        r"cut, keeping their end"):
         scores = reward(prompts=["p", "p", "q"], completions=[*long, "short"])
     assert reward.truncated == 2
     assert scores[:2] == pytest.approx(direct_outcome(dirs["orm_char"], ["p", "p"], long, keep=64), abs=1e-5)
@@ -433,3 +434,10 @@ def test_a_reward_model_whose_head_was_never_saved_is_refused_naming_the_weights
     with pytest.raises(ValueError, match=r"reward_funcs: model:.*headless: its weights lack \['score\.weight'\]: not a "
                                          r"trained model of this kind"):
         resolve_reward_functions([f"model:{target}"])
+
+
+def test_a_token_classifiers_logits_stop_where_each_row_does(dirs):
+    """Batched rows are padded to the longest; each row's (tokens, labels) logits are cut back to its own length."""
+    reward = ProcessRewardModel(dirs["prm_1"])
+    short, long = reward._logits([[5, 6, 7], [5, 6, 7, 8, 9]])
+    assert short.shape == (3, 1) and long.shape == (5, 1)

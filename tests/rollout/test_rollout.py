@@ -149,3 +149,26 @@ def test_rollouts_of_different_widths_stack_padded_on_their_sides():
     assert stacked.logp.tolist() == [[7.0, 8.0, 9.0], [7.0, 0.0, 0.0]] and stacked.truncated.tolist() == [False] * 2
     assert stacked.tool_mask.tolist() == [[0, 1, 0], [0, 0, 0]]
     assert Rollout.cat([rollout([5], [7]), rollout([5], [7, 8])], pad_token_id=0).tool_mask is None
+
+
+def test_decoding_keeps_its_cache_whatever_the_models_use_cache(tiny_model, tokenizer):
+    """transformers' forward asks for the KV cache explicitly: a model saved with use_cache false decodes the same."""
+    enc = tokenizer(["What is 1 + 2?"], return_tensors="pt")
+    kw = dict(num_generations=1, max_new_tokens=6, greedy=True, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id, fast=False)
+    expected = generate(tiny_model, enc["input_ids"], enc["attention_mask"], **kw).completion_ids
+    tiny_model.config.use_cache = False
+    try:
+        got = generate(tiny_model, enc["input_ids"], enc["attention_mask"], **kw).completion_ids
+    finally:
+        tiny_model.config.use_cache = True
+    assert torch.equal(got, expected)
+
+
+def test_a_peft_model_is_given_the_cache_keyword_of_the_model_it_wraps(tiny_model):
+    """peft's forward passes keywords through; the name of the cache argument is the wrapped model's."""
+    import copy
+
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(copy.deepcopy(tiny_model), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert rollout_module._cache_argument(wrapped) == rollout_module._cache_argument(tiny_model)
