@@ -3,12 +3,18 @@
     python scripts/mutation_audit.py              # the whole audit, from a fresh mutants/
     python scripts/mutation_audit.py --list       # generate the mutants and list the sample, run nothing
     python scripts/mutation_audit.py --again mutation_audit.json   # after new tests: rerun what survived there
+    python scripts/mutation_audit.py --vllm       # the vLLM engine's mutants judged by its own tests, in vLLM's venv
 
 mutmut 3.8.1 (pyproject.toml's [tool.mutmut] names the files and the tests) makes the mutants and runs, for each,
 the selected tests that reach the mutated function (``pytest -x``, in a process forked per mutant). This script
 adds what mutmut has not: a uniform sample where there are more mutants than an audit's time allows (every one
 when ``--sample`` is at least their number), and a report of the counts and of each mutant that survived, as the
 diff of its function, for the docs to kill or explain.
+
+The vLLM engine's tests need vLLM, which lives in an environment of its own (``bash scripts/test_vllm.sh`` builds
+.venv-vllm). With ``--vllm`` its mutants leave mutmut's run: each runs that environment's pytest on the vLLM tests
+in mutants/ with mutmut's switch set (``MUTANT_UNDER_TEST``, as mutmut's own workers do; mutmut must be installed
+there too), one at a time, stopping at the first failure.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = "3.8.1"
+VLLM_FILE = "src/grpokit/rollout/vllm_engine.py"
+VLLM_TESTS = ["-m", "vllm", "tests/rollout/test_vllm_engine.py"]
 
 
 def generate() -> None:
@@ -48,6 +57,30 @@ def mutants() -> dict[str, tuple[str, int | None]]:
     return found
 
 
+def run_vllm(names: list[str], python: Path, env: dict[str, str]) -> dict[str, str]:
+    """Each mutant's status under the vLLM tests, run by ``python`` (vLLM's environment) in mutants/."""
+    from mutmut.stats import status_by_exit_code
+
+    def pytest(mutant: str, timeout: float | None) -> int | None:
+        command = [str(python), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *VLLM_TESTS]
+        try:
+            return subprocess.run(command, cwd="mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+    start = time.monotonic()
+    if pytest("", None) != 0:  # as mutmut's clean run: the tests must pass on the tree as it is
+        sys.exit(f"the vLLM tests fail in mutants/ without a mutant: {python} -m pytest {' '.join(VLLM_TESTS)}")
+    timeout = 15 * (time.monotonic() - start) + 60  # mutmut's own rule: 15 times the clean run
+    status = {}
+    for i, name in enumerate(names, 1):
+        code = pytest(name, timeout)
+        status[name] = "timeout" if code is None else status_by_exit_code[code]
+        print(f"vLLM {i}/{len(names)} {name}: {status[name]}", flush=True)
+    return status
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sample", type=int, default=300, help="mutants run (a uniform sample; default 300)")
@@ -59,6 +92,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep mutants/ (mutmut reruns only what changed)")
     parser.add_argument("--again", type=Path, help="a report: rerun only its survivors (new tests kill, never revive)")
     parser.add_argument("--report", type=Path, default=Path("mutation_audit.json"), help="where the results go")
+    parser.add_argument("--vllm", nargs="?", type=Path, const=Path(".venv-vllm/bin/python"),
+                        help="run the vLLM engine's mutants on its tests with this Python (default .venv-vllm's)")
     args = parser.parse_args()
     os.chdir(ROOT)
     import mutmut
@@ -78,29 +113,38 @@ def main() -> None:
     if args.again:
         before = json.loads(args.again.read_text())
         assert (before["sample"], before["seed"]) == (len(sample), args.seed), "--again takes the same sample"
+        gone = sorted(set(before["survivors"]) - set(names))
+        if gone:  # mutmut numbers a function's mutants afresh when it changes: that sample is not this one
+            sys.exit(f"{len(gone)} of the report's survivors are no mutants of this tree (e.g. {gone[0]}): the "
+                     "source changed since; run the whole audit")
     run = sample if before is None else [name for name in sample if name in before["survivors"]]
+    in_vllm = [name for name in run if every[name][0] == VLLM_FILE] if args.vllm else []
+    run = [name for name in run if name not in in_vllm]
     if args.list:
         print("\n".join(sample))
         return
     # Subprocesses of the tests (grpokit's CLI) import the mutated tree too, wherever they run.
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src")}
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *run]
-    with subprocess.Popen(command, env=env, start_new_session=True) as mutmut_run:
-        try:
+    with subprocess.Popen(command if run else ["true"], env=env, start_new_session=True) as mutmut_run:  # (no
+        try:                                                                      # names: mutmut would run all)
             mutmut_run.wait(timeout=None if args.max_minutes is None else args.max_minutes * 60)
         except subprocess.TimeoutExpired:  # its results so far are saved per mutant as it goes
             os.killpg(mutmut_run.pid, signal.SIGTERM)
             mutmut_run.wait()
+    vllm_status = run_vllm(in_vllm, args.vllm, env) if in_vllm else {}
 
     from mutmut.__main__ import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
 
     every = mutants()
     # Not rerun: killed in the report --again names
-    status = {name: status_by_exit_code[every[name][1]] if name in run else "killed" for name in sample}
+    status = {name: status_by_exit_code[every[name][1]] if name in run else vllm_status.get(name, "killed")
+              for name in sample}
     counts = Counter(status.values())
     survivors = [name for name in sample if status[name] not in ("killed", "timeout", "segfault")]
     report = {"mutmut": MUTMUT, "mutants": len(names), "sample": len(sample), "seed": args.seed,
+              "vllm": sorted(vllm_status) if before is None else sorted(set(before.get("vllm", [])) | set(vllm_status)),
               "counts": dict(sorted(counts.items())),
               "survivors": {name: {"status": status[name], "file": every[name][0],
                                    "diff": get_diff_for_mutant(name, path=every[name][0])} for name in survivors}}

@@ -259,24 +259,41 @@ def assert_resume_is_bit_exact(make, steps_before: int, volatile=("time_step", "
 # ---- the sandbox ---------------------------------------------------------------------------------------------
 
 
-def sandbox_or_skip(isolation: str, limits, workers: int | None = None):
-    """A Sandbox, or the test skipped with the reason it cannot start here. The process isolation as root runs
+# Set from pytest's --require-sandbox (conftest.py): where the sandbox is known to start (CI, the mutation audit), a
+# sandbox that cannot start is a fault to report, not a machine to skip on.
+REQUIRE_SANDBOX = False
+
+
+def no_sandbox(reason: str):
+    """Skip the test for ``reason`` (the sandbox cannot start here), or fail it under --require-sandbox."""
+    import pytest
+
+    if REQUIRE_SANDBOX:
+        pytest.fail(f"{reason} (--require-sandbox: the sandbox must start here)")
+    pytest.skip(reason)
+
+
+def sandbox_python(isolation: str) -> str | None:
+    """The interpreter the tests' sandboxes run programs with (None: this one). The process isolation as root runs
     each program as a uid of its own, which needs an interpreter that others can read: where this one is not
-    (a pyenv under /root), the system's /usr/bin/python3 runs the programs."""
+    (a pyenv under /root), the system's /usr/bin/python3."""
     import os
     import sys
 
-    import pytest
-
-    from grpokit.sandbox import Sandbox, SandboxUnavailable
     from grpokit.sandbox.interpreter import closed_to_others
 
-    python = None
     if isolation == "process" and os.geteuid() == 0 and closed_to_others(os.path.realpath(sys.executable)):
-        python = "/usr/bin/python3"
-        if not os.path.exists(python):
-            pytest.skip("the process isolation as root needs an interpreter others can read; none here")
+        if not os.path.exists("/usr/bin/python3"):
+            no_sandbox("the process isolation as root needs an interpreter others can read; none here")
+        return "/usr/bin/python3"
+    return None
+
+
+def sandbox_or_skip(isolation: str, limits, workers: int | None = None):
+    """A Sandbox (run by :func:`sandbox_python`), or the test skipped with the reason it cannot start here."""
+    from grpokit.sandbox import Sandbox, SandboxUnavailable
+
     try:
-        return Sandbox(isolation, limits, workers=workers, python=python)
+        return Sandbox(isolation, limits, workers=workers, python=sandbox_python(isolation))
     except SandboxUnavailable as error:
-        pytest.skip(f"the {isolation} sandbox cannot start here: {error}")
+        no_sandbox(f"the {isolation} sandbox cannot start here: {error}")

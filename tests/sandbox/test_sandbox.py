@@ -173,6 +173,7 @@ def test_limits_as_the_launcher_sets_them_and_as_the_log_says_them():
                                  "output 100 bytes, disk 3 MB")
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_describe_says_how_a_user_that_is_not_root_runs(isolation):
     sandbox = sandbox_or_skip(isolation, LIMITS)
     sandbox.as_root = False
@@ -182,6 +183,7 @@ def test_describe_says_how_a_user_that_is_not_root_runs(isolation):
     assert "a uid of its own per run)" in sandbox.describe()
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_files_in_folders_are_made_with_their_folders(isolation):
     sandbox = sandbox_or_skip(isolation, LIMITS)
     result = sandbox.run("print(open('data/deep/f.txt').read())", files={"data/deep/f.txt": "nested"})

@@ -12,6 +12,7 @@ import yaml
 from grpokit.config import GRPOConfig, SFTConfig
 from grpokit.sandbox import Sandbox, SandboxUnavailable
 from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, has_carry, worked_solution
+from helpers import no_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml", "examples/answers_only/sft.yaml"]
@@ -136,7 +137,7 @@ def test_the_readme_code_rewards_example_runs_as_written(tmp_path):
     try:
         Sandbox(isolation="bwrap")  # the example's default
     except SandboxUnavailable as error:
-        pytest.skip(f"bwrap cannot start here: {error}")
+        no_sandbox(f"bwrap cannot start here: {error}")
     section = (ROOT / "README.md").read_text().split("## Code rewards\n", 1)[1]
     code = section.split("```python\n", 1)[1].split("\n```\n", 1)[0]
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
