@@ -11,10 +11,10 @@ adds what mutmut has not: a uniform sample where there are more mutants than an 
 when ``--sample`` is at least their number), and a report of the counts and of each mutant that survived, as the
 diff of its function, for the docs to kill or explain.
 
-The vLLM engine's tests need vLLM, which lives in an environment of its own (``bash scripts/test_vllm.sh`` builds
-.venv-vllm). With ``--vllm`` its mutants leave mutmut's run: each runs that environment's pytest on the vLLM tests
-in mutants/ with mutmut's switch set (``MUTANT_UNDER_TEST``, as mutmut's own workers do; mutmut must be installed
-there too), one at a time, stopping at the first failure.
+Most of the vLLM engine's tests need vLLM, which lives in an environment of its own (``bash scripts/test_vllm.sh``
+builds .venv-vllm). With ``--vllm``, each of its mutants that the tests above leave alive then runs that
+environment's pytest on the vLLM tests in mutants/ with mutmut's switch set (``MUTANT_UNDER_TEST``, as mutmut's own
+workers do; mutmut must be installed there too), one at a time, stopping at the first failure.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def run_vllm(names: list[str], python: Path, env: dict[str, str]) -> dict[str, s
     from mutmut.stats import status_by_exit_code
 
     def pytest(mutant: str, timeout: float | None) -> int | None:
-        command = [str(python), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *VLLM_TESTS]
+        command = [os.path.abspath(python), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *VLLM_TESTS]
         try:
             return subprocess.run(command, cwd="mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout).returncode
@@ -118,8 +118,6 @@ def main() -> None:
             sys.exit(f"{len(gone)} of the report's survivors are no mutants of this tree (e.g. {gone[0]}): the "
                      "source changed since; run the whole audit")
     run = sample if before is None else [name for name in sample if name in before["survivors"]]
-    in_vllm = [name for name in run if every[name][0] == VLLM_FILE] if args.vllm else []
-    run = [name for name in run if name not in in_vllm]
     if args.list:
         print("\n".join(sample))
         return
@@ -132,19 +130,20 @@ def main() -> None:
         except subprocess.TimeoutExpired:  # its results so far are saved per mutant as it goes
             os.killpg(mutmut_run.pid, signal.SIGTERM)
             mutmut_run.wait()
-    vllm_status = run_vllm(in_vllm, args.vllm, env) if in_vllm else {}
 
     from mutmut.__main__ import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
 
     every = mutants()
+    alive = [name for name in run if status_by_exit_code[every[name][1]] in ("survived", "no tests")]
+    vllm_status = run_vllm([n for n in alive if every[n][0] == VLLM_FILE], args.vllm, env) if args.vllm else {}
     # Not rerun: killed in the report --again names
-    status = {name: status_by_exit_code[every[name][1]] if name in run else vllm_status.get(name, "killed")
+    status = {name: vllm_status.get(name, status_by_exit_code[every[name][1]]) if name in run else "killed"
               for name in sample}
     counts = Counter(status.values())
     survivors = [name for name in sample if status[name] not in ("killed", "timeout", "segfault")]
     report = {"mutmut": MUTMUT, "mutants": len(names), "sample": len(sample), "seed": args.seed,
-              "vllm": sorted(vllm_status) if before is None else sorted(set(before.get("vllm", [])) | set(vllm_status)),
+              "judged_in_vllm": sorted(set(vllm_status) | set(before.get("judged_in_vllm", []) if before else [])),
               "counts": dict(sorted(counts.items())),
               "survivors": {name: {"status": status[name], "file": every[name][0],
                                    "diff": get_diff_for_mutant(name, path=every[name][0])} for name in survivors}}
