@@ -124,12 +124,13 @@ def main() -> None:
     # Subprocesses of the tests (grpokit's CLI) import the mutated tree too, wherever they run.
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src")}
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *run]
-    with subprocess.Popen(command if run else ["true"], env=env, start_new_session=True) as mutmut_run:  # (no
-        try:                                                                      # names: mutmut would run all)
-            mutmut_run.wait(timeout=None if args.max_minutes is None else args.max_minutes * 60)
-        except subprocess.TimeoutExpired:  # its results so far are saved per mutant as it goes
-            os.killpg(mutmut_run.pid, signal.SIGTERM)
-            mutmut_run.wait()
+    if run:  # (with no names mutmut would run every mutant)
+        with subprocess.Popen(command, env=env, start_new_session=True) as mutmut_run:
+            try:
+                mutmut_run.wait(timeout=None if args.max_minutes is None else args.max_minutes * 60)
+            except subprocess.TimeoutExpired:  # its results so far are saved per mutant as it goes
+                os.killpg(mutmut_run.pid, signal.SIGTERM)
+                mutmut_run.wait()
 
     from mutmut.__main__ import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
