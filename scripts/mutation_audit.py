@@ -138,10 +138,15 @@ def main() -> None:
     every = mutants()
     alive = [name for name in run if status_by_exit_code[every[name][1]] in ("survived", "no tests")]
     vllm_status = run_vllm([n for n in alive if every[n][0] == VLLM_FILE], args.vllm, env) if args.vllm else {}
-    # Not rerun: killed in the report --again names
+    # Not rerun: not a survivor in the report --again names (killed, or a timeout there: its counts say which)
     status = {name: vllm_status.get(name, status_by_exit_code[every[name][1]]) if name in run else "killed"
               for name in sample}
     counts = Counter(status.values())
+    if before is not None:
+        counts = Counter(before["counts"])
+        counts.subtract(before["survivors"][name]["status"] for name in run)
+        counts.update(status[name] for name in run)
+        counts = +counts  # (without the statuses no mutant has now)
     survivors = [name for name in sample if status[name] not in ("killed", "timeout", "segfault")]
     report = {"mutmut": MUTMUT, "mutants": len(names), "sample": len(sample), "seed": args.seed,
               "judged_in_vllm": sorted(set(vllm_status) | set(before.get("judged_in_vllm", []) if before else [])),

@@ -117,6 +117,20 @@ def test_the_loss_does_not_depend_on_the_micro_batch_size(tmp_path, tiny_model_d
     torch.testing.assert_close(grad_1, grad_7, rtol=1e-4, atol=1e-7)
 
 
+def test_the_gradient_is_clipped_to_max_grad_norm(tmp_path, tiny_model_dir):
+    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("labelled", 20), max_grad_norm=1e-3, eval_fraction=0.0)
+    stepped, step = [], trainer.learner.optimizer.step
+
+    def recorded(*args, **kwargs):  # the norm of the gradient the optimizer steps with
+        stepped.append(float(torch.cat([p.grad.flatten() for p in trainer.model.parameters()
+                                        if p.grad is not None]).norm()))
+        return step(*args, **kwargs)
+
+    trainer.learner.optimizer.step = recorded
+    metrics = trainer.training_step()
+    assert metrics["grad_norm"] > 1e-2 and stepped == [pytest.approx(1e-3, rel=1e-3)]  # the norm before clipping
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_the_outcome_model_loads_and_scores_as_trained(tmp_path, tiny_model_dir, tokenizer, chat):
     if chat:

@@ -160,15 +160,6 @@ def test_fixed_shape_decoding_for_cuda_graphs_samples_the_same_tokens(tokenizer,
         GRPOConfig(cuda_graphs=True, fast_path=False)
 
 
-def test_cuda_graphs_leave_sampling_on_the_cpu_as_it_is(tokenizer, tiny_model, tmp_path, monkeypatch):
-    def refused(*args):
-        raise AssertionError("fixed-shape decoding on the CPU")
-
-    monkeypatch.setattr(LlamaFamily, "_decode_static", refused)
-    history = make_trainer(tokenizer, tiny_model, tmp_path, cuda_graphs=True, max_steps=1).train()
-    assert history[0]["completion_length_mean"] > 0
-
-
 def test_greedy_completions_equal_the_model_forward_path(tokenizer, decode_products):
     model = models(tokenizer)["qwen2-gqa-bias"].eval()
     enc = tokenizer(["What is 1 + 2?", "Hi"], padding=True, padding_side="left", return_tensors="pt")

@@ -220,6 +220,17 @@ def test_built_without_starting_a_sandbox(monkeypatch):
     assert built.__name__ == "code_tests" and built._sandbox is None
 
 
+def test_by_default_the_fraction_passed_under_bwrap():
+    for built in (grpokit.code_tests, make_code_tests(), code.CodeTests()):
+        assert (built.binary, built.isolation, built.limits) == (False, "bwrap", Limits())
+
+
+def test_only_the_harness_marks_after_the_program_ran_count():
+    lines = ["n0 PASS 0", "n0 RAN", "n0 PASS 1", "n0 PASS 1", "n0 FAIL 2", "n0 PASS 7", "n1 PASS 2", "n0 END"]
+    assert code.passed_asserts("\n".join(lines), "n0", 3) == 1  # test 1, once: not 0 (before), 7 (none), 2 (n1)
+    assert code.passed_asserts("n0 PASS 0\nn0 PASS 1", "n0", 2) == 0  # the program never finished
+
+
 def test_config_keys_reach_the_reward():
     config = GRPOConfig(sandbox="process", sandbox_timeout=2.5, code_tests_mode="binary")
     built = reward_function("code_tests", code_options(config))

@@ -309,3 +309,12 @@ def test_each_step_is_checked(steps, message):
     else:
         with pytest.raises(RewardError, match=message):
             score_steps([process], [1.0], ["q"], ["abc"], {})
+
+
+def test_a_callable_object_is_named_by_its_class():
+    class LengthReward:  # an instance has no __name__: its metrics and errors name its class
+        def __call__(self, completions, **kwargs):
+            return [float(len(c)) for c in completions]
+
+    _, per_function = score_completions([LengthReward()], [1.0], ["q"], ["ab"], {})
+    assert list(per_function) == ["LengthReward"] and per_function["LengthReward"].tolist() == [2.0]

@@ -3,7 +3,9 @@ classifier's probability at each step's last token), on tiny classifiers built l
 scoring the same texts directly with transformers."""
 
 import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,8 +21,9 @@ import grpokit
 from grpokit import GRPOConfig, GRPOTrainer, OutcomeRewardModel, ProcessRewardModel
 from grpokit.resolve import resolve_reward_functions
 from grpokit.rewards.calling import score_steps
+from grpokit.rewards.learned import context_length, reward_text
 from grpokit.tasks.tiny_model import build_tokenizer
-from helpers import documented_metrics, logged_keys, save_classifier
+from helpers import documented_metrics, logged_keys, save_classifier, tokenizer_with
 
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 MERGES = [("1", "2"), ("a", "b"), ("ab", "c"), (" ", "="), ("=", " "), ("\n", "["), ("5", "\n")]
@@ -260,6 +263,10 @@ def test_precision_options(dirs):
     ("model:{prm_1}", "holds a LlamaForTokenClassification, not an AutoModelForSequenceClassification "
                       "(architectures ending in 'ForSequenceClassification'); a token classifier is a process reward "
                       "model: use process_model:"),
+    ("process_model:{orm_char}", "holds a LlamaForSequenceClassification, not an AutoModelForTokenClassification "
+                                 "(architectures ending in 'ForTokenClassification'); a sequence classifier is an "
+                                 "outcome reward model: use model:"),
+    ("model:{anonymous}", "names no architecture in config.json, not an AutoModelForSequenceClassification"),
     ("process_model:{prm_3}", "has 3 labels; a process reward model has 1 (sigmoid of the logit) or 2"),
     ("model:{orm_2_labels}", "has 2 labels; an outcome reward model has exactly one (num_labels=1)"),
     ("model:{missing}", "no such directory"),
@@ -270,8 +277,11 @@ def test_precision_options(dirs):
 def test_bad_reward_models_fail_naming_the_path(dirs, tiny_model_dir, tmp_path, spec, message):
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "empty").mkdir()
+    anonymous = shutil.copytree(dirs["orm_char"], tmp_path / "anonymous")  # a config.json without architectures
+    config = json.loads((anonymous / "config.json").read_text())
+    (anonymous / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))
     paths = {**dirs, "tiny": tiny_model_dir, "missing": tmp_path / "nowhere", "file": tmp_path / "file.txt",
-             "empty": tmp_path / "empty"}
+             "empty": tmp_path / "empty", "anonymous": anonymous}
     spec = spec.format(**paths)
     with pytest.raises(ValueError) as error:
         resolve_reward_functions([spec])
@@ -441,3 +451,15 @@ def test_a_token_classifiers_logits_stop_where_each_row_does(dirs):
     reward = ProcessRewardModel(dirs["prm_1"])
     short, long = reward._logits([[5, 6, 7], [5, 6, 7, 8, 9]])
     assert short.shape == (3, 1) and long.shape == (5, 1)
+
+
+def test_the_context_is_the_smaller_of_the_real_limits():
+    tokenizer, config = SimpleNamespace, SimpleNamespace
+    assert context_length(tokenizer(model_max_length=512), config(max_position_embeddings=1024)) == 512
+    assert context_length(tokenizer(model_max_length=int(1e30)), config(max_position_embeddings=64)) == 64  # "none"
+    assert context_length(tokenizer(model_max_length=int(1e30)), config()) is None
+
+
+def test_a_completion_at_the_very_start_of_the_text_is_located():
+    only_replies = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    assert reward_text(tokenizer_with(only_replies), "q", "a\nb", locate=True) == ("a\nb", 0)

@@ -2,6 +2,8 @@
 same decoding with the same settings (precision, fast path, autocast, temperature, top_p, lengths); a model passed
 where an engine is expected samples as the native engine's defaults; what vLLM cannot run yet is refused by name."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -12,9 +14,10 @@ from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.cli.main import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.loading import load_config
+from grpokit.models.fast.llama_family import LlamaFamily
 from grpokit.rollout.engines import Engine, NativeEngine, SamplingOptions, as_engine
 from grpokit.tasks.tiny_model import build_model
-from helpers import TINY, ones, write_config
+from helpers import TINY, make_trainer, ones, write_config
 
 # non-default values of every key that decides how completions are drawn
 SAMPLING = dict(rollout_precision="bf16_autocast", mixed_precision="no", fast_path=False, temperature=0.7, top_p=0.9,
@@ -131,3 +134,48 @@ def test_the_weights_pushed_to_vllm_are_the_merged_lora_model_and_leave_it_untou
     assert any(not torch.equal(pushed[k], original[k]) for k in merged)  # the adapter's update is in
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the model itself unchanged
     assert hf_weights(build_model(tokenizer, TINY, seed=1)).keys() == merged.keys()  # a plain model: its own names
+
+
+@pytest.mark.parametrize("device, cuda_graphs, sharded, graph", [
+    ("cuda", True, False, True), ("cpu", True, False, False), ("cuda", False, False, False),
+    ("cuda", True, True, False)])
+def test_decoding_is_captured_as_a_cuda_graph_only_on_one_cuda_device_when_asked(tokenizer, tiny_model, monkeypatch,
+                                                                                device, cuda_graphs, sharded, graph):
+    """The native engine's choice (the captured decoding itself: tests/algorithms/test_cuda.py, on a GPU)."""
+    seen = {}
+    monkeypatch.setattr(grpokit.rollout.engines, "generate", lambda *args, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(grpokit.rollout.engines, "autocast", lambda *args: contextlib.nullcontext())
+    engine = NativeEngine(tiny_model, tokenizer, SamplingOptions(cuda_graphs=cuda_graphs), sharded=sharded)
+    engine.device = torch.device(device)
+    engine.generate(torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.long), num_generations=1, max_new_tokens=2)
+    assert seen["graph"] is graph
+
+
+def test_cuda_graphs_leave_sampling_on_the_cpu_as_it_is(tokenizer, tiny_model, tmp_path, monkeypatch):
+    def refused(*args):
+        raise AssertionError("fixed-shape decoding on the CPU")
+
+    monkeypatch.setattr(LlamaFamily, "_decode_static", refused)
+    history = make_trainer(tokenizer, tiny_model, tmp_path, cuda_graphs=True, max_steps=1).train()
+    assert history[0]["completion_length_mean"] > 0
+
+
+def test_with_two_active_adapters_the_weights_pushed_hold_both_updates(tokenizer, tiny_model):
+    import copy
+
+    peft = pytest.importorskip("peft")
+    from grpokit.models.lora import with_lora
+    from grpokit.rollout.vllm_engine import hf_weights
+
+    model = with_lora(tiny_model, GRPOConfig(lora_rank=4, reward_funcs=[ones]))
+    model.add_adapter("second", peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    model.base_model.set_adapter(["default", "second"])  # both adapters' updates in the forward
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    pushed = hf_weights(model)
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert any(".second" in name for name, _ in model.named_parameters())
+    for name in merged:
+        torch.testing.assert_close(pushed[name], merged[name], atol=1e-6, rtol=0)

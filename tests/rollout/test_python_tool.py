@@ -24,6 +24,7 @@ def result(stdout="", stderr="", exit_code=0, timed_out=False, sandbox_error=Non
     (result("42\n"), "42"),
     (result(" \n"), "(no output)"),
     (result("x" * 1500), "x" * 1000 + " …(cut)"),
+    (result("x" * 1000 + "\n"), "x" * 1000),  # exactly the limit: nothing was cut
     (result("x", truncated=True), "x …(cut)"),
     (result("half", "Traceback (most recent call last):\n  ...\nZeroDivisionError: division by zero\n", 1),
      "error: Traceback (most recent call last):\n  ...\nZeroDivisionError: division by zero"),

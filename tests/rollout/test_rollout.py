@@ -96,6 +96,9 @@ def test_top_p_filter_hand_computed():
     assert torch.isinf(top_p_filter(logits, 0.6)).tolist() == [[False, False, True]]
     assert torch.isinf(top_p_filter(logits, 0.5)).tolist() == [[False, True, True]]
     assert torch.equal(top_p_filter(logits, 1.0), logits)
+    # any leading shape: each row along the last (vocabulary) dimension on its own
+    batch = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(top_p_filter(batch, 0.7), torch.stack([top_p_filter(rows, 0.7) for rows in batch]))
 
 
 def test_sample_tokens_follows_the_probabilities_and_never_picks_a_zero(monkeypatch):

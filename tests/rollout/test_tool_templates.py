@@ -266,3 +266,32 @@ def test_an_open_marker_the_generation_prompt_writes_is_no_marker_of_the_models(
     prompted = OWN_END.replace("{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
                                "{%- if add_generation_prompt %}<|im_start|>assistant\n[CALL]{% endif %}")
     assert prompted != OWN_END and template_protocol(tokenizer_with(prompted, SPECIALS)) is None
+
+
+def test_calls_whose_arguments_are_named_parameters_are_read():
+    parameters = HERMES.replace("""'", "arguments": '""", """'", "parameters": '""")
+    assert parameters != HERMES
+    found = template_protocol(tokenizer_with(parameters))
+    assert (found.open, found.close) == ("<tool_call>", "</tool_call>")
+
+
+def test_a_template_that_refuses_a_plain_reply_ends_the_call_at_the_first_special_token():
+    calls_only = HERMES.replace(
+        "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}",
+        "{%- if message.role == 'assistant' and not message.tool_calls %}{{ raise_exception('replies call tools') }}"
+        "{%- elif message.role == 'user' %}")
+    assert calls_only != HERMES
+    found, hermes = template_protocol(tokenizer_with(calls_only)), template_protocol(tokenizer_with(HERMES))
+    assert (found.open, found.close, found.before, found.after) == (hermes.open, hermes.close, hermes.before,
+                                                                    hermes.after)
+
+
+def test_a_call_that_neither_a_turn_end_nor_a_special_token_follows_gets_no_protocol():
+    no_turn_end = (
+        "{%- if tools %}{%- for t in tools %}{{- t | tojson }}\n{%- endfor %}{%- endif %}"
+        "{%- for m in messages %}{{ m.role }}: "
+        "{%- if m.tool_calls %}{%- for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>"
+        "{%- endfor %}{%- else %}{{ m.content }}{%- endif %}\n{%- endfor %}"
+        "{%- if add_generation_prompt %}assistant: {%- endif %}")
+    tokenizer = tokenizer_with(no_turn_end, ())
+    assert supports_tools(tokenizer) and template_protocol(tokenizer) is None  # where would its close marker end?

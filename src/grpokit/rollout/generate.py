@@ -97,7 +97,7 @@ class Rollout:
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
-    """Set to -inf the logits outside the smallest set whose probability reaches ``top_p``."""
+    """Set to -inf the logits (…, V) outside each row's smallest set whose probability reaches ``top_p``."""
     if top_p >= 1.0:
         return logits
     sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from grpokit.sandbox.interpreter import installation
+from grpokit.sandbox.interpreter import inside, installation
 from grpokit.sandbox.limits import Limits
 
 # The system's own directories: the dynamic loader, libc and the other libraries the interpreter links. A
@@ -37,10 +37,6 @@ def bwrap_version(path: str) -> str:
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"unknown ({error})"
     return done.stdout.strip() or "unknown"
-
-
-def _inside(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _parents(path: str) -> list[str]:
@@ -74,7 +70,7 @@ def command(bwrap: str, limits: Limits, *, as_root: bool, files: Sequence[tuple[
         args += ["--ro-bind-try", path, path]
     made = set(SYSTEM_DIRS)
     for directory in installation(launcher[0]):
-        if any(_inside(directory, system) for system in SYSTEM_DIRS):
+        if any(inside(directory, system) for system in SYSTEM_DIRS):
             continue
         # bwrap would make the parents with the host's modes (/root is 0700): the program's uid could not pass
         for parent in _parents(directory):

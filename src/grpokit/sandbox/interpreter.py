@@ -14,7 +14,8 @@ from grpokit.sandbox.limits import SandboxUnavailable
 PREFIXES = "import sys; print(sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, sep='\\n')"
 
 
-def _inside(path: str, directory: str) -> bool:
+def inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies under it (both absolute and normalised)."""
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
@@ -39,7 +40,7 @@ def installation(executable: str) -> tuple[str, ...]:
         raise SandboxUnavailable(f"sandbox python: {executable} is installed at / itself, so its installation "
                                  "is the whole file system; use a Python installed under a prefix (a venv, "
                                  "pyenv, conda or /usr)")
-    return tuple(path for path in dirs if not any(_inside(path, other) and path != other for other in dirs))
+    return tuple(path for path in dirs if not any(inside(path, other) and path != other for other in dirs))
 
 
 def closed_to_others(executable: str) -> str | None:

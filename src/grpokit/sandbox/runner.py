@@ -289,18 +289,16 @@ def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int, 
 
 def leftovers() -> list[int]:
     """The pids of processes still alive that this process's sandboxes started (found by the launcher's
-    arguments, which forks keep; a program that execs another binary is no longer recognisable): empty after
-    every run, whatever the program did."""
+    arguments, which forks keep; a program that execs another binary is no longer recognisable, and the kernel
+    shows a zombie's command line empty): empty after every run, whatever the program did."""
     owner = f"owner={os.getpid()}".encode()
     found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as file:
                 args = file.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                zombie = file.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if launcher.MARKER.encode() in args and owner in args and not zombie:
+        if launcher.MARKER.encode() in args and owner in args:
             found.append(int(entry))
     return found
