@@ -57,6 +57,36 @@ def mutants() -> dict[str, tuple[str, int | None]]:
     return found
 
 
+def change(diff: str) -> tuple[str, str]:
+    """A mutant's change, from its diff: the lines it removes and the lines it adds (stripped)."""
+    lines = [line for line in diff.splitlines() if not line.startswith(("---", "+++"))]
+    return tuple("\n".join(line[1:].strip() for line in lines if line.startswith(sign)) for sign in "-+")
+
+
+def successors(survivors: dict[str, dict], every: dict[str, tuple[str, int | None]]) -> dict[str, str]:
+    """Each survivor of an earlier report → the mutant of this tree that makes its change: itself while its function
+    is as it was, else the one mutant of its file that changes the same lines the same way (mutmut numbers a changed
+    function's mutants afresh, and a renamed function's mutants have new names). Left out: survivors whose lines
+    are gone from the source."""
+    from mutmut.__main__ import get_diff_for_mutant
+
+    found: dict[str, str] = {}
+    by_change: dict[str, dict[tuple[str, str], list[str]]] = {}
+    for name, old in survivors.items():
+        if name in every and get_diff_for_mutant(name, path=every[name][0]) == old["diff"]:
+            found[name] = name
+            continue
+        if old["file"] not in by_change:
+            by_change[old["file"]] = {}
+            for other, (path, _) in every.items():
+                if path == old["file"]:
+                    by_change[path].setdefault(change(get_diff_for_mutant(other, path=path)), []).append(other)
+        candidates = by_change[old["file"]].get(change(old["diff"]), [])
+        if len(candidates) == 1:
+            found[name] = candidates[0]
+    return found
+
+
 def run_vllm(names: list[str], python: Path, env: dict[str, str]) -> dict[str, str]:
     """Each mutant's status under the vLLM tests, run by ``python`` (vLLM's environment) in mutants/."""
     from mutmut.stats import status_by_exit_code
@@ -109,15 +139,15 @@ def main() -> None:
     sample = names if args.sample >= len(names) else sorted(random.Random(args.seed).sample(names, args.sample))
     print(f"{len(names)} mutants in {len({f for f, _ in every.values()})} files; {len(sample)} in the sample "
           f"(seed {args.seed})")
-    before = None
+    before, follow = None, {}
     if args.again:
         before = json.loads(args.again.read_text())
         assert (before["sample"], before["seed"]) == (len(sample), args.seed), "--again takes the same sample"
-        gone = sorted(set(before["survivors"]) - set(names))
-        if gone:  # mutmut numbers a function's mutants afresh when it changes: that sample is not this one
-            sys.exit(f"{len(gone)} of the report's survivors are no mutants of this tree (e.g. {gone[0]}): the "
-                     "source changed since; run the whole audit")
-    run = sample if before is None else [name for name in sample if name in before["survivors"]]
+        follow = successors(before["survivors"], every)
+        renamed = {old: new for old, new in follow.items() if old != new}
+        print(f"--again: {len(follow)} of the report's {len(before['survivors'])} survivors to rerun "
+              f"({len(renamed)} under a new name), {len(before['survivors']) - len(follow)} gone from the source")
+    run = sample if before is None else sorted(set(follow.values()))
     if args.list:
         print("\n".join(sample))
         return
@@ -138,21 +168,23 @@ def main() -> None:
     every = mutants()
     alive = [name for name in run if status_by_exit_code[every[name][1]] in ("survived", "no tests")]
     vllm_status = run_vllm([n for n in alive if every[n][0] == VLLM_FILE], args.vllm, env) if args.vllm else {}
-    # Not rerun: not a survivor in the report --again names (killed, or a timeout there: its counts say which)
-    status = {name: vllm_status.get(name, status_by_exit_code[every[name][1]]) if name in run else "killed"
-              for name in sample}
+    status = {name: vllm_status.get(name, status_by_exit_code[every[name][1]]) for name in run}
     counts = Counter(status.values())
-    if before is not None:
+    gone = {}
+    if before is not None:  # the report's counts, its survivors' statuses replaced by their successors'
+        gone = {name: old for name, old in before["survivors"].items() if name not in follow}
         counts = Counter(before["counts"])
-        counts.subtract(before["survivors"][name]["status"] for name in run)
-        counts.update(status[name] for name in run)
+        counts.subtract(old["status"] for old in before["survivors"].values())
+        counts.update({"gone": len(gone), **Counter(status.values())})
         counts = +counts  # (without the statuses no mutant has now)
-    survivors = [name for name in sample if status[name] not in ("killed", "timeout", "segfault")]
+    survivors = [name for name in run if status[name] not in ("killed", "timeout", "segfault")]
     report = {"mutmut": MUTMUT, "mutants": len(names), "sample": len(sample), "seed": args.seed,
               "judged_in_vllm": sorted(set(vllm_status) | set(before.get("judged_in_vllm", []) if before else [])),
               "counts": dict(sorted(counts.items())),
               "survivors": {name: {"status": status[name], "file": every[name][0],
-                                   "diff": get_diff_for_mutant(name, path=every[name][0])} for name in survivors}}
+                                   "diff": get_diff_for_mutant(name, path=every[name][0])} for name in survivors},
+              "renamed": {old: new for old, new in follow.items() if old != new},
+              "gone": gone}
     args.report.write_text(json.dumps(report, indent=1) + "\n")
     for name in survivors:
         print(f"# {name}: {status[name]}\n{report['survivors'][name]['diff']}")

