@@ -120,7 +120,9 @@ def main() -> None:
                         "'not checked' (mutmut runs those whose tests take least time first)")
     parser.add_argument("--list", action="store_true", help="generate and list the sample; run nothing")
     parser.add_argument("--keep", action="store_true", help="keep mutants/ (mutmut reruns only what changed)")
-    parser.add_argument("--again", type=Path, help="a report: rerun only its survivors (new tests kill, never revive)")
+    parser.add_argument("--again", type=Path,
+                        help="a report: rerun only its survivors (new tests kill, never revive), each followed to the "
+                        "mutant making the same change where its function changed since")
     parser.add_argument("--report", type=Path, default=Path("mutation_audit.json"), help="where the results go")
     parser.add_argument("--vllm", nargs="?", type=Path, const=Path(".venv-vllm/bin/python"),
                         help="run the vLLM engine's mutants on its tests with this Python (default .venv-vllm's)")
