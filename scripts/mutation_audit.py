@@ -93,11 +93,15 @@ def run_vllm(names: list[str], python: Path, env: dict[str, str]) -> dict[str, s
 
     def pytest(mutant: str, timeout: float | None) -> int | None:
         command = [os.path.abspath(python), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *VLLM_TESTS]
-        try:
-            return subprocess.run(command, cwd="mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            return None
+        # A session of its own: a hung test's torchrun workers go with it, not on to slow the next mutant's run.
+        with subprocess.Popen(command, cwd="mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True) as tests:
+            try:
+                return tests.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(tests.pid, signal.SIGKILL)
+                tests.wait()
+                return None
 
     start = time.monotonic()
     if pytest("", None) != 0:  # as mutmut's clean run: the tests must pass on the tree as it is
