@@ -9,6 +9,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from transformers import (
@@ -40,6 +41,19 @@ def ones(prompts, completions, **kw):
 def each_one(prompts, completions, **kw):
     """A step after every character: reward 1 for a '1', else 0."""
     return [[(k + 1, float(ch == "1")) for k, ch in enumerate(c)] for c in completions]
+
+
+def approx_scores(expected, rel: float = 1e-6, abs: float = 1e-12):
+    """``expected`` for an ``==`` that takes numbers within tolerance and ``None`` ("not applicable", a reward
+    function's or a metric's) only as ``None``, in lists, tuples and dicts at any depth. ``pytest.approx`` alone
+    refuses a ``None`` inside a sequence since pytest 9.2 (a TypeError, not a failed comparison)."""
+    if expected is None or isinstance(expected, (str, bool)):
+        return expected
+    if isinstance(expected, dict):
+        return {key: approx_scores(value, rel, abs) for key, value in expected.items()}
+    if isinstance(expected, (list, tuple)):
+        return type(expected)(approx_scores(value, rel, abs) for value in expected)
+    return pytest.approx(expected, rel=rel, abs=abs)
 
 
 METRICS_DOC = Path(__file__).parent.parent / "docs" / "metrics.md"

@@ -2,9 +2,10 @@
 environment, run from that environment's ``bin/grpokit`` with PYTHONPATH unset, it knows its version and trains a
 recipe packaged inside it (``recipe:arithmetic``, read through importlib.resources).
 
-The environment sees the machine's packages (``--system-site-packages``: torch and transformers are not
-downloaded) and borrows the machine's pip and setuptools, so nothing needs the network. About a minute. Skipped, with
-the reason, where no virtual environment can be made or the machine has no setuptools to build with."""
+The environment sees the packages of the Python that runs the suite, a virtual environment's or the system's (a
+``.pth`` file adds its site directories: torch and transformers are not downloaded), and borrows its pip and
+setuptools, so nothing needs the network. About a minute. Skipped, with the reason, where no virtual environment can
+be made or that Python has no setuptools recent enough to build grpokit with."""
 
 import json
 import os
@@ -32,6 +33,14 @@ def installed(tmp_path_factory):
     env |= {"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     if run([sys.executable, "-c", "import setuptools, pip"], env=env).returncode:
         pytest.skip("this Python has no pip or setuptools to build grpokit with offline (--no-build-isolation)")
+    import setuptools
+    from packaging.requirements import Requirement
+
+    needed = Requirement(re.search(r'^requires = \["(setuptools[^"]*)"', (ROOT / "pyproject.toml").read_text(),
+                                   re.MULTILINE).group(1))
+    if setuptools.__version__ not in needed.specifier:
+        pytest.skip(f"this Python's setuptools {setuptools.__version__} cannot build grpokit ({needed}): "
+                    "pip install -e '.[dev]' installs one that can")
     # Built from a copy: the build writes build/ and *.egg-info next to the sources it builds.
     source = tmp / "source"
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -39,9 +48,15 @@ def installed(tmp_path_factory):
         if (ROOT / name).exists():
             shutil.copy(ROOT / name, source / name)
     venv = tmp / "venv"
-    made = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], env=env)
+    made = run([sys.executable, "-m", "venv", "--without-pip", venv], env=env)
     if made.returncode:
         pytest.skip(f"cannot make a virtual environment: {made.stderr.strip()[-300:]}")
+    # --system-site-packages would show the base interpreter's packages, not those of a virtual environment running
+    # the suite: add this Python's own site directories (their .pth files read too), after the environment's own.
+    purelib = run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env=env)
+    sites = [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages") and Path(path).is_dir()]
+    (Path(purelib.stdout.strip()) / "suite_packages.pth").write_text(
+        f"import site; list(map(site.addsitedir, {sites!r}))\n")
     # The machine's pip, run by the environment's Python, installs into the environment.
     pip = run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-build-isolation", source], env=env)
     assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]

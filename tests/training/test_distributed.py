@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from grpokit.config import ConfigError
 from grpokit.training.distributed import init_world
+from helpers import approx_scores
 
 TESTS = Path(__file__).parents[1]
 STEPS = 3
@@ -194,7 +195,7 @@ def test_metrics_equal_the_single_process_ones(runs, variant):
         for key in a:
             if key.startswith("time_") or key == "tokens_per_sec":
                 continue
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (variant, a["step"], key)
+            assert a[key] == approx_scores(b[key], rel=1e-4, abs=1e-6), (variant, a["step"], key)
 
 
 @pytest.mark.parametrize("variant", REWARD_MODEL_VARIANTS)
@@ -216,7 +217,12 @@ def test_each_process_scores_its_share_with_its_own_reward_model(runs, variant):
     assert len(records[0]) == len(records[1]) == 4 * STEPS  # rank 0's first group, the same in both layouts
     for a, b in zip(*records):
         assert (a["prompt"], a["completion"]) == (b["prompt"], b["completion"])
-        assert (a["reward"], a[name]) == pytest.approx((b["reward"], b[name]), rel=1e-4, abs=1e-6)
+        # None where the reward model had nothing to score (a completion that ends no step), in both layouts
+        assert (a["reward"], a[name]) == approx_scores((b["reward"], b[name]), rel=1e-4, abs=1e-6)
+    # The stand-in sampler draws the same texts on every CPU: numbers in both variants, and in the process reward
+    # model's records None too (an empty completion, or one whose one step the reward model's context cut)
+    scores = [a[name] for a in records[0]]
+    assert any(isinstance(score, float) for score in scores) and (None in scores) == (name == "prm")
     metrics = [[json.loads(line) for line in (run / variant / "metrics.jsonl").read_text().splitlines()]
                for run in runs]
     assert all(m[f"rewards/{name}"] is not None for m in metrics[1])
@@ -398,3 +404,11 @@ def test_two_processes_train_with_real_tool_calls(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and sum(m["tool_calls"] for m in metrics) > 0
     assert all(m["tool_errors"] <= m["tool_calls"] for m in metrics)
+
+
+def test_none_scores_compare_equal_only_to_none():
+    """The comparison above: None (not applicable) equals only None, numbers within the tolerance."""
+    assert (0.0, None) == approx_scores((0.0, None), rel=1e-4, abs=1e-6)
+    assert [0.50004, None] == approx_scores([0.5, None], rel=1e-4)
+    assert (0.0, None) != approx_scores((0.0, 0.0)) and (0.0, 0.0) != approx_scores((0.0, None))
+    assert {"prm": 0.6} != approx_scores({"prm": 0.5}) and {"prm": None} == approx_scores({"prm": None})
