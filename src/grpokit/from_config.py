@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit import resolve
-from grpokit.config import GRPOConfig
+from grpokit.config import GRPOConfig, reward_funcs_of
 from grpokit.data import check_columns, render_prompt
 from grpokit.rollout.engines import Engine, build_engine
 from grpokit.rollout.python_tool import start_sandboxes
@@ -20,7 +20,7 @@ from grpokit.rollout.sampling_options import SamplingOptions
 from grpokit.rollout.tool_templates import build_toolbox
 from grpokit.rollout.tools import ToolBox, add_environment_reward, resolve_tools
 from grpokit.runtime.device import describe_precision, resolve_device, resolve_precision
-from grpokit.training.evaluation import evaluate, summarize
+from grpokit.training.evaluation import check_eval_rows, evaluate, summarize
 from grpokit.training.labelling import sample_rows
 
 
@@ -56,16 +56,17 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
     ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set),
     sampled as a run with ``config`` samples (its prompt rendering, tools, engine and precision; ``prompts_per_step``
     prompts per generation pass), greedy and ``num_generations`` samples per prompt (0: greedy only), with pass@k for
-    each of ``pass_ks`` (default: 1 and ``num_generations``). Rows with a ``tests`` column are judged by them, in the
-    run's sandbox. The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
+    each of ``pass_ks`` (default: 1 and ``num_generations``), judged by ``eval_reward`` (:func:`resolve.eval_judge`: by
+    default rows with a ``tests`` column by them, in the run's sandbox, a reasoning-gym task's by its scorer, other
+    rows by ``accuracy``). The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
     ``completions`` (JSONL), when given."""
     prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = resolve.load_eval_rows(config.dataset)[:num_prompts]
-    code = resolve.eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
-    judged_by = "tests" if code is not None else answer_column
-    check_columns(rows, [prompt_column, judged_by], source=config.dataset)
-    if code is not None:
-        announce_sandboxes([code], config.progress_bar)
+    rows = resolve.load_eval_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)
+    rows = rows[:num_prompts]
+    judge = resolve.eval_judge(config, rows)  # eval_reward, or the rows' own: their tests, a task's scorer, accuracy
+    check_eval_rows(rows, judge, prompt_column, answer_column, config.dataset)
+    if judge is not None:
+        announce_sandboxes([judge], config.progress_bar)
     engine, tokenizer, toolbox = sampling_engine(config)
     listed = toolbox.prompt_tools()
     # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
@@ -78,15 +79,17 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
         samples_per_prompt=num_generations, temperature=config.temperature, top_p=config.top_p,
         max_new_tokens=config.max_completion_length, batch_size=config.prompts_per_step, seed=config.seed,
         progress=config.progress_bar, pass_ks=pass_ks if pass_ks is not None else sorted({1, num_generations}),
-        greedy_completions=greedy, toolbox=toolbox, code=code,
+        greedy_completions=greedy, toolbox=toolbox, judge=judge,
     )
     if completions is not None:
+        judged_by = "tests" if "tests" in rows[0] else answer_column
         with open(completions, "w") as out:
-            lenient = scores.get("greedy_lenient", [None] * len(rows))  # programs have no lenient reading
-            for row, text, correct, loose, formatted in zip(rows, greedy, scores["greedy_correct"], lenient,
-                                                            scores["greedy_format"]):
-                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row[judged_by], "completion": text,
-                                      "correct": correct, "lenient": loose, "format": formatted}) + "\n")
+            for i, (row, text) in enumerate(zip(rows, greedy)):
+                # lenient: accuracy's reading only; score: a judge's (eval_reward, tests, a task's scorer) only
+                judged = {key: scores[f"greedy_{key}"][i] for key in ("correct", "lenient", "score", "format")
+                          if f"greedy_{key}" in scores}
+                out.write(json.dumps({"prompt": row[prompt_column], judged_by: row.get(judged_by),
+                                      "completion": text, **judged}) + "\n")
     summary = {"model": config.model, "dataset": config.dataset, "num_prompts": len(rows),
                "num_generations": num_generations, **summarize(scores)}
     if output is not None:
@@ -99,10 +102,10 @@ def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: i
     """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
     ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
     ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
-    rows = resolve.load_rows(config.dataset, config.seed)[:num_prompts]
+    rows = resolve.load_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)[:num_prompts]
     check_columns(rows, [config.prompt_column], source=config.dataset)
-    functions, weights = resolve.resolve_reward_functions(config.reward_funcs, config.reward_weights,
-                                                          resolve.code_options(config),
+    functions, weights = resolve.resolve_reward_functions(reward_funcs_of(config), config.reward_weights,
+                                                          resolve.code_options(config), resolve.task_options(config),
                                                           device=resolve_device(config.device))
     announce_sandboxes(functions, config.progress_bar)
     engine, tokenizer, toolbox = sampling_engine(config)

@@ -5,10 +5,12 @@
                   anything else                       a local Hugging Face directory
     dataset       builtin:arithmetic, builtin:tools   the built-in tasks' training rows, in an order set by the seed
                   gsm8k:FILE                          GSM8K-style JSONL (``question``; ``answer`` ending ``#### 72``)
+                  reasoning_gym:TASK[,TASK...]        a reasoning-gym task's generated rows (or a mix), seeded
                   anything else                       JSONL, CSV, Parquet or a ``save_to_disk`` directory
     reward_funcs  accuracy, math_accuracy, format     the built-in rule rewards (grpokit.rewards.builtin)
                   lenient_accuracy                    the same, reading prose's last number without an <answer>
                   code_tests                          programs run against the row's tests (grpokit.rewards.code)
+                  reasoning_gym                       the row's reasoning-gym task's own scorer, in the sandbox
                   arithmetic_steps                    the built-in task's per-step reward (process supervision)
                   arithmetic_substeps                 the same, each column's operands and result two steps
                   model:DIR, or a directory           a learned outcome reward model
@@ -35,13 +37,15 @@ from grpokit.rewards.calling import RewardFunction, reward_name
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.python_tool import sandbox_limits
+from grpokit.runtime.device import resolve_device
 from grpokit.runtime.progress import quiet_unless
-from grpokit.tasks import arithmetic, tool_task
+from grpokit.tasks import arithmetic, reasoning_gym, tool_task
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.user_code import load_callable
 
-__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "code_options", "load_model_and_tokenizer", "load_rows",
-           "model_directory", "resolve_reward_functions", "reward_function"]
+__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "code_options", "eval_judge", "load_eval_rows",
+           "load_model_and_tokenizer", "load_rows", "model_directory", "resolve_reward_functions", "reward_function",
+           "task_options"]
 
 BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.tasks.arithmetic)
 BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tasks.tool_task)
@@ -74,9 +78,12 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
 # ---- datasets -------------------------------------------------------------------------------------
 
 
-def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
+def load_rows(source: str | Path, seed: int = 0, *, reasoning_gym_options: dict[str, Any] | None = None
+              ) -> list[dict[str, Any]]:
     """The rows that ``dataset`` names: a built-in task's training rows (in an order set by ``seed``),
-    ``gsm8k:FILE``, else a file or ``save_to_disk`` directory (:func:`grpokit.data.load_file`)."""
+    ``gsm8k:FILE``, a reasoning-gym task's rows (generated with ``reasoning_gym_options``, the config's
+    ``reasoning_gym`` key, from its seed or ``seed``), else a file or ``save_to_disk`` directory
+    (:func:`grpokit.data.load_file`)."""
     source = str(source)
     if source == BUILTIN:
         return arithmetic.train_rows(4096, seed)
@@ -84,26 +91,52 @@ def load_rows(source: str | Path, seed: int = 0) -> list[dict[str, Any]]:
         return tool_task.train_rows(4096, seed)
     if source.startswith(GSM8K_PREFIX):
         return load_gsm8k(source.removeprefix(GSM8K_PREFIX))
+    if source.startswith(reasoning_gym.PREFIX):
+        return reasoning_gym.train_rows(source, reasoning_gym_options, seed)
     return load_file(source)
 
 
 # ---- reward functions -----------------------------------------------------------------------------
 
 
-def load_eval_rows(source: str | Path) -> list[dict[str, Any]]:
+def load_eval_rows(source: str | Path, seed: int = 0, *, reasoning_gym_options: dict[str, Any] | None = None
+                   ) -> list[dict[str, Any]]:
     """The held-out rows that ``eval_dataset`` (or ``grpokit eval``'s dataset) names: a built-in task's held-out set
-    (problems its training rows never hold), else the rows of :func:`load_rows`."""
+    (problems its training rows never hold), a reasoning-gym task's (another seed's rows, without the training rows'
+    questions), else the rows of :func:`load_rows`."""
     if str(source) == BUILTIN:
         return arithmetic.held_out_rows()
     if str(source) == BUILTIN_TOOLS:
         return tool_task.held_out_rows()
-    return load_rows(source)
+    if str(source).startswith(reasoning_gym.PREFIX):
+        return reasoning_gym.held_out_rows(str(source), reasoning_gym_options, seed)
+    return load_rows(source, seed)
 
 
-def eval_judge(config: Any, rows: list[dict[str, Any]]) -> Any:
-    """How held-out rows are judged: programming problems (a ``tests`` column) by their tests, pass or fail (a
-    binary ``code_tests`` with the run's sandbox settings); None for rows judged by their answer."""
-    return make_code_tests(**{**code_options(config), "binary": True}) if rows and "tests" in rows[0] else None
+def eval_judge(config: Any, rows: list[dict[str, Any]]) -> RewardFunction | None:
+    """What judges held-out completions (:func:`grpokit.training.evaluation.evaluate`'s ``judge``): ``eval_reward``
+    when the config names one; else programming problems (a ``tests`` column) by the share of their tests passed, a
+    reasoning-gym dataset by its task's scorer; None (``accuracy``, with its lenient reading) for other rows."""
+    if config.eval_reward is not None:
+        return reward_function(config.eval_reward, {**code_options(config), "binary": False}, task_options(config),
+                               device=resolve_device(config.device))
+    if rows and "tests" in rows[0]:
+        return make_code_tests(**{**code_options(config), "binary": False})
+    return reasoning_gym.TaskScore(**task_options(config)) if _reasoning_gym(config) else None
+
+
+def _reasoning_gym(config: Any) -> bool:
+    return any(str(source).startswith(reasoning_gym.PREFIX) for source in (config.dataset, config.eval_dataset))
+
+
+def task_options(config: Any) -> dict[str, Any]:
+    """The ``reasoning_gym`` reward's settings in a run's config, as :class:`~grpokit.tasks.reasoning_gym.TaskScore`
+    takes them: ``answer_extraction``, the tasks' settings of a reasoning-gym dataset, the sandbox's."""
+    source = next((str(s) for s in (config.dataset, config.eval_dataset) if str(s).startswith(reasoning_gym.PREFIX)),
+                  None)
+    configs = reasoning_gym.task_configs(source, (config.reasoning_gym or {}).get("config")) if source else {}
+    return {"extraction": config.answer_extraction, "configs": configs, "isolation": config.sandbox,
+            "seconds": config.sandbox_timeout}
 
 
 def code_options(config: Any) -> dict[str, Any]:
@@ -118,19 +151,23 @@ def builtin_rewards() -> dict[str, RewardFunction]:
     :func:`code_options`)."""
     return {"accuracy": accuracy_reward, "math_accuracy": math_accuracy_reward, "format": format_reward,
             "lenient_accuracy": lenient_accuracy_reward, "code_tests": code_tests,
+            "reasoning_gym": reasoning_gym.TaskScore(),
             "arithmetic_steps": arithmetic.arithmetic_steps_reward,
             "arithmetic_substeps": arithmetic.arithmetic_substeps_reward}
 
 
-def reward_function(spec: str, code: dict[str, Any] | None = None, **model_options: Any) -> RewardFunction:
+def reward_function(spec: str, code: dict[str, Any] | None = None, task: dict[str, Any] | None = None,
+                    **model_options: Any) -> RewardFunction:
     """One ``reward_funcs`` entry that is not a callable → the function: a built-in name, a reward model
     (``model:PATH`` or a directory → :class:`~grpokit.rewards.learned.OutcomeRewardModel`, ``process_model:PATH`` →
     :class:`~grpokit.rewards.learned.ProcessRewardModel`, loaded with ``model_options``: ``device``,
     ``mixed_precision``, ``batch_size``, ...), or ``FILE.py:NAME`` / ``package.module:NAME``; ``code``: the
-    ``code_tests`` reward's settings (:func:`code_options`). Errors name the key, and for an unknown name the
-    closest built-in one."""
+    ``code_tests`` reward's settings (:func:`code_options`), ``task`` the ``reasoning_gym`` reward's
+    (:func:`task_options`). Errors name the key, and for an unknown name the closest built-in one."""
     if spec == "code_tests" and code:
         return make_code_tests(**code)
+    if spec == "reasoning_gym" and task:
+        return reasoning_gym.TaskScore(**task)
     builtin = builtin_rewards()
     if spec in builtin:
         return builtin[spec]
@@ -153,11 +190,11 @@ def reward_function(spec: str, code: dict[str, Any] | None = None, **model_optio
 
 def resolve_reward_functions(
     specs: Sequence[str | RewardFunction], weights: Sequence[float] | None = None,
-    code: dict[str, Any] | None = None, **model_options: Any
+    code: dict[str, Any] | None = None, task: dict[str, Any] | None = None, **model_options: Any
 ) -> tuple[list[RewardFunction], list[float]]:
     """The reward functions (callables as they are, names through :func:`reward_function`) and their weights
     (None: 1.0 each), checked: names unique, one weight per function."""
-    functions = [spec if callable(spec) else reward_function(spec, code, **model_options) for spec in specs]
+    functions = [spec if callable(spec) else reward_function(spec, code, task, **model_options) for spec in specs]
     names = [reward_name(fn) for fn in functions]
     if len(set(names)) != len(names):
         raise ValueError(f"reward_funcs: names must be unique, got {names}")

@@ -33,11 +33,11 @@ from tqdm.auto import tqdm
 
 from grpokit.algorithms.bootstrap_log import BootstrapError, SamplesLog
 from grpokit.algorithms.sft import SFTTrainer
-from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
+from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config, reward_funcs_of
 from grpokit.core.answers import Text, extract_answer, last_number, text_of
 from grpokit.data import check_columns, render_prompt, reward_column_names
 from grpokit.from_config import announce_sandboxes, sampling_engine
-from grpokit.resolve import code_options, load_rows, resolve_reward_functions
+from grpokit.resolve import code_options, load_rows, resolve_reward_functions, task_options
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine
 from grpokit.runtime.device import resolve_device
@@ -319,7 +319,7 @@ def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: Boot
         raise ConfigError("grpokit bootstrap samples without tools: leave tools and environment_factory out")
     if iterations < 1:
         raise ConfigError(f"--iterations must be at least 1, got {iterations}")
-    rows = load_rows(config.dataset, config.seed)[:num_prompts]
+    rows = load_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)[:num_prompts]
     check_columns(rows, [config.prompt_column, config.answer_column], source=config.dataset)
     if few_shot is not None:
         demonstrations = load_rows(few_shot)
@@ -329,8 +329,8 @@ def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: Boot
     if sft_config:  # checked before any sampling, not after the first iteration's
         sft_file = yaml.safe_load(Path(sft_config).read_text()) or {}
         load_config(sft_config, {"model": config.model}, SFTConfig)  # its errors name the file and key
-    functions, weights = resolve_reward_functions(config.reward_funcs, config.reward_weights, code_options(config),
-                                                  device=resolve_device(config.device))
+    functions, weights = resolve_reward_functions(reward_funcs_of(config), config.reward_weights, code_options(config),
+                                                  task_options(config), device=resolve_device(config.device))
     announce_sandboxes(functions, config.progress_bar)
     output = Path(output)
 

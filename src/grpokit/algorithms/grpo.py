@@ -27,7 +27,7 @@ import torch
 
 from grpokit.algorithms.iterative import IterativeRL
 from grpokit.algorithms.ppo import Critic
-from grpokit.config import GRPOConfig
+from grpokit.config import GRPOConfig, reward_funcs_of
 from grpokit.core.objective import grpo_loss, masked_mean
 from grpokit.core.optim import adamw_with_schedule
 from grpokit.data import DataError, check_columns, check_prompt_lengths, render_prompt, reward_column_names
@@ -43,6 +43,7 @@ from grpokit.resolve import (
     load_model_and_tokenizer,
     load_rows,
     resolve_reward_functions,
+    task_options,
 )
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.engines import SamplingOptions, build_engine
@@ -61,7 +62,7 @@ from grpokit.training.distributed import (
     init_world,
 )
 from grpokit.training.engine import Trainer, TrainingInterrupted
-from grpokit.training.evaluation import HeldOutEval
+from grpokit.training.evaluation import HeldOutEval, check_eval_rows
 from grpokit.training.runlog import completion_records, step_metrics
 from grpokit.training.sampling import Batch, Sampler, group_relative_advantages
 from grpokit.training.supervised import split
@@ -98,13 +99,14 @@ class GRPOTrainer(Trainer):
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         # Reward models named in the config run on this process's device, in the run's precision.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
-            reward_funcs or config.reward_funcs, config.reward_weights, code_options(config), device=self.device,
-            mixed_precision=self.mixed_precision,
+            reward_funcs or reward_funcs_of(config), config.reward_weights, code_options(config), task_options(config),
+            device=self.device, mixed_precision=self.mixed_precision,
         )
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
         tool_functions, environment_factory = resolve_tools(config, tools, environment_factory)
         add_environment_reward(self.reward_funcs, self.reward_weights, environment_factory)
-        rows = list(train_dataset) if train_dataset is not None else load_rows(config.dataset, config.seed)
+        rows = list(train_dataset) if train_dataset is not None else \
+            load_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)
         source = "train_dataset" if train_dataset is not None else config.dataset
         rows, eval_rows = self.held_out_rows(rows)
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
@@ -155,7 +157,10 @@ class GRPOTrainer(Trainer):
         self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights, self.engine,
                                self.device, self.world, toolbox=toolbox)
         # Held-out evaluation (eval_dataset / eval_fraction) through the same engine, judged as `grpokit eval` judges.
-        judge = eval_judge(config, eval_rows)
+        judge = eval_judge(config, eval_rows) if eval_rows else None
+        if eval_rows:
+            check_eval_rows(eval_rows, judge, config.prompt_column, config.answer_column,
+                            config.eval_dataset or f"{config.dataset} (eval_fraction)")
         self.start_sandboxes([judge] if judge else [])
         self.held_out = HeldOutEval(config, tokenizer, eval_rows, eval_prompts, self.engine, self.world, toolbox,
                                     judge) if eval_rows else None
@@ -170,13 +175,13 @@ class GRPOTrainer(Trainer):
             rows, held = split(rows, config.eval_fraction, config.seed)
             source = f"{config.dataset} (eval_fraction)"
         elif config.eval_dataset is not None:
-            held, source = load_eval_rows(config.eval_dataset), config.eval_dataset
+            held = load_eval_rows(config.eval_dataset, config.seed, reasoning_gym_options=config.reasoning_gym)
+            source = config.eval_dataset
             if not held:
                 raise DataError(f"eval_dataset {config.eval_dataset}: no rows")
         else:
             return rows, []
-        judged_by = "tests" if "tests" in held[0] else config.answer_column
-        check_columns(held, [config.prompt_column, judged_by], source=source)
+        check_columns(held, [config.prompt_column], source=source)  # and the judge's columns, once it is known
         return rows, held
 
     def start_sandboxes(self, users: Sequence[Callable]) -> None:

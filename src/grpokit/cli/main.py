@@ -79,9 +79,10 @@ SAMPLING_COMMANDS = {
         "sft), sample again from the fine-tuned model, as in STaR / expert iteration (docs/bootstrap.md)."),
     "eval": (
         "accuracy and format rate of a model on a dataset (greedy, sampled, pass@k)",
-        "Accuracy and format rate of the model on the dataset's prompts (builtin:arithmetic and builtin:tools: "
-        "their held-out sets): greedy, and over num_generations samples per prompt (0: greedy only), with pass@k; "
-        "with tools, how often the model calls them."),
+        "Accuracy (or eval_reward's solve rate and mean score) and format rate of the model on the dataset's prompts "
+        "(builtin:arithmetic, builtin:tools and reasoning_gym:TASK: their held-out sets): greedy, and over "
+        "num_generations samples per prompt (0: greedy only), with pass@k; with tools, how often the model calls "
+        "them."),
 }
 
 

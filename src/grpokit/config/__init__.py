@@ -12,12 +12,12 @@ reward model's, ``loading`` the YAML and ``--key value`` reading.
 
 from grpokit.config.fields import TRL_OPTIM, ConfigError, check_reward_weights
 from grpokit.config.grpo import DEFAULT_CHUNK_MB, GRPOConfig
-from grpokit.config.grpo_checks import ENGINES, TRACKERS
+from grpokit.config.grpo_checks import ENGINES, TRACKERS, reward_funcs_of
 from grpokit.config.loading import CONFIG_CLASSES, config_class_of, load_config, parse_overrides
 from grpokit.config.supervised import REWARD_FORMS, TRL_SFT_NAMES, RewardConfig, SFTConfig
 
 __all__ = [
     "CONFIG_CLASSES", "DEFAULT_CHUNK_MB", "ENGINES", "REWARD_FORMS", "TRACKERS", "TRL_OPTIM", "TRL_SFT_NAMES",
     "ConfigError", "GRPOConfig", "RewardConfig", "SFTConfig", "check_reward_weights", "config_class_of", "load_config",
-    "parse_overrides",
+    "parse_overrides", "reward_funcs_of",
 ]

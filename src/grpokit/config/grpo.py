@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from grpokit.config.fields import TRL_OPTIM, _common, _Config, _field
 from grpokit.config.grpo_checks import ENGINES, check_grpo_config
+from grpokit.core.answers import ANSWER_EXTRACTIONS
 from grpokit.core.importance import IS_MODES
 from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
@@ -37,8 +38,18 @@ class GRPOConfig(_Config):
         "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, or a directory "
         "written by datasets' save_to_disk (its 'train' split) — with a prompt column, an answer column, and "
         "any other columns, which reward functions receive as keyword lists; 'gsm8k:FILE' for GSM8K-style "
-        "JSONL (question, answer ending '#### N'); or 'builtin:arithmetic'.",
+        "JSONL (question, answer ending '#### N'); 'reasoning_gym:TASK' for a reasoning-gym task's generated rows "
+        "(options: the reasoning_gym key; pip install 'grpokit[reasoning_gym]'); or 'builtin:arithmetic'.",
     )
+    reasoning_gym: dict | None = _field(
+        None, "Options of a 'reasoning_gym:TASK' dataset (or 'reasoning_gym:TASK1,TASK2', a mix): size (rows "
+        "generated, 1000), seed (the run's), config (the task's settings; for a mix, task -> settings), weights (a "
+        "mix's task -> weight, 1 each), eval_size (held-out rows, 200), eval_seed (seed + size: reasoning-gym draws row "
+        "i from seed + i; questions the training rows hold are dropped).")
+    answer_extraction: str = _field(
+        "tag", "How the reasoning_gym reward reads a completion's answer before the task scores it: 'tag' (the text "
+        "of its only <answer>...</answer>), 'boxed' (the last \\boxed{...}), 'last_line', 'last_number' or 'whole' "
+        "(the whole completion).", choices=ANSWER_EXTRACTIONS)
     prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
     answer_column: str = _field(
         "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name).")
@@ -60,6 +71,12 @@ class GRPOConfig(_Config):
     eval_dataset: str | None = _field(
         None, "Held-out rows (the dataset's formats and columns; a built-in task's name: its held-out set), evaluated "
         "before the first step, every eval_every steps and after the last, as `grpokit eval` evaluates.")
+    eval_reward: str | None = _field(
+        None, "What judges held-out completions (held-out evaluation, `grpokit eval`, the reward-gaming alarm): any "
+        "reward_funcs entry giving one number per completion (a built-in name, 'reasoning_gym', 'FILE.py:NAME', "
+        "'model:DIR'). A completion scoring 1 or more is solved (eval_accuracy: the rate); eval_score is the mean "
+        "score (partial credit). None: 'accuracy' (with its lenient reading), 'code_tests' for rows with a tests "
+        "column, 'reasoning_gym' for a reasoning_gym: dataset.")
     eval_fraction: float = _field(
         0.0, "Instead of eval_dataset, this share of the dataset's rows held out (a seeded draw; never trained on).",
         min=0, lt=1)
@@ -74,13 +91,15 @@ class GRPOConfig(_Config):
         gt=0, resumable=True)
 
     # ---- rewards ---------------------------------------------------------------------------------
-    reward_funcs: list[str] = _field(
-        ["accuracy", "format"],
+    reward_funcs: list[str] | None = _field(
+        None,
         "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
         "'code_tests' (runs the program in each completion against the row's tests column, in the sandbox), "
-        "the process rewards 'arithmetic_steps', 'arithmetic_substeps'), 'FILE.py:NAME', 'package.module:NAME' (called "
-        "as TRL calls them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a "
-        "bare DIR too) or 'process_model:DIR'; the Python API also takes callables.",
+        "'reasoning_gym' (the row's reasoning-gym task's own scorer, in the sandbox), the process rewards "
+        "'arithmetic_steps', 'arithmetic_substeps'), 'FILE.py:NAME', 'package.module:NAME' (called as TRL calls "
+        "them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a bare DIR too) or "
+        "'process_model:DIR'; the Python API also takes callables. None: [accuracy, format], or [reasoning_gym] for "
+        "a reasoning_gym: dataset.",
     )
     reward_weights: list[float] | None = _field(
         None, "Weight of each reward function in the total reward; None means 1.0 each.")

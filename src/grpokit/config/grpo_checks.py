@@ -10,14 +10,23 @@ TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's values
 ENGINES = ("native", "vllm")  # generation_engine's values
 
 
+def reward_funcs_of(config: Any) -> list[Any]:
+    """A config's ``reward_funcs``, or where it names none the dataset's own: the task's scorer for a reasoning-gym
+    dataset (``reasoning_gym:TASK``), else ``accuracy`` and ``format``."""
+    if config.reward_funcs is not None:
+        return list(config.reward_funcs)
+    return ["reasoning_gym"] if str(config.dataset).startswith("reasoning_gym:") else ["accuracy", "format"]
+
+
 def check_grpo_config(config: Any) -> None:
     """Raise :class:`ConfigError` for the first refused combination of ``config``'s keys (a GRPOConfig)."""
     unknown = [name for name in config.report_to if name not in TRACKERS]
     if unknown:
         raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; choose from {', '.join(TRACKERS)}")
-    if not config.reward_funcs:
-        raise ConfigError("reward_funcs is empty; give at least one reward function")
-    check_reward_weights(config.reward_weights, len(config.reward_funcs))
+    if config.reward_funcs is not None and not config.reward_funcs:
+        raise ConfigError("reward_funcs is empty; give at least one reward function (or leave it out: the dataset's "
+                          "own)")
+    check_reward_weights(config.reward_weights, len(reward_funcs_of(config)))
     refusals = (  # (refused, why): settings that cannot run together
         (config.num_minibatches > config.num_completions, f"num_minibatches={config.num_minibatches} exceeds the "
          f"{config.num_completions} completions of a step (prompts_per_step × num_generations)"),

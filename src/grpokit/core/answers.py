@@ -84,3 +84,50 @@ def answers_match(predicted: str, reference: Any) -> bool:
         return predicted_number == reference_number
     normalized = " ".join(predicted.split())
     return bool(normalized) and normalized == " ".join(str(reference).split())
+
+
+# How `answer_extraction` reads a completion's final answer (for scorers that compare an answer, not a reply).
+ANSWER_EXTRACTIONS = ("tag", "boxed", "last_line", "last_number", "whole")
+
+
+def extract_by(completion: str, method: str) -> str | None:
+    """The final answer in ``completion``, stripped, read by ``method``: ``"tag"`` the text of its only
+    ``<answer>…</answer>`` (:func:`extract_answer`), ``"boxed"`` the last ``\\boxed{…}`` (braces balanced),
+    ``"last_line"`` its last non-blank line, ``"last_number"`` the last number written plainly (:func:`last_number`),
+    ``"whole"`` all of it; None where there is none (or it is empty).
+
+    >>> text = "x = \\\\boxed{\\\\frac{1}{2}}\\n<answer> 1/2 </answer>\\n"
+    >>> [extract_by(text, method) for method in ANSWER_EXTRACTIONS]
+    ['1/2', '\\\\frac{1}{2}', '<answer> 1/2 </answer>', '2', 'x = \\\\boxed{\\\\frac{1}{2}}\\n<answer> 1/2 </answer>']
+    >>> extract_by("\\\\boxed{1", "boxed") is None, extract_by("  ", "whole") is None
+    (True, True)
+    """
+    if method == "tag":
+        found = extract_answer(completion)
+    elif method == "boxed":
+        found = _last_boxed(completion)
+    elif method == "last_line":
+        found = next((line for line in reversed(completion.splitlines()) if line.strip()), None)
+    elif method == "last_number":
+        match = last_number(completion)
+        found = match.group() if match else None
+    elif method == "whole":
+        found = completion
+    else:
+        raise ValueError(f"answer_extraction={method!r} is not one of {', '.join(map(repr, ANSWER_EXTRACTIONS))}")
+    found = found.strip() if found is not None else None
+    return found or None
+
+
+def _last_boxed(text: str) -> str | None:
+    """The contents of the last ``\\boxed{…}`` whose braces close; None if there is none."""
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth, i = 1, start + len("\\boxed{")
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if not depth:
+            return text[start + len("\\boxed{"):i - 1]
+        start = text.rfind("\\boxed{", 0, start)
+    return None

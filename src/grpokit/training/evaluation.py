@@ -1,6 +1,6 @@
-"""Evaluation: accuracy and format rate of a model on prompts with answers, greedy and sampled (:func:`evaluate`;
-``grpokit eval`` is :func:`grpokit.from_config.evaluate_config`), and a run's held-out evaluation on it
-(:class:`HeldOutEval`) with the reward-gaming alarm (:func:`reward_gaming_alarm`)."""
+"""Evaluation: accuracy (or a judge's score) and format rate of a model on prompts with answers, greedy and sampled
+(:func:`evaluate`; ``grpokit eval`` is :func:`grpokit.from_config.evaluate_config`), and a run's held-out evaluation
+on it (:class:`HeldOutEval`) with the reward-gaming alarm (:func:`reward_gaming_alarm`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.data import check_columns, reward_column_names, reward_columns
 from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward
+from grpokit.rewards.calling import (
+    RewardError,
+    RewardFunction,
+    check_reward_functions,
+    reward_name,
+    score_completions,
+)
 from grpokit.rewards.code import CodeTests, extract_program
 from grpokit.rollout.engines import Engine, as_engine
 from grpokit.rollout.tools import TOOL_COUNTS, ToolBox
@@ -39,7 +47,7 @@ def evaluate(
     pass_ks: Sequence[int] | None = None,
     greedy_completions: list[str] | None = None,
     toolbox: ToolBox = ToolBox.NONE,
-    code: CodeTests | None = None,
+    judge: RewardFunction | None = None,
 ) -> dict[str, list[float]]:
     """Per-row scores of the completions ``engine`` samples (:mod:`grpokit.rollout.engines`; a model: the native
     engine on it, float32): ``greedy_correct``/``greedy_lenient``/``greedy_format`` (0 or 1; lenient: judged by
@@ -51,13 +59,14 @@ def evaluate(
     tools' environments see the rows. ``greedy_completions``: a list that receives each row's greedy completion, in
     order. With ``toolbox`` the model may call its tools, and each mode also gets ``_tool_rate`` (completions that
     called at least once), ``_tool_calls`` (calls per completion) and ``_tool_errors`` (failed calls per
-    completion). With ``code`` (a ``code_tests`` reward, binary) the rows are programming problems: a completion is
-    correct when its program passes every test of the row's ``tests`` (run in ``code``'s sandbox; a sandbox error
-    counts as a failure) and formatted when it holds a program at all; there is no lenient reading."""
+    completion). With a ``judge`` (a reward function giving one number per completion, called as in training with the
+    rows' columns: a run's ``eval_reward``) a completion is correct when it scores 1 or more, and each mode also gets
+    ``_score``, the mean score (partial credit; None, "not applicable", scores 0); there is no lenient reading. A
+    ``code_tests`` judge makes the rows programming problems: formatted means the completion holds a program."""
     engine = as_engine(engine, tokenizer)
     generator = torch.Generator(device=engine.device).manual_seed(seed)
     modes = [("greedy", 1)] + ([("sampled", samples_per_prompt)] if samples_per_prompt else [])
-    keys = ("correct", *(("lenient",) if code is None else ()), "format", *(TOOL_COUNTS if toolbox else ()))
+    keys = ("correct", *(("lenient",) if judge is None else ("score",)), "format", *(TOOL_COUNTS if toolbox else ()))
     scores: dict[str, list[float]] = {f"{mode}_{key}": [] for mode, _ in modes for key in keys}
     pass_ks = [k for k in (pass_ks or []) if samples_per_prompt]
     for k in pass_ks:
@@ -78,16 +87,19 @@ def evaluate(
                 scores[f"{mode}_{key}"] += per_completion.view(-1, k).mean(dim=1).tolist()
             completions = rollout.decode(tokenizer)
             asked = [row[prompt_column] for row in batch for _ in range(k)]
-            if code is None:
+            if judge is None:
                 answers = [row[answer_column] for row in batch for _ in range(k)]
                 correct = torch.tensor(accuracy_reward(asked, completions, answer=answers)).view(-1, k)
                 lenient = torch.tensor(lenient_accuracy_reward(asked, completions, answer=answers)).view(-1, k)
                 scores[f"{mode}_lenient"] += lenient.mean(dim=1).tolist()
-                formatted = torch.tensor(format_reward(asked, completions)).view(-1, k)
             else:
-                passed = code(completions, tests=[row["tests"] for row in batch for _ in range(k)])
-                correct = torch.tensor([float(p == 1.0) for p in passed]).view(-1, k)
+                judged = judge_scores(judge, asked, completions, reward_columns(batch, prompt_column, answer_column, k))
+                correct = (judged >= 1.0).float().view(-1, k)
+                scores[f"{mode}_score"] += judged.view(-1, k).mean(dim=1).tolist()
+            if isinstance(judge, CodeTests):
                 formatted = torch.tensor([float(extract_program(c) is not None) for c in completions]).view(-1, k)
+            else:
+                formatted = torch.tensor(format_reward(asked, completions)).view(-1, k)
             scores[f"{mode}_correct"] += correct.mean(dim=1).tolist()
             scores[f"{mode}_format"] += formatted.mean(dim=1).tolist()
             if mode == "greedy" and greedy_completions is not None:
@@ -97,6 +109,29 @@ def evaluate(
                     scores[f"pass@{k}"] += [pass_at_k(samples_per_prompt, int(c), k)
                                             for c in correct.sum(dim=1).tolist()]
     return scores
+
+
+def check_eval_rows(rows: Sequence[dict[str, Any]], judge: RewardFunction | None, prompt_column: str,
+                    answer_column: str, source: str) -> None:
+    """Every row has what evaluation reads: the prompt, and what ``judge`` takes (without one: the answer column),
+    checked before any sampling; errors name the row and column (or the judge's parameter)."""
+    needed = [answer_column]
+    if judge is not None:
+        keywords = reward_column_names(rows, prompt_column, answer_column)
+        needed = [keywords[k] for k in check_reward_functions([judge], keywords, f"{source} (eval_reward)")]
+    check_columns(rows, list(dict.fromkeys([prompt_column, *needed])), source=source)
+
+
+def judge_scores(judge: RewardFunction, prompts: list[Any], completions: list[str],
+                 columns: dict[str, list]) -> torch.Tensor:
+    """``judge``'s score of each completion, called as reward functions are in training (None: 0). One that
+    returns anything but one number (or None) per completion is refused, naming it as ``eval_reward``."""
+    try:
+        _, per_function = score_completions([judge], [1.0], prompts, completions, columns)
+    except RewardError as error:
+        raise RewardError(f"eval_reward: {error}; held-out evaluation needs one number (or None) per completion") \
+            from error
+    return torch.nan_to_num(per_function[reward_name(judge)], nan=0.0)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -125,19 +160,20 @@ def summarize(scores: dict[str, list[float]], keep: Sequence[bool] | None = None
 # What a run logs of evaluate()'s summary, under the names of its training metrics with `eval_` before them.
 EVAL_NAMES = {"greedy_correct": "eval_accuracy", "greedy_format": "eval_format_rate",
               "greedy_lenient": "eval_lenient_accuracy", "sampled_correct": "eval_sampled_accuracy",
-              "sampled_format": "eval_sampled_format_rate", "sampled_lenient": "eval_sampled_lenient_accuracy"}
+              "sampled_format": "eval_sampled_format_rate", "sampled_lenient": "eval_sampled_lenient_accuracy",
+              "greedy_score": "eval_score", "sampled_score": "eval_sampled_score"}
 
 
 class HeldOutEval:
     """A run's held-out evaluation (``eval_dataset`` / ``eval_fraction``, every ``eval_every`` steps): :func:`evaluate`
     on the engine that samples the run, the prompts rendered as the run renders them, each process evaluating its
-    share of the rows. ``code``: a binary ``code_tests`` for programming problems (else rows are judged by their
-    answer column), as ``grpokit eval`` judges them."""
+    share of the rows. ``judge``: what scores the completions (:func:`evaluate`; the run's ``eval_reward``), as
+    ``grpokit eval`` judges them."""
 
     def __init__(self, config: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], prompts: Sequence[str],
-                 engine: Engine, world: Any, toolbox: ToolBox = ToolBox.NONE, code: CodeTests | None = None):
+                 engine: Engine, world: Any, toolbox: ToolBox = ToolBox.NONE, judge: RewardFunction | None = None):
         self.config, self.tokenizer, self.engine, self.world, self.toolbox = config, tokenizer, engine, world, toolbox
-        self.code, self.size = code, len(rows)
+        self.judge, self.size = judge, len(rows)
         # Every process gets as many rows (the last ones repeated where they do not divide), so that all run the
         # same passes (a sharded policy decodes on all of them at once); the repeats are not counted.
         share = -(-len(rows) // world.size)
@@ -161,7 +197,7 @@ class HeldOutEval:
                           samples_per_prompt=k, temperature=config.temperature, top_p=config.top_p,
                           max_new_tokens=config.max_completion_length,
                           batch_size=max(1, config.prompts_per_step // self.world.size), seed=config.seed,
-                          progress=False, pass_ks=sorted({1, k}) if k else None, toolbox=self.toolbox, code=self.code)
+                          progress=False, pass_ks=sorted({1, k}) if k else None, toolbox=self.toolbox, judge=self.judge)
         kept = {key: [v for v, counted in zip(values, self.counted) if counted] for key, values in scores.items()}
         everyone = gather(kept, self.world)
         whole = {key: [v for part in everyone for v in part[key]] for key in kept}
