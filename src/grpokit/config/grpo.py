@@ -44,8 +44,8 @@ class GRPOConfig(_Config):
     reasoning_gym: dict | None = _field(
         None, "Options of a 'reasoning_gym:TASK' dataset (or 'reasoning_gym:TASK1,TASK2', a mix): size (rows "
         "generated, 1000), seed (the run's), config (the task's settings; for a mix, task -> settings), weights (a "
-        "mix's task -> weight, 1 each), eval_size (held-out rows, 200), eval_seed (seed + size: reasoning-gym draws row "
-        "i from seed + i; questions the training rows hold are dropped).")
+        "mix's task -> weight, 1 each), eval_size (held-out rows, 200), eval_seed (seed + size: reasoning-gym draws "
+        "row i from seed + i; questions the training rows hold are dropped).")
     answer_extraction: str = _field(
         "tag", "How the reasoning_gym reward reads a completion's answer before the task scores it: 'tag' (the text "
         "of its only <answer>...</answer>), 'boxed' (the last \\boxed{...}), 'last_line', 'last_number' or 'whole' "
