@@ -53,14 +53,15 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
                     num_prompts: int | None = None, output: str | Path | None = None,
                     completions: str | Path | None = None) -> dict[str, Any]:
     """``grpokit eval``: the summary (model, dataset, rows, G, and the means of :func:`evaluate`'s scores) of
-    ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set),
+    ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set; a
+    source with splits: its ``dataset_test_split``),
     sampled as a run with ``config`` samples (its prompt rendering, tools, engine and precision; ``prompts_per_step``
     prompts per generation pass), greedy and ``num_generations`` samples per prompt (0: greedy only), with pass@k for
     each of ``pass_ks`` (default: 1 and ``num_generations``). Rows with a ``tests`` column are judged by them, in the
     run's sandbox. The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
     ``completions`` (JSONL), when given."""
     prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = resolve.load_eval_rows(config.dataset)[:num_prompts]
+    rows = resolve.load_eval_rows(config.dataset, resolve.dataset_options(config, held_out=True))[:num_prompts]
     code = resolve.eval_judge(config, rows)  # programming problems by their tests, other rows by their answer
     judged_by = "tests" if code is not None else answer_column
     check_columns(rows, [prompt_column, judged_by], source=config.dataset)
@@ -99,7 +100,7 @@ def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: i
     """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
     ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
     ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
-    rows = resolve.load_rows(config.dataset, config.seed)[:num_prompts]
+    rows = resolve.load_rows(config.dataset, config.seed, resolve.dataset_options(config))[:num_prompts]
     check_columns(rows, [config.prompt_column], source=config.dataset)
     functions, weights = resolve.resolve_reward_functions(config.reward_funcs, config.reward_weights,
                                                           resolve.code_options(config),

@@ -18,7 +18,8 @@ class GRPOConfig(_Config):
     """A GRPO run, or a PPO one (``algorithm: ppo``): ``grpokit train``'s config (docs/usage.md)."""
 
     TRL_NAMES: typing.ClassVar[dict[str, str]] = {
-        "optim": TRL_OPTIM, "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
+        "optim": TRL_OPTIM, "dataset_name": "dataset (a Hub id, or 'hf:ID')",
+        "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
         "vllm_importance_sampling_cap": "rollout_is_cap", "vllm_importance_sampling_clip_max": "rollout_is_cap"}
     REMOVED: typing.ClassVar[dict[str, str]] = {
         "merge_lora": "a LoRA run always writes the merged weights to output_dir/model and the adapter alone to "
@@ -27,18 +28,23 @@ class GRPOConfig(_Config):
     # ---- model and data --------------------------------------------------------------------------
     model: str = _field(
         "builtin:arithmetic",
-        "A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer); 'gguf:FILE' for a "
-        "llama.cpp GGUF file, converted to float32 once and cached (pip install 'grpokit[gguf]'; or convert it "
-        "yourself with `grpokit convert`); or 'builtin:arithmetic' for the warm-started tiny demo model (built "
-        "and cached locally).",
+        "A Hugging Face causal LM (AutoModelForCausalLM + AutoTokenizer, from_pretrained): a local directory or a Hub "
+        "model id (offline: HF_HUB_OFFLINE=1 and the model in HF_HOME's cache); 'gguf:FILE' for a llama.cpp GGUF file, "
+        "converted to float32 once and cached (pip install 'grpokit[gguf]'; or `grpokit convert` it); or "
+        "'builtin:arithmetic' for the warm-started tiny demo model (built and cached locally).",
     )
     dataset: str = _field(
         "builtin:arithmetic",
-        "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, or a directory "
-        "written by datasets' save_to_disk (its 'train' split) — with a prompt column, an answer column, and "
-        "any other columns, which reward functions receive as keyword lists; 'gsm8k:FILE' for GSM8K-style "
-        "JSONL (question, answer ending '#### N'); or 'builtin:arithmetic'.",
+        "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, a directory written by "
+        "datasets' save_to_disk, a dataset folder, or a Hugging Face Hub dataset id ('owner/name', or 'hf:ID'; "
+        "dataset_config, dataset_train_split) — with a prompt column, an answer column, and any other columns, which "
+        "reward functions receive as keyword lists; 'gsm8k:SOURCE' for GSM8K rows (question, answer ending '#### N') "
+        "from any of them; or 'builtin:arithmetic'.",
     )
+    dataset_config: str | None = _common("dataset_config")
+    dataset_train_split: str = _common("dataset_train_split")
+    dataset_test_split: str = _common("dataset_test_split")
+    dataset_columns: dict[str, str] | None = _common("dataset_columns")
     prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
     answer_column: str = _field(
         "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name).")
@@ -58,8 +64,9 @@ class GRPOConfig(_Config):
 
     # ---- held-out evaluation during training (docs/metrics.md, "Held-out evaluation") ---------------
     eval_dataset: str | None = _field(
-        None, "Held-out rows (the dataset's formats and columns; a built-in task's name: its held-out set), evaluated "
-        "before the first step, every eval_every steps and after the last, as `grpokit eval` evaluates.")
+        None, "Held-out rows (the dataset's formats and columns; a Hub id: its dataset_test_split; a built-in task's "
+        "name: its held-out set), evaluated before the first step, every eval_every steps and after the last, as "
+        "`grpokit eval` evaluates; eval_dataset= in Python takes rows instead.")
     eval_fraction: float = _field(
         0.0, "Instead of eval_dataset, this share of the dataset's rows held out (a seeded draw; never trained on).",
         min=0, lt=1)
