@@ -6,6 +6,7 @@ HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, against folders and a cache built in
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -266,3 +267,30 @@ def test_a_hub_model_id_loads_from_the_cache_offline(tiny_model_dir, offline):
     assert model.config.num_hidden_layers == 2 and tokenizer("ab")["input_ids"]
     with pytest.raises(ValueError, match="model: cannot load 'someowner/other'"):
         load_model_and_tokenizer("someowner/other", progress=False)
+
+
+def test_the_python_examples_of_own_task_md_run(cached, offline, tmp_path, tiny_model_dir):
+    """docs/own_task.md's Python, run as written but on the tiny model, a few short steps and the test's cache:
+    openai/gsm8k is `someowner/somename` there, owner/name a dataset with other column names."""
+    folder = tmp_path / "name"
+    folder.mkdir()
+    for split in ("train", "test"):
+        rows = [{"problem": f"What is {a} + 1?", "solution": str(a + 1)} for a in range(3)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    datasets.load_dataset(str(folder))
+    (offline / "datasets" / "name").rename(offline / "datasets" / "owner___name")
+    shutil.rmtree(folder)
+    page = (Path(__file__).parents[1] / "docs" / "own_task.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
+    assert len(blocks) == 2
+    short = "max_steps=1, prompts_per_step=2, num_generations=2, max_completion_length=4, eval_samples=0, " \
+            "progress_bar=False, "
+    for code in blocks:
+        for old, new in [('"HuggingFaceTB/SmolLM2-135M-Instruct"', repr(str(tiny_model_dir))),
+                         ('"path/to/model"', repr(str(tiny_model_dir))), ("openai/gsm8k", cached),
+                         ("GRPOConfig(model=", f"GRPOConfig({short}model=")]:
+            code = code.replace(old, new)
+        assert cached in code or "owner/name" in code
+        exec(compile(code, "docs/own_task.md", "exec"), {})
+    for run in ("grpo", "mine"):  # steps 0 (the held-out rows evaluated) and 1
+        assert len((tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()) == 2
