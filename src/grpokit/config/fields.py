@@ -128,6 +128,12 @@ class _Config:
         return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every key's default."""
+        return {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+                for f in dataclasses.fields(cls)}
+
+    @classmethod
     def resumable_keys(cls) -> frozenset[str]:
         """The keys that may differ between a checkpoint's config and the run that resumes it (declared with
         ``resumable=True``): they do not change the math."""
