@@ -78,11 +78,13 @@ def repo_folder(tmp_path):
 def cached(repo_folder, offline):
     """`someowner/somename` in datasets' cache, as a download on a machine with the Hub leaves it
     (HF_DATASETS_CACHE/someowner___somename/main/0.0.0/HASH/: dataset_info.json, somename-train.arrow, ...): the
-    repository folder's 'main' config prepared by datasets itself, moved to the Hub id's place."""
+    repository folder's 'main' config prepared by datasets itself, moved to the Hub id's place. The folder moves to
+    ./gsm8k (a local copy under another name, as `hf download --local-dir gsm8k` leaves one): nothing is named
+    somename any more but the cache's entry."""
     datasets.load_dataset(str(repo_folder), "main")
     cache = offline / "datasets"
     (cache / "somename").rename(cache / "someowner___somename")
-    shutil.rmtree(repo_folder)  # only the cache is left
+    repo_folder.rename(repo_folder.parent / "gsm8k")
     return "someowner/somename"
 
 
@@ -282,15 +284,17 @@ def test_the_python_examples_of_own_task_md_run(cached, offline, tmp_path, tiny_
     shutil.rmtree(folder)
     page = (Path(__file__).parents[1] / "docs" / "own_task.md").read_text()
     blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
-    assert len(blocks) == 2
+    assert len(blocks) == 4
     short = "max_steps=1, prompts_per_step=2, num_generations=2, max_completion_length=4, eval_samples=0, " \
             "progress_bar=False, "
-    for code in blocks:
+    namespace: dict = {}
+    for code in blocks:  # in one namespace, as the page reads: a block may use an earlier one's imports
         for old, new in [('"HuggingFaceTB/SmolLM2-135M-Instruct"', repr(str(tiny_model_dir))),
                          ('"path/to/model"', repr(str(tiny_model_dir))), ("openai/gsm8k", cached),
                          ("GRPOConfig(model=", f"GRPOConfig({short}model=")]:
             code = code.replace(old, new)
-        assert cached in code or "owner/name" in code
-        exec(compile(code, "docs/own_task.md", "exec"), {})
-    for run in ("grpo", "mine"):  # steps 0 (the held-out rows evaluated) and 1
-        assert len((tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()) == 2
+        assert short in code
+        exec(compile(code, "docs/own_task.md", "exec"), namespace)
+    for run in ("gsm8k", "mine", "folder", "offline"):  # steps 0 (the held-out rows evaluated, where given) and 1
+        assert len((tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()) == (1 if run == "offline"
+                                                                                               else 2)
