@@ -258,6 +258,15 @@ def test_the_command_line_evaluates_a_dataset_folder_with_renamed_columns(repo_f
     assert json.loads(out.read_text())["num_prompts"] == 2  # the test split
 
 
+def test_the_command_line_samples_a_hub_ids_train_split(cached, tmp_path, tiny_model_dir):
+    out = tmp_path / "sampled.jsonl"
+    assert main(["sample", str(tiny_model_dir), "--dataset", f"gsm8k:{cached}", "--dataset_config", "main",
+                 "--num_generations", "1", "--max_completion_length", "4", "--output", str(out), "--progress_bar",
+                 "false"]) == 0
+    prompts = {json.loads(line)["prompt"] for line in out.read_text().splitlines()}
+    assert prompts == set(QUESTIONS["main", "train"])
+
+
 def test_a_hub_model_id_loads_from_the_cache_offline(tiny_model_dir, offline):
     """`model: owner/name` is from_pretrained's: offline, a model in the Hub cache (HF_HOME/hub) loads."""
     commit = "0123456789abcdef0123456789abcdef01234567"
