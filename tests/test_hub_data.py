@@ -129,6 +129,11 @@ def test_a_cached_hub_dataset_loads_offline(cached):
     assert load_rows(f"hf:{cached}", options=dataset_options(GSM8K)) == rows
     held = load_eval_rows(cached, dataset_options(GSM8K, held_out=True))
     assert [row["question"] for row in held] == QUESTIONS["main", "test"]
+    # a local folder of the same name: the name is the folder's, `hf:` still the Hub's (here its cache)
+    Path(cached).mkdir(parents=True)
+    Path(cached, "train.jsonl").write_text(json.dumps({"question": "local?", "answer": "#### 1"}) + "\n")
+    assert load_rows(cached) == [{"question": "local?", "answer": "#### 1"}]
+    assert load_rows(f"hf:{cached}", options=dataset_options(GSM8K)) == rows
 
 
 def test_a_hub_dataset_that_is_not_cached_says_how_to_get_it(cached, offline):
