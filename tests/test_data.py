@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpokit.data import DataError, check_columns, load_jsonl
+from grpokit.data import DataError, DatasetOptions, check_columns, load_jsonl
 
 
 def test_load_jsonl(tmp_path):
@@ -70,7 +70,7 @@ def test_load_csv_and_its_errors(tmp_path):
 
 def test_parquet_and_saved_datasets(tmp_path):
     datasets = pytest.importorskip("datasets")
-    from grpokit.resolve import load_rows
+    from grpokit.resolve import load_eval_rows, load_rows
 
     rows = [{"prompt": "What is 1 + 1?", "answer": "2", "level": 1}, {"prompt": "Q2", "answer": "4", "level": 2}]
     table = datasets.Dataset.from_list(rows)
@@ -80,8 +80,11 @@ def test_parquet_and_saved_datasets(tmp_path):
     assert load_rows(tmp_path / "saved") == rows
     datasets.DatasetDict({"train": table, "test": table}).save_to_disk(str(tmp_path / "splits"))
     assert load_rows(tmp_path / "splits") == rows  # the train split
+    test_split = DatasetOptions(split="test", split_key="dataset_test_split")  # eval_dataset's
+    assert load_eval_rows(tmp_path / "splits", test_split) == rows
     datasets.DatasetDict({"test": table}).save_to_disk(str(tmp_path / "no_train"))
-    with pytest.raises(DataError, match=r"no_train: a DatasetDict without a 'train' split \(its splits: \['test'\]\)"):
+    with pytest.raises(DataError, match=r"no_train: a DatasetDict without a 'train' split \(its splits: \['test'\]\); "
+                                        "set dataset_train_split"):
         load_rows(tmp_path / "no_train")
     (tmp_path / "junk.parquet").write_text("not parquet")
     with pytest.raises(DataError, match=r"junk.parquet: not a readable Parquet file"):
@@ -89,3 +92,25 @@ def test_parquet_and_saved_datasets(tmp_path):
     (tmp_path / "empty_dir").mkdir()
     with pytest.raises(DataError, match=r"empty_dir: not a directory written by save_to_disk"):
         load_rows(tmp_path / "empty_dir")
+
+
+def test_without_datasets_a_hub_id_or_folder_says_what_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    from grpokit.resolve import load_rows
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name == "datasets" or name.startswith("datasets."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(DataError, match=r"dataset 'owner/name' \(config None, split 'train'\) needs the `datasets` "
+                                        r"package: pip install 'grpokit\[data\]'"):
+        load_rows("owner/name")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.jsonl").write_text('{"prompt": "a"}\n')
+    with pytest.raises(DataError, match=r"needs the `datasets` package: pip install 'grpokit\[data\]'"):
+        load_rows(tmp_path / "folder")

@@ -1,7 +1,8 @@
-"""Prompt datasets: a list of dict rows, loaded from JSONL and checked before any training starts; what the model
-and the reward functions see of a row (the rendered prompt, the reward keywords).
+"""Prompt datasets: a list of dict rows, loaded from JSONL, CSV, Parquet, ``datasets``' directories or the Hugging Face
+Hub and checked before any training starts; what the model and the reward functions see of a row (the rendered prompt,
+the reward keywords).
 
-Errors name the file, the line (1-based) and the column at fault.
+Errors name the file (or the Hub id, its config and split), the line (1-based) and the column at fault.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import csv
 import difflib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +84,40 @@ def load_parquet(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
-    """Rows of a directory written by ``datasets``' ``save_to_disk`` (a Dataset, or a DatasetDict's
-    ``split``); needs ``pip install 'grpokit[data]'``."""
+def _datasets(what: str) -> Any:
+    """The ``datasets`` package, or a DataError saying that ``what`` needs it (it is an optional extra)."""
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{path}: reading a saved `datasets` directory needs it: pip install 'grpokit[data]'") from None
+        raise DataError(f"{what} needs the `datasets` package: pip install 'grpokit[data]'") from None
+    return datasets
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """How a config's dataset keys read a source: the ``config`` and ``split`` of one that has them (a Hub id, a
+    dataset folder, a ``save_to_disk`` DatasetDict; a single file has neither) and the ``columns`` renamed
+    (:func:`rename_columns`). ``split_key``: the config key that chose ``split``, named in errors."""
+
+    config: str | None = None
+    split: str = "train"
+    columns: Mapping[str, str] | None = None
+    split_key: str = "dataset_train_split"
+
+
+def load_saved_dataset(path: str | Path, split: str = "train",
+                       split_key: str = "dataset_train_split") -> list[dict[str, Any]]:
+    """Rows of a directory written by ``datasets``' ``save_to_disk`` (a Dataset, or a DatasetDict's
+    ``split``); needs ``pip install 'grpokit[data]'``."""
+    datasets = _datasets(f"{path}: reading a saved `datasets` directory")
     try:
         loaded = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as error:
         raise DataError(f"{path}: not a directory written by save_to_disk ({error})") from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise DataError(f"{path}: a DatasetDict without a {split!r} split (its splits: {sorted(loaded)})")
+            raise DataError(f"{path}: a DatasetDict without a {split!r} split (its splits: {sorted(loaded)}); set "
+                            f"{split_key}")
         loaded = loaded[split]
     rows = loaded.to_list()
     if not rows:
@@ -103,16 +125,94 @@ def load_saved_dataset(path: str | Path, split: str = "train") -> list[dict[str,
     return rows
 
 
-def load_file(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a file by its kind: a ``save_to_disk`` directory, ``.csv``, ``.parquet``, else JSON lines (names
-    such as ``builtin:`` and ``gsm8k:`` are :func:`grpokit.resolve.load_rows`'s)."""
+def is_saved_dataset(path: str | Path) -> bool:
+    """Whether a directory is one ``save_to_disk`` wrote (the files ``load_from_disk`` reads), not a dataset folder."""
+    path = Path(path)
+    return (path / "dataset_dict.json").is_file() or all((path / name).is_file()
+                                                         for name in ("state.json", "dataset_info.json"))
+
+
+def load_dataset_rows(path: str, options: DatasetOptions | None = None) -> list[dict[str, Any]]:
+    """Rows of one split of what ``datasets.load_dataset`` reads: a Hugging Face Hub id (from the Hub, or from
+    datasets' cache when offline) or a local dataset folder (data files, and a README.md whose ``configs:`` header
+    names the configs, as on the Hub). Errors name the dataset, its config and split, and the key that fixes them."""
+    options = options or DatasetOptions()
+    where = f"{path!r} (config {options.config!r}, split {options.split!r})"
+    datasets = _datasets(f"dataset {where}")
+    elsewhere = "" if Path(path).exists() else "; no local file or folder has that name either"
+    try:
+        loaded = datasets.load_dataset(path, options.config, split=options.split)
+    except ConnectionError:  # not cached, and the Hub is off (HF_HUB_OFFLINE) or out of reach
+        offline = "is off (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)" if datasets.config.HF_HUB_OFFLINE \
+            else "cannot be reached"
+        raise DataError(
+            f"dataset {where} is not in datasets' cache ({datasets.config.HF_DATASETS_CACHE}) and the Hugging Face Hub "
+            f"{offline}{elsewhere}. Load it once where the Hub is reachable (any grpokit command that names it does), "
+            "then copy that cache here, or point HF_HOME (or HF_DATASETS_CACHE) at a cache that holds it") from None
+    except (ValueError, OSError, getattr(datasets.exceptions, "DatasetsError", OSError)) as error:
+        text = " ".join(str(error).split()).rstrip(".")  # datasets' messages span lines
+        hints = [key for word, key in (("config", "dataset_config"), ("split", options.split_key))
+                 if word in text.lower()]
+        fix = f"; set {' or '.join(hints)}" if hints else ""
+        if "cache" in text.lower():  # offline, the cache holds other configs or splits of it
+            fix += ", or load this one once where the Hugging Face Hub is reachable"
+        if isinstance(error, FileNotFoundError):
+            fix += elsewhere
+        raise DataError(f"dataset {where}: {text}{fix}") from None
+    rows = loaded.to_list()
+    if not rows:
+        raise DataError(f"dataset {where} has no rows")
+    return rows
+
+
+def load_file(path: str | Path, options: DatasetOptions | None = None) -> list[dict[str, Any]]:
+    """Rows of a file by its kind: a ``save_to_disk`` directory, another directory through ``datasets.load_dataset``
+    (a dataset folder: ``options`` choose its config and split), ``.csv``, ``.parquet``, else JSON lines (names
+    such as ``builtin:``, ``gsm8k:`` and Hub ids are :func:`grpokit.resolve.load_rows`'s)."""
+    options = options or DatasetOptions()
     if Path(path).is_dir():
-        return load_saved_dataset(path)
+        if is_saved_dataset(path):
+            return load_saved_dataset(path, options.split, options.split_key)
+        if not any(p.is_file() for p in Path(path).rglob("*")):
+            raise DataError(f"{path}: not a directory written by save_to_disk, nor a dataset folder (it holds no file)")
+        return load_dataset_rows(str(path), options)
     if str(path).lower().endswith(".csv"):
         return load_csv(path)
     if str(path).lower().endswith(".parquet"):
         return load_parquet(path)
     return load_jsonl(path)
+
+
+def rename_columns(rows: list[dict[str, Any]], columns: Mapping[str, str] | None,
+                   source: str) -> list[dict[str, Any]]:
+    """``rows`` with their columns renamed, ``{old: new}`` (``dataset_columns``); a column to rename that no row has,
+    or a new name that another column keeps, is an error naming both."""
+    if not columns:
+        return rows
+    present = list(dict.fromkeys(key for row in rows for key in row))
+    missing = [old for old in columns if old not in present]
+    if missing:
+        raise DataError(f"{source}: dataset_columns renames {missing} but no row has such a column (the rows' "
+                        f"columns: {present})")
+    kept = [key for key in present if key not in columns]
+    taken = [new for new in columns.values() if new in kept]
+    if taken or len(set(columns.values())) < len(columns):
+        raise DataError(f"{source}: dataset_columns {dict(columns)} gives two columns one name "
+                        f"({taken or list(columns.values())}); rename or drop the other one too")
+    return [{columns.get(key, key): value for key, value in row.items()} for row in rows]
+
+
+def given_rows(rows: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The rows passed in Python as ``name`` (``train_dataset=``, ``eval_dataset=``): a sequence of dicts or a
+    ``datasets.Dataset``; a DatasetDict (a dict of splits) is refused, naming its splits."""
+    if isinstance(rows, Mapping):
+        raise DataError(f"{name}: a mapping ({sorted(map(str, rows))}), not rows; pass a list of dicts or one split "
+                        f"of a DatasetDict, e.g. {name}=dataset['train']")
+    rows = rows.to_list() if hasattr(rows, "to_list") and hasattr(rows, "column_names") else list(rows)
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{name}: row {index} is a {type(row).__name__}, expected a dict of columns")
+    return rows
 
 
 def check_columns(
@@ -172,19 +272,25 @@ def check_prompt_lengths(prompts: Sequence[str], tokenizer: Any, max_completion_
             )
 
 
-def load_gsm8k(path: str | Path) -> list[dict[str, Any]]:
-    """GSM8K-style rows (``question``; ``answer`` = worked solution ending ``#### 72``) as
-    ``{"prompt": question, "answer": "72", "solution": worked solution}``; errors name the line."""
-    rows = []
-    for index, row in enumerate(load_jsonl(path)):
+def gsm8k_rows(rows: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """GSM8K-style rows from any source (``question``; ``answer`` = worked solution ending ``#### 72``) as
+    ``{"prompt": question, "answer": "72", "solution": worked solution}``; errors name ``source`` and the row."""
+    converted = []
+    for index, row in enumerate(rows):
         for column in ("question", "answer"):
             if not isinstance(row.get(column), str):
-                raise DataError(f"{path}: row {index} needs a text column {column!r} (GSM8K format)")
+                raise DataError(f"{source}: row {index} needs a text column {column!r} (GSM8K format)")
         solution, marker, final = row["answer"].rpartition("####")
         if not marker or not final.strip():
-            raise DataError(f"{path}: row {index} answer has no '#### <final answer>' line (GSM8K format)")
-        rows.append({"prompt": row["question"], "answer": final.strip().replace(",", ""), "solution": solution.strip()})
-    return rows
+            raise DataError(f"{source}: row {index} answer has no '#### <final answer>' line (GSM8K format)")
+        converted.append({"prompt": row["question"], "answer": final.strip().replace(",", ""),
+                          "solution": solution.strip()})
+    return converted
+
+
+def load_gsm8k(path: str | Path) -> list[dict[str, Any]]:
+    """The GSM8K-style rows (:func:`gsm8k_rows`) of a JSONL file."""
+    return gsm8k_rows(load_jsonl(path), str(path))
 
 
 # ---- what the model and the reward functions see of a row ---------------------------------------

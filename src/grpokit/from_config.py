@@ -53,7 +53,8 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
                     num_prompts: int | None = None, output: str | Path | None = None,
                     completions: str | Path | None = None) -> dict[str, Any]:
     """``grpokit eval``: the summary (model, dataset, rows, G, and the means of :func:`evaluate`'s scores) of
-    ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set),
+    ``config.model`` on the first ``num_prompts`` rows of ``config.dataset`` (a built-in task: its held-out set; a
+    source with splits: its ``dataset_test_split``),
     sampled as a run with ``config`` samples (its prompt rendering, tools, engine and precision; ``prompts_per_step``
     prompts per generation pass), greedy and ``num_generations`` samples per prompt (0: greedy only), with pass@k for
     each of ``pass_ks`` (default: 1 and ``num_generations``), judged by ``eval_reward`` (:func:`resolve.eval_judge`: by
@@ -61,8 +62,8 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
     rows by ``accuracy``). The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
     ``completions`` (JSONL), when given."""
     prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = resolve.load_eval_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)
-    rows = rows[:num_prompts]
+    rows = resolve.load_eval_rows(config.dataset, resolve.dataset_options(config, held_out=True), seed=config.seed,
+                                  reasoning_gym_options=config.reasoning_gym)[:num_prompts]
     judge = resolve.eval_judge(config, rows)  # eval_reward, or the rows' own: their tests, a task's scorer, accuracy
     check_eval_rows(rows, judge, prompt_column, answer_column, config.dataset)
     if judge is not None:
@@ -102,7 +103,8 @@ def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: i
     """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
     ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
     ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
-    rows = resolve.load_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)[:num_prompts]
+    rows = resolve.load_rows(config.dataset, config.seed, resolve.dataset_options(config),
+                             reasoning_gym_options=config.reasoning_gym)[:num_prompts]
     check_columns(rows, [config.prompt_column], source=config.dataset)
     functions, weights = resolve.resolve_reward_functions(reward_funcs_of(config), config.reward_weights,
                                                           resolve.code_options(config), resolve.task_options(config),

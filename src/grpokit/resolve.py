@@ -4,9 +4,13 @@
                   gguf:FILE                           a llama.cpp file, converted once and cached (grpokit[gguf])
                   anything else                       a local Hugging Face directory
     dataset       builtin:arithmetic, builtin:tools   the built-in tasks' training rows, in an order set by the seed
-                  gsm8k:FILE                          GSM8K-style JSONL (``question``; ``answer`` ending ``#### 72``)
+                  gsm8k:SOURCE                        GSM8K-style rows (``question``; ``answer`` ending ``#### 72``)
+                                                      from any of the sources below
                   reasoning_gym:TASK[,TASK...]        a reasoning-gym task's generated rows (or a mix), seeded
-                  anything else                       JSONL, CSV, Parquet or a ``save_to_disk`` directory
+                  hf:ID, or NAME / OWNER/NAME         a Hugging Face Hub dataset (datasets.load_dataset), where no
+                    that is no local path             local path has that name and it has no data file's extension
+                  anything else                       JSONL, CSV, Parquet, a ``save_to_disk`` directory or a dataset
+                                                      folder (datasets.load_dataset)
     reward_funcs  accuracy, math_accuracy, format     the built-in rule rewards (grpokit.rewards.builtin)
                   lenient_accuracy                    the same, reading prose's last number without an <answer>
                   code_tests                          programs run against the row's tests (grpokit.rewards.code)
@@ -24,12 +28,13 @@ the built-in tasks (:mod:`grpokit.tasks`) are reached from here alone.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from grpokit.config import check_reward_weights
-from grpokit.data import load_file, load_gsm8k
+from grpokit.data import DatasetOptions, gsm8k_rows, load_dataset_rows, load_file, rename_columns
 from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
 from grpokit.models.loading import load_pretrained
 from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward, math_accuracy_reward
@@ -43,13 +48,17 @@ from grpokit.tasks import arithmetic, reasoning_gym, tool_task
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.user_code import load_callable
 
-__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "code_options", "eval_judge", "load_eval_rows",
-           "load_model_and_tokenizer", "load_rows", "model_directory", "resolve_reward_functions", "reward_function",
-           "task_options"]
+__all__ = ["BUILTIN", "BUILTIN_TOOLS", "builtin_rewards", "code_options", "dataset_options", "eval_judge", "is_hub_id",
+           "load_eval_rows", "load_model_and_tokenizer", "load_rows", "model_directory", "resolve_reward_functions",
+           "reward_function", "task_options"]
 
 BUILTIN = "builtin:arithmetic"  # the built-in task's dataset and model (grpokit.tasks.arithmetic)
 BUILTIN_TOOLS = "builtin:tools"  # the built-in tools task's (grpokit.tasks.tool_task)
 GSM8K_PREFIX = "gsm8k:"  # `dataset: gsm8k:PATH`
+HUB_PREFIX = "hf:"  # `dataset: hf:ID`: the Hugging Face Hub, whatever the local files are called
+# What a Hub id looks like (`name` or `owner/name`), and the extensions that make a name a file's instead.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt", ".gz", ".zip", ".yaml", ".yml")
 
 
 # ---- models ---------------------------------------------------------------------------------------
@@ -78,39 +87,68 @@ def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dt
 # ---- datasets -------------------------------------------------------------------------------------
 
 
-def load_rows(source: str | Path, seed: int = 0, *, reasoning_gym_options: dict[str, Any] | None = None
-              ) -> list[dict[str, Any]]:
-    """The rows that ``dataset`` names: a built-in task's training rows (in an order set by ``seed``),
-    ``gsm8k:FILE``, a reasoning-gym task's rows (generated with ``reasoning_gym_options``, the config's
-    ``reasoning_gym`` key, from its seed or ``seed``), else a file or ``save_to_disk`` directory
-    (:func:`grpokit.data.load_file`)."""
+def dataset_options(config: Any, held_out: bool = False) -> DatasetOptions:
+    """How a config (GRPOConfig, SFTConfig, RewardConfig) reads its ``dataset``, or with ``held_out`` its
+    ``eval_dataset`` (and ``grpokit eval``'s dataset): ``dataset_config``, the train or test split and
+    ``dataset_columns``."""
+    key = "dataset_test_split" if held_out else "dataset_train_split"
+    return DatasetOptions(config.dataset_config, getattr(config, key), config.dataset_columns, key)
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether ``dataset`` names a Hugging Face Hub dataset: ``hf:ID``, or a ``name`` / ``owner/name`` that no local
+    path has and with no data file's extension (``missing.jsonl`` stays a file that does not exist)."""
+    if source.startswith(HUB_PREFIX):
+        return True
+    return (HUB_ID.fullmatch(source) is not None and not source.lower().endswith(DATA_SUFFIXES)
+            and not Path(source).exists())
+
+
+def load_rows(source: str | Path, seed: int = 0, options: DatasetOptions | None = None, *,
+              reasoning_gym_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The rows that ``dataset`` names: a built-in task's training rows (in an order set by ``seed``), a reasoning-gym
+    task's (generated with ``reasoning_gym_options``, the config's ``reasoning_gym`` key, from its seed or ``seed``),
+    or ``gsm8k:SOURCE``'s, a Hub id's (:func:`is_hub_id`) or a file's or directory's (:func:`grpokit.data.load_file`),
+    read and their columns renamed as ``options`` say (:func:`dataset_options`)."""
     source = str(source)
     if source == BUILTIN:
         return arithmetic.train_rows(4096, seed)
     if source == BUILTIN_TOOLS:
         return tool_task.train_rows(4096, seed)
-    if source.startswith(GSM8K_PREFIX):
-        return load_gsm8k(source.removeprefix(GSM8K_PREFIX))
     if source.startswith(reasoning_gym.PREFIX):
         return reasoning_gym.train_rows(source, reasoning_gym_options, seed)
-    return load_file(source)
+    options = options or DatasetOptions()
+    if source.startswith(GSM8K_PREFIX):
+        inner = source.removeprefix(GSM8K_PREFIX)
+        return gsm8k_rows(_source_rows(inner, options), source)
+    return _source_rows(source, options)
 
 
-# ---- reward functions -----------------------------------------------------------------------------
+def _source_rows(source: str, options: DatasetOptions) -> list[dict[str, Any]]:
+    if is_hub_id(source):
+        hub_id = source.removeprefix(HUB_PREFIX)
+        # `hf:` forces the Hub even where a local folder has the same name (datasets' own prefix for that)
+        rows = load_dataset_rows(f"hf://datasets/{hub_id}" if Path(hub_id).exists() else hub_id, options)
+    else:
+        rows = load_file(source, options)
+    return rename_columns(rows, options.columns, source)
 
 
-def load_eval_rows(source: str | Path, seed: int = 0, *, reasoning_gym_options: dict[str, Any] | None = None
-                   ) -> list[dict[str, Any]]:
+def load_eval_rows(source: str | Path, options: DatasetOptions | None = None, *, seed: int = 0,
+                   reasoning_gym_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The held-out rows that ``eval_dataset`` (or ``grpokit eval``'s dataset) names: a built-in task's held-out set
-    (problems its training rows never hold), a reasoning-gym task's (another seed's rows, without the training rows'
-    questions), else the rows of :func:`load_rows`."""
+    (problems its training rows never hold), a reasoning-gym task's (past the training rows' seeds, without their
+    questions), else the rows of :func:`load_rows` (``options``: its test split)."""
     if str(source) == BUILTIN:
         return arithmetic.held_out_rows()
     if str(source) == BUILTIN_TOOLS:
         return tool_task.held_out_rows()
     if str(source).startswith(reasoning_gym.PREFIX):
         return reasoning_gym.held_out_rows(str(source), reasoning_gym_options, seed)
-    return load_rows(source, seed)
+    return load_rows(source, options=options)
+
+
+# ---- reward functions -----------------------------------------------------------------------------
 
 
 def eval_judge(config: Any, rows: list[dict[str, Any]]) -> RewardFunction | None:

@@ -187,6 +187,27 @@ def test_checkpoint_of_another_config_is_refused(tokenizer, checkpoint, tmp_path
         fresh_trainer(tokenizer, tmp_path, beta=0.1).resume(checkpoint)
 
 
+def test_a_checkpoint_from_before_a_key_existed_resumes(tokenizer, checkpoint, tmp_path):
+    """A config written by an older grpokit lacks the keys added since (here the dataset_* keys): each counts as its
+    default, the behaviour that run had; a value other than the default is still a different config."""
+    import hashlib
+
+    state = checkpoint / "state.json"
+    saved = json.loads(state.read_text())
+    for key in ("dataset_config", "dataset_train_split", "dataset_test_split", "dataset_columns"):
+        del saved["config"][key]
+    state.write_text(json.dumps(saved))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["state.json"] = {"bytes": state.stat().st_size,
+                                       "sha256": hashlib.sha256(state.read_bytes()).hexdigest()}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    trainer = fresh_trainer(tokenizer, tmp_path)
+    trainer.resume(checkpoint)
+    assert trainer.step == 2
+    with pytest.raises(CheckpointError, match=r"dataset_train_split: 'train' in the checkpoint, 'all' now"):
+        fresh_trainer(tokenizer, tmp_path, dataset_train_split="all").resume(checkpoint)
+
+
 def test_checkpoint_of_another_model_is_refused(tokenizer, checkpoint, tmp_path):
     from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from grpokit import GRPOTrainer
 from grpokit.algorithms.sft import SFTConfig, SFTTrainer
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rewards.builtin import accuracy_reward
@@ -60,11 +61,17 @@ def test_evaluating_leaves_training_as_it_was(tokenizer, tmp_path):
     assert [m["reward"] for m in a] == [m["reward"] for m in b] and [m["loss"] for m in a] == [m["loss"] for m in b]
 
 
-def test_held_out_settings_are_checked(tmp_path):
+def test_held_out_settings_are_checked(tokenizer, tiny_model, tmp_path):
     with pytest.raises(ConfigError, match="eval_dataset and eval_fraction both choose the held-out rows"):
         GRPOConfig(eval_dataset="h.jsonl", eval_fraction=0.1)
+    # checked by the trainer, which also knows the rows passed as eval_dataset= (then eval_every is fine)
     with pytest.raises(ConfigError, match="eval_every needs held-out rows: set eval_dataset or eval_fraction"):
-        GRPOConfig(eval_every=5)
+        make_trainer(tokenizer, tiny_model, tmp_path, eval_every=5)
+    trainer = GRPOTrainer(GRPOConfig(eval_every=5, max_completion_length=8, output_dir=str(tmp_path / "run"),
+                                     progress_bar=False),
+                          model=tiny_model, tokenizer=tokenizer, train_dataset=ROWS, eval_dataset=ROWS[:2],
+                          reward_funcs=[accuracy_reward])
+    assert trainer.held_out.rows == ROWS[:2]
 
 
 def test_held_out_rows_missing_the_answer_column_are_named(tokenizer, tiny_model, tmp_path):

@@ -37,7 +37,7 @@ from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config, rewa
 from grpokit.core.answers import Text, extract_answer, last_number, text_of
 from grpokit.data import check_columns, render_prompt, reward_column_names
 from grpokit.from_config import announce_sandboxes, sampling_engine
-from grpokit.resolve import code_options, load_rows, resolve_reward_functions, task_options
+from grpokit.resolve import code_options, dataset_options, load_rows, resolve_reward_functions, task_options
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine
 from grpokit.runtime.device import resolve_device
@@ -319,7 +319,8 @@ def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: Boot
         raise ConfigError("grpokit bootstrap samples without tools: leave tools and environment_factory out")
     if iterations < 1:
         raise ConfigError(f"--iterations must be at least 1, got {iterations}")
-    rows = load_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)[:num_prompts]
+    rows = load_rows(config.dataset, config.seed, dataset_options(config),
+                     reasoning_gym_options=config.reasoning_gym)[:num_prompts]
     check_columns(rows, [config.prompt_column, config.answer_column], source=config.dataset)
     if few_shot is not None:
         demonstrations = load_rows(few_shot)
@@ -343,7 +344,8 @@ def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: Boot
         if (out_dir / "model" / "config.json").is_file():  # trained before a crash
             return str(out_dir / "model")
         resume = "latest" if any((out_dir / "checkpoints").glob("step-*")) else None
-        sft = SFTConfig.from_dict({**sft_file, "model": config.model, "dataset": str(kept), "output_dir": str(out_dir),
+        sft = SFTConfig.from_dict({**sft_file, "model": config.model, "dataset": str(kept), "dataset_columns": None,
+                                   "output_dir": str(out_dir),
                                    "system_prompt": config.system_prompt, "chat_template": config.chat_template,
                                    "seed": config.seed, "progress_bar": config.progress_bar, "resume": resume})
         SFTTrainer(sft).train()

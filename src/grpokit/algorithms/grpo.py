@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,10 @@ import torch
 
 from grpokit.algorithms.iterative import IterativeRL
 from grpokit.algorithms.ppo import Critic
-from grpokit.config import GRPOConfig, reward_funcs_of
+from grpokit.config import ConfigError, GRPOConfig, reward_funcs_of
 from grpokit.core.objective import grpo_loss, masked_mean
 from grpokit.core.optim import adamw_with_schedule
-from grpokit.data import DataError, check_columns, check_prompt_lengths, render_prompt, reward_column_names
+from grpokit.data import DataError, check_columns, check_prompt_lengths, given_rows, render_prompt, reward_column_names
 from grpokit.models.loading import ensure_pad_token, save_pretrained
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
 from grpokit.models.lora import with_lora
@@ -38,6 +38,7 @@ from grpokit.models.reference import build_reference
 from grpokit.models.sharding import full_state_dict, is_sharded
 from grpokit.resolve import (
     code_options,
+    dataset_options,
     eval_judge,
     load_eval_rows,
     load_model_and_tokenizer,
@@ -83,7 +84,8 @@ class GRPOTrainer(Trainer):
         *,
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
-        train_dataset: Sequence[dict[str, Any]] | None = None,
+        train_dataset: Iterable[dict[str, Any]] | None = None,
+        eval_dataset: Iterable[dict[str, Any]] | None = None,
         reward_funcs: Sequence[str | Callable] | None = None,
         tools: Sequence[str | Callable] | None = None,
         environment_factory: Callable[[], Any] | None = None,
@@ -105,10 +107,11 @@ class GRPOTrainer(Trainer):
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
         tool_functions, environment_factory = resolve_tools(config, tools, environment_factory)
         add_environment_reward(self.reward_funcs, self.reward_weights, environment_factory)
-        rows = list(train_dataset) if train_dataset is not None else \
-            load_rows(config.dataset, config.seed, reasoning_gym_options=config.reasoning_gym)
+        # Rows passed in (a list of dicts or a datasets.Dataset) are taken as they are, instead of the config's.
+        rows = given_rows(train_dataset, "train_dataset") if train_dataset is not None else load_rows(
+            config.dataset, config.seed, dataset_options(config), reasoning_gym_options=config.reasoning_gym)
         source = "train_dataset" if train_dataset is not None else config.dataset
-        rows, eval_rows = self.held_out_rows(rows)
+        rows, eval_rows = self.held_out_rows(rows, eval_dataset)
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
         extras = reward_keywords(environment_factory)
         self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
@@ -159,28 +162,39 @@ class GRPOTrainer(Trainer):
         # Held-out evaluation (eval_dataset / eval_fraction) through the same engine, judged as `grpokit eval` judges.
         judge = eval_judge(config, eval_rows) if eval_rows else None
         if eval_rows:
-            check_eval_rows(eval_rows, judge, config.prompt_column, config.answer_column,
-                            config.eval_dataset or f"{config.dataset} (eval_fraction)")
+            source = "eval_dataset" if eval_dataset is not None else (
+                config.eval_dataset or f"{config.dataset} (eval_fraction)")
+            check_eval_rows(eval_rows, judge, config.prompt_column, config.answer_column, source)
         self.start_sandboxes([judge] if judge else [])
         self.held_out = HeldOutEval(config, tokenizer, eval_rows, eval_prompts, self.engine, self.world, toolbox,
                                     judge) if eval_rows else None
         self.guard = NonfiniteGuard(config.max_nonfinite_updates)
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
 
-    def held_out_rows(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(training rows, held-out rows): ``eval_dataset``'s rows, or an ``eval_fraction`` of the dataset's (then not
-        trained on), checked for the columns evaluation reads; no held-out rows without either."""
+    def held_out_rows(self, rows: list[dict[str, Any]], given: Iterable[dict[str, Any]] | None = None,
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(training rows, held-out rows): ``given`` (``eval_dataset=`` rows) or ``eval_dataset``'s rows, or an
+        ``eval_fraction`` of the dataset's (then not trained on), checked for the columns evaluation reads; no held-out
+        rows without any (then ``eval_every`` is refused: it is checked here, where rows passed in are known)."""
         config = self.config
+        if given is not None and config.eval_fraction:
+            raise ConfigError("eval_fraction and eval_dataset= both choose the held-out rows; set one of them")
         if config.eval_fraction:
             rows, held = split(rows, config.eval_fraction, config.seed)
             source = f"{config.dataset} (eval_fraction)"
+        elif given is not None:
+            held, source = given_rows(given, "eval_dataset"), "eval_dataset"
         elif config.eval_dataset is not None:
-            held = load_eval_rows(config.eval_dataset, config.seed, reasoning_gym_options=config.reasoning_gym)
+            held = load_eval_rows(config.eval_dataset, dataset_options(config, held_out=True), seed=config.seed,
+                                  reasoning_gym_options=config.reasoning_gym)
             source = config.eval_dataset
-            if not held:
-                raise DataError(f"eval_dataset {config.eval_dataset}: no rows")
+        elif config.eval_every:
+            raise ConfigError("eval_every needs held-out rows: set eval_dataset or eval_fraction (or pass "
+                              "eval_dataset= rows)")
         else:
             return rows, []
+        if not held:
+            raise DataError(f"{source}: no held-out rows")
         check_columns(held, [config.prompt_column], source=source)  # and the judge's columns, once it is known
         return rows, held
 

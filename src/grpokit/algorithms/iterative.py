@@ -37,7 +37,7 @@ from typing import Any
 from grpokit.algorithms.reward import RewardTrainer, detect_form
 from grpokit.config import ConfigError, GRPOConfig, RewardConfig, load_config
 from grpokit.data import DataError
-from grpokit.resolve import code_options, load_rows, resolve_reward_functions
+from grpokit.resolve import code_options, dataset_options, load_rows, resolve_reward_functions
 from grpokit.rewards.calling import RewardFunction
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.runtime.seeding import preserved_rng
@@ -72,8 +72,10 @@ class IterativeRL:
         self.reward_config = load_config(config.reward_model_config, {"model": str(self.reward_model.path)},
                                          RewardConfig)
         rc = self.reward_config
-        self.first_rows = [self._renamed(row) for row in load_rows(rc.dataset, rc.seed)] if rc.dataset else []
-        self.eval_rows = [self._renamed(row) for row in load_rows(rc.eval_dataset, rc.seed)] \
+        self.first_rows = [self._renamed(row) for row in load_rows(rc.dataset, rc.seed, dataset_options(rc))] \
+            if rc.dataset else []
+        self.eval_rows = [self._renamed(row) for row in load_rows(rc.eval_dataset, rc.seed,
+                                                                  dataset_options(rc, held_out=True))] \
             if rc.eval_dataset else None
         if rc.form != "auto":
             self.form = rc.form

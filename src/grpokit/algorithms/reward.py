@@ -22,7 +22,7 @@ import json
 import math
 import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,9 @@ import torch.nn.functional as F
 
 from grpokit.config import ConfigError, RewardConfig
 from grpokit.core.answers import Text, text_of
-from grpokit.data import DataError, check_columns
+from grpokit.data import DataError, check_columns, given_rows
 from grpokit.models.loading import ensure_pad_token, load_pretrained, save_pretrained
-from grpokit.resolve import load_rows, model_directory
+from grpokit.resolve import dataset_options, load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
 from grpokit.runtime.device import autocast
 from grpokit.training.distributed import SINGLE, World
@@ -227,25 +227,29 @@ class RewardTrainer(SupervisedTrainer):
     """Trains an outcome or process reward model on rows of one of the three forms, on the run loop of
     :class:`~grpokit.training.engine.Trainer` (the data order, checkpoints and saved layout of SFT's). Anything not
     passed is built from the config; ``model``: a classifier (``AutoModel...Classification``, one label) with its
-    ``tokenizer``; ``train_dataset`` / ``eval_dataset``: rows (dicts) instead of the config's files."""
+    ``tokenizer``; ``train_dataset`` / ``eval_dataset``: rows (dicts, or a ``datasets.Dataset``) instead of the
+    config's."""
 
     label, postfix = "reward", ("loss", "accuracy", "eval_accuracy")
 
     def __init__(self, config: RewardConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
-                 train_dataset: Sequence[dict[str, Any]] | None = None,
-                 eval_dataset: Sequence[dict[str, Any]] | None = None):
+                 train_dataset: Iterable[dict[str, Any]] | None = None,
+                 eval_dataset: Iterable[dict[str, Any]] | None = None):
         super().__init__()
         # (start seeds every stream: the new head's initialisation)
         self.start(config, "grpokit reward train", train_dataset, "labelled, pair or step rows")
-        rows, source = (list(train_dataset), "train_dataset") if train_dataset is not None else (
-            load_rows(config.dataset, config.seed), config.dataset)
+        rows, source = (given_rows(train_dataset, "train_dataset"), "train_dataset") if train_dataset is not None \
+            else (load_rows(config.dataset, config.seed, dataset_options(config)), config.dataset)
         self.form = detect_form(rows, config, source)
         parsed, self.label_loss = parse_rows(rows, self.form, config, source)
         held: list = []
         eval_source = "eval_dataset"
         if eval_dataset is not None or config.eval_dataset is not None:
-            eval_rows, eval_source = (list(eval_dataset), "eval_dataset") if eval_dataset is not None else (
-                load_rows(config.eval_dataset, config.seed), config.eval_dataset)
+            if eval_dataset is not None:
+                eval_rows, eval_source = given_rows(eval_dataset, "eval_dataset"), "eval_dataset"
+            else:
+                eval_rows = load_rows(config.eval_dataset, config.seed, dataset_options(config, held_out=True))
+                eval_source = config.eval_dataset
             held, eval_loss = parse_rows(eval_rows, self.form, config, eval_source)
             if self.form == "labelled" and eval_loss != self.label_loss:
                 raise DataError(f"{eval_source}: its labels make the loss {eval_loss}, the training rows' "

@@ -22,7 +22,7 @@ It runs in one process (no torchrun).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from grpokit.config import ConfigError, SFTConfig
-from grpokit.data import DataError, check_columns, render_prompt
+from grpokit.data import DataError, check_columns, given_rows, render_prompt
 from grpokit.models.loading import ensure_pad_token, save_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.models.lora import with_lora
-from grpokit.resolve import load_model_and_tokenizer, load_rows
+from grpokit.resolve import dataset_options, load_model_and_tokenizer, load_rows
 from grpokit.rollout.generate import Rollout, stop_token_ids
 from grpokit.runtime.device import autocast
 from grpokit.training.supervised import SupervisedTrainer, split
@@ -161,17 +161,17 @@ def trim(rollout: Rollout) -> Rollout:
 class SFTTrainer(SupervisedTrainer):
     """Supervised fine-tuning of a causal LM on prompt/completion rows, on the run loop of
     :class:`~grpokit.training.engine.Trainer`. Anything not passed is built from the config;
-    ``train_dataset`` / ``eval_dataset``: rows (dicts) instead of the config's files."""
+    ``train_dataset`` / ``eval_dataset``: rows (dicts, or a ``datasets.Dataset``) instead of the config's."""
 
     label, postfix = "SFT", ("loss", "eval_loss")
 
     def __init__(self, config: SFTConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
-                 train_dataset: Sequence[dict[str, Any]] | None = None,
-                 eval_dataset: Sequence[dict[str, Any]] | None = None):
+                 train_dataset: Iterable[dict[str, Any]] | None = None,
+                 eval_dataset: Iterable[dict[str, Any]] | None = None):
         super().__init__()
         self.start(config, "grpokit sft", train_dataset, "prompt/completion rows")
         rows, source = _rows(train_dataset, config.dataset, "train_dataset", config)
-        eval_rows, eval_source = _rows(eval_dataset, config.eval_dataset, "eval_dataset", config)
+        eval_rows, eval_source = _rows(eval_dataset, config.eval_dataset, "eval_dataset", config, held_out=True)
         if eval_rows and config.eval_fraction:
             raise ConfigError("eval_fraction and an eval dataset both choose held-out rows; set one of them")
 
@@ -273,13 +273,15 @@ class SFTTrainer(SupervisedTrainer):
         save_pretrained(self.model, self.tokenizer, path)
 
 
-def _rows(given: Sequence[dict[str, Any]] | None, file: str | None, name: str,
-          config: SFTConfig) -> tuple[list[dict[str, Any]], str]:
-    """Rows passed in (named ``name`` in errors), else loaded from ``file`` (None: no rows), checked:
-    both columns present, prompts and completions non-empty text or chat messages."""
+def _rows(given: Iterable[dict[str, Any]] | None, file: str | None, name: str, config: SFTConfig,
+          held_out: bool = False) -> tuple[list[dict[str, Any]], str]:
+    """Rows passed in (a list of dicts or a datasets.Dataset, named ``name`` in errors), else loaded from ``file``
+    (None: no rows; ``held_out``: its test split), checked: both columns present, prompts and completions non-empty
+    text or chat messages."""
     if given is None and file is None:
         return [], name
-    rows, source = (list(given), name) if given is not None else (load_rows(file, config.seed), file)
+    rows, source = (given_rows(given, name), name) if given is not None else (
+        load_rows(file, config.seed, dataset_options(config, held_out)), file)
     check_columns(rows, [config.prompt_column, config.completion_column], source=source)
     check_completions(rows, config.completion_column, source)
     return rows, source

@@ -16,8 +16,9 @@ from grpokit.tasks.recipe_files import recipe_names, recipe_summary
 
 # The GRPOConfig keys `sample`, `bootstrap` and `eval` read: what decides how a run samples, so that they sample as it
 # trains (prompts_per_step: the prompts of one generation pass, as in a run's steps and held-out evaluation).
-SAMPLING_KEYS = ("model", "dataset", "reasoning_gym", "answer_extraction", "prompt_column", "answer_column",
-                 "system_prompt", "chat_template",
+SAMPLING_KEYS = ("model", "dataset", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_columns",
+                 "reasoning_gym", "answer_extraction", "prompt_column", "answer_column", "system_prompt",
+                 "chat_template",
                  "prompts_per_step", "num_generations", "max_completion_length", "temperature", "top_p", "tools",
                  "environment_factory", "max_tool_calls", "tool_timeout", "sandbox", "sandbox_timeout", "seed",
                  "device", "dtype", "progress_bar",

@@ -38,6 +38,16 @@ def _field(default: Any, help: str, **kwargs: Any) -> Any:
 # bounds, whether a resume may change it, default); a config class takes one with ``_common(name)``, changing the
 # default where it differs.
 _COMMON: dict[str, tuple[Any, str, dict[str, Any]]] = {
+    # how `dataset` and `eval_dataset` read a source that has configs and splits (TRL's ScriptArguments' names)
+    "dataset_config": (None, "The config (subset) of a dataset that has several: a Hugging Face Hub id or a dataset "
+                       "folder (e.g. 'main' for openai/gsm8k); None: its only or default one. Applies to dataset and "
+                       "eval_dataset.", {}),
+    "dataset_train_split": ("train", "The split `dataset` reads from a source with splits: a Hub id, a dataset "
+                            "folder, a save_to_disk DatasetDict.", {}),
+    "dataset_test_split": ("test", "The split `eval_dataset` (and `grpokit eval`'s dataset) reads from a source with "
+                           "splits.", {}),
+    "dataset_columns": (None, "Columns renamed as dataset and eval_dataset load, {old: new} (e.g. {question: prompt}): "
+                        "a Hub dataset's or a file's rows (rows passed in Python are taken as they are).", {}),
     "device": ("auto", "'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'.", {"resumable": True}),
     "dtype": ("auto", "Weights' dtype when loading `model`: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. "
               "Losses, and the log-probabilities GRPO and SFT read, are computed in float32 whatever it is.",
@@ -118,6 +128,12 @@ class _Config:
         return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every key's default."""
+        return {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+                for f in dataclasses.fields(cls)}
+
+    @classmethod
     def resumable_keys(cls) -> frozenset[str]:
         """The keys that may differ between a checkpoint's config and the run that resumes it (declared with
         ``resumable=True``): they do not change the math."""
@@ -138,6 +154,11 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(name, value, inner)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a mapping, got {type(value).__name__} {value!r}")
+        key_type, value_type = typing.get_args(tp)
+        return {_coerce(f"{name} key", k, key_type): _coerce(f"{name}[{k!r}]", v, value_type) for k, v in value.items()}
     if origin is list:
         if isinstance(value, tuple):
             value = list(value)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from grpokit.config.fields import TRL_OPTIM, _common, _Config, _field
+from grpokit.config.fields import TRL_OPTIM, _common, _field
 from grpokit.config.grpo_checks import ENGINES, check_grpo_config
-from grpokit.core.answers import ANSWER_EXTRACTIONS
+from grpokit.config.grpo_task import _TaskKeys
 from grpokit.core.importance import IS_MODES
 from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
@@ -15,94 +15,17 @@ DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at S
 
 
 @dataclass
-class GRPOConfig(_Config):
-    """A GRPO run, or a PPO one (``algorithm: ppo``): ``grpokit train``'s config (docs/usage.md)."""
+class GRPOConfig(_TaskKeys):
+    """A GRPO run, or a PPO one (``algorithm: ppo``): ``grpokit train``'s config (docs/usage.md). Its first keys, what
+    the run learns from, are :class:`~grpokit.config.grpo_task._TaskKeys`'."""
 
     TRL_NAMES: typing.ClassVar[dict[str, str]] = {
-        "optim": TRL_OPTIM, "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
+        "optim": TRL_OPTIM, "dataset_name": "dataset (a Hub id, or 'hf:ID')",
+        "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
         "vllm_importance_sampling_cap": "rollout_is_cap", "vllm_importance_sampling_clip_max": "rollout_is_cap"}
     REMOVED: typing.ClassVar[dict[str, str]] = {
         "merge_lora": "a LoRA run always writes the merged weights to output_dir/model and the adapter alone to "
                       "output_dir/adapter (docs/lora.md)"}
-
-    # ---- model and data --------------------------------------------------------------------------
-    model: str = _field(
-        "builtin:arithmetic",
-        "A local Hugging Face causal-LM directory (AutoModelForCausalLM + AutoTokenizer); 'gguf:FILE' for a "
-        "llama.cpp GGUF file, converted to float32 once and cached (pip install 'grpokit[gguf]'; or convert it "
-        "yourself with `grpokit convert`); or 'builtin:arithmetic' for the warm-started tiny demo model (built "
-        "and cached locally).",
-    )
-    dataset: str = _field(
-        "builtin:arithmetic",
-        "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, or a directory "
-        "written by datasets' save_to_disk (its 'train' split) — with a prompt column, an answer column, and "
-        "any other columns, which reward functions receive as keyword lists; 'gsm8k:FILE' for GSM8K-style "
-        "JSONL (question, answer ending '#### N'); 'reasoning_gym:TASK' for a reasoning-gym task's generated rows "
-        "(options: the reasoning_gym key; pip install 'grpokit[reasoning_gym]'); or 'builtin:arithmetic'.",
-    )
-    reasoning_gym: dict | None = _field(
-        None, "Options of a 'reasoning_gym:TASK' dataset (or 'reasoning_gym:TASK1,TASK2', a mix): size (rows "
-        "generated, 1000), seed (the run's), config (the task's settings; for a mix, task -> settings), weights (a "
-        "mix's task -> weight, 1 each), eval_size (held-out rows, 200), eval_seed (seed + size: reasoning-gym draws "
-        "row i from seed + i; questions the training rows hold are dropped).")
-    answer_extraction: str = _field(
-        "tag", "How the reasoning_gym reward reads a completion's answer before the task scores it: 'tag' (the text "
-        "of its only <answer>...</answer>), 'boxed' (the last \\boxed{...}), 'last_line', 'last_number' or 'whole' "
-        "(the whole completion).", choices=ANSWER_EXTRACTIONS)
-    prompt_column: str = _field("prompt", "Dataset column holding the prompt text.")
-    answer_column: str = _field(
-        "answer", "Dataset column holding the reference answer (passed to rewards as `answer` and by its name).")
-    output_dir: str = _field("runs/grpo", "Run directory: config, metrics.jsonl, completions.jsonl, model.",
-                             resumable=True)
-    seed: int = _field(0, "Seed for data order, sampling and initialisation.")
-    device: str = _common("device")
-    dtype: str = _common("dtype")
-    system_prompt: str | None = _field(
-        None, "A system message put before every prompt (e.g. asking for <think>…</think><answer>…</answer>, "
-        "R1-Zero style): in the chat template when the tokenizer has one, else as a first line."
-    )
-    chat_template: bool | None = _field(
-        None, "Render prompts with the tokenizer's chat template (with the generation prompt): None = when it "
-        "has one. Rows whose prompt is a list of {role, content} messages always need one."
-    )
-
-    # ---- held-out evaluation during training (docs/metrics.md, "Held-out evaluation") ---------------
-    eval_dataset: str | None = _field(
-        None, "Held-out rows (the dataset's formats and columns; a built-in task's name: its held-out set), evaluated "
-        "before the first step, every eval_every steps and after the last, as `grpokit eval` evaluates.")
-    eval_reward: str | None = _field(
-        None, "What judges held-out completions (held-out evaluation, `grpokit eval`, the reward-gaming alarm): any "
-        "reward_funcs entry giving one number per completion (a built-in name, 'reasoning_gym', 'FILE.py:NAME', "
-        "'model:DIR'). A completion scoring 1 or more is solved (eval_accuracy: the rate); eval_score is the mean "
-        "score (partial credit). None: 'accuracy' (with its lenient reading), 'code_tests' for rows with a tests "
-        "column, 'reasoning_gym' for a reasoning_gym: dataset.")
-    eval_fraction: float = _field(
-        0.0, "Instead of eval_dataset, this share of the dataset's rows held out (a seeded draw; never trained on).",
-        min=0, lt=1)
-    eval_every: int = _field(0, "Evaluate every this many steps (0: only before the first and after the last).",
-                             min=0, resumable=True)
-    eval_samples: int = _field(
-        4, "Held-out evaluation: completions sampled per prompt (at the run's temperature) for the sampled accuracy "
-        "and pass@1 / pass@eval_samples, beside the greedy accuracy; 0: greedy only.", min=0, resumable=True)
-    eval_alarm_drop: float = _field(
-        0.05, "The reward-gaming alarm: raised when held-out greedy accuracy has fallen at least this much (and "
-        "beyond twice its standard error) below its best while the training reward rose above its level then.",
-        gt=0, resumable=True)
-
-    # ---- rewards ---------------------------------------------------------------------------------
-    reward_funcs: list[str] | None = _field(
-        None,
-        "Reward functions: built-in names ('accuracy', 'math_accuracy' (math-verify when installed), 'format', "
-        "'code_tests' (runs the program in each completion against the row's tests column, in the sandbox), "
-        "'reasoning_gym' (the row's reasoning-gym task's own scorer, in the sandbox), the process rewards "
-        "'arithmetic_steps', 'arithmetic_substeps'), 'FILE.py:NAME', 'package.module:NAME' (called as TRL calls "
-        "them: docs/data_and_rewards.md), learned reward models as 'model:DIR' (an outcome model; a bare DIR too) or "
-        "'process_model:DIR'; the Python API also takes callables. None: [accuracy, format], or [reasoning_gym] for "
-        "a reasoning_gym: dataset.",
-    )
-    reward_weights: list[float] | None = _field(
-        None, "Weight of each reward function in the total reward; None means 1.0 each.")
 
     # ---- iterative RL (docs/reward_models.md, "Iterative RL") -------------------------------------
     rl_iterations: int = _field(

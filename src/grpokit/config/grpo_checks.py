@@ -59,8 +59,6 @@ def check_grpo_config(config: Any) -> None:
          "processes would run different numbers of sharded passes; use ddp"),
         (config.eval_dataset is not None and config.eval_fraction > 0, "eval_dataset and eval_fraction both choose "
          "the held-out rows; set one of them"),
-        (config.eval_every and config.eval_dataset is None and not config.eval_fraction, "eval_every needs held-out "
-         "rows: set eval_dataset or eval_fraction"),
         ("python" in config.tools and config.tool_timeout is not None and config.tool_timeout <= config.sandbox_timeout,
          f"tool_timeout={config.tool_timeout} must exceed sandbox_timeout={config.sandbox_timeout} with the python "
          "tool, so that a slow program is killed by the sandbox (and the model reads 'timed out') before the "

@@ -18,6 +18,7 @@ TRL_SFT_NAMES = {
     "max_seq_length": "max_length", "save_steps": "save_every", "save_total_limit": "keep_checkpoints",
     "eval_steps": "eval_every", "lr_scheduler_type": "lr_schedule", "model_name_or_path": "model",
     "dataset_text_field": "prompt_column and completion_column", "resume_from_checkpoint": "resume",
+    "dataset_name": "dataset (a Hub id, or 'hf:ID')",
 }
 REWARD_FORMS = ("auto", "labelled", "pairs", "steps")
 
@@ -81,13 +82,17 @@ class _SFTKeys(_Config):
     """SFTConfig's own keys."""
 
     # ---- model and data --------------------------------------------------------------------------
-    model: str | None = _field(None, "Required. A local Hugging Face causal-LM directory (AutoModelForCausalLM + "
-                               "AutoTokenizer), or 'builtin:arithmetic'.")
+    model: str | None = _field(None, "Required. A Hugging Face causal LM (AutoModelForCausalLM + AutoTokenizer): a "
+                               "local directory or a Hub model id (as grpokit train's model), or 'builtin:arithmetic'.")
     dataset: str | None = _field(
         None, "Required (unless rows are passed in Python). Rows with a prompt and a completion column: a JSONL "
-        "file, a CSV file with a header, a .parquet file, or a directory written by datasets' save_to_disk (its "
-        "'train' split)."
+        "file, a CSV file with a header, a .parquet file, a directory written by datasets' save_to_disk, a dataset "
+        "folder, or a Hugging Face Hub dataset id (as grpokit train's dataset)."
     )
+    dataset_config: str | None = _common("dataset_config")
+    dataset_train_split: str = _common("dataset_train_split")
+    dataset_test_split: str = _common("dataset_test_split")
+    dataset_columns: dict[str, str] | None = _common("dataset_columns")
     prompt_column: str = _field(
         "prompt", "Column holding the prompt: text, or a list of {role, content} chat messages."
     )
@@ -110,7 +115,8 @@ class _SFTKeys(_Config):
         min=0, lt=1,
     )
     eval_dataset: str | None = _field(
-        None, "A separate file of held-out rows (same formats and columns), instead of eval_fraction."
+        None, "Held-out rows of their own (the dataset's formats and columns; a Hub id: its dataset_test_split), "
+        "instead of eval_fraction."
     )
     eval_every: int = _field(
         0, "Measure the held-out loss every this many steps, and always after the last; 0: after the last only.",
@@ -166,16 +172,21 @@ class _RewardKeys(_Config):
     seed and the precision."""
 
     model: str | None = _field(
-        None, "Required. The backbone: a local Hugging Face causal-LM directory (DeepSeekMath initialises its "
-        "reward model from the policy's SFT model: give grpokit sft's output_dir/model), 'gguf:FILE', or "
-        "'builtin:arithmetic'. Its LM head is dropped and a new, randomly initialised classification head with "
-        "one label is trained with it (a directory already holding such a classifier continues from its head)."
+        None, "Required. The backbone: a Hugging Face causal LM, a local directory or a Hub id (DeepSeekMath "
+        "initialises its reward model from the policy's SFT model: give grpokit sft's output_dir/model), "
+        "'gguf:FILE', or 'builtin:arithmetic'. Its LM head is dropped and a new, randomly initialised classification "
+        "head with one label is trained with it (a directory already holding such a classifier continues from its "
+        "head)."
     )
     dataset: str | None = _field(
         None, "Required (unless rows are passed in Python). A JSONL file, a CSV file with a header, a .parquet "
-        "file, or a directory written by datasets' save_to_disk (its 'train' split), in one of the three forms "
-        "of `form` (what `grpokit sample` writes)."
+        "file, a directory written by datasets' save_to_disk, a dataset folder, or a Hugging Face Hub dataset id (as "
+        "grpokit train's dataset), in one of the three forms of `form` (what `grpokit sample` writes)."
     )
+    dataset_config: str | None = _common("dataset_config")
+    dataset_train_split: str = _common("dataset_train_split")
+    dataset_test_split: str = _common("dataset_test_split")
+    dataset_columns: dict[str, str] | None = _common("dataset_columns")
     form: str = _field(
         "auto", "The rows' form: 'labelled' {prompt, completion, label} (outcome model), 'pairs' {prompt, "
         "chosen, rejected} (outcome model, Bradley-Terry), 'steps' {prompt, completion, steps: [[offset, "
@@ -209,7 +220,8 @@ class _RewardKeys(_Config):
         "when eval_dataset is given.", min=0, lt=1,
     )
     eval_dataset: str | None = _field(
-        None, "A separate file of held-out rows (same form and columns), instead of eval_fraction."
+        None, "Held-out rows of their own (the dataset's formats, form and columns; a Hub id: its "
+        "dataset_test_split), instead of eval_fraction."
     )
     eval_every: int = _field(
         0, "Measure the held-out loss and accuracy every this many steps, and always after the last; 0: after "

@@ -286,6 +286,8 @@ def _check_config(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
     # What may differ is declared with the keys of the resuming run's config class (GRPO, SFT or reward).
     config_class = config_class_of(current)
     ignored = config_class.resumable_keys() | set(config_class.REMOVED)
+    # A key the checkpoint's config lacks is newer than the grpokit that wrote it: its run had the key's default.
+    saved = {**config_class.defaults(), **saved}
     different = [k for k in sorted(set(saved) | set(current)) if k not in ignored and saved.get(k) != current.get(k)]
     if different:
         details = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in different[:5])

@@ -41,7 +41,7 @@ class SupervisedTrainer(Trainer):
         self.set_up(config, resolve_device(config.device), ["tensorboard"] if config.tensorboard else [])
         if train_dataset is None and config.dataset is None:
             raise ConfigError(f"dataset is required: a file of {rows} (JSONL, CSV, Parquet, or a directory written by "
-                              "datasets' save_to_disk)")
+                              "datasets' save_to_disk), a dataset folder, or a Hugging Face Hub dataset id")
 
     def use_examples(self, examples: list, held_out: list, summary: dict[str, Any], none_left: str) -> None:
         """Train on ``examples`` and evaluate on ``held_out`` (None: a row that does not fit, left out), with the
