@@ -98,6 +98,22 @@ def test_selection_judges_caps_and_removes_duplicates(tmp_path):
     assert [(r["row"], r["completion"]) for r in lenient] == [(0, "a"), (0, "b"), (1, "y"), (1, "w")]
 
 
+def test_min_agreement_keeps_the_answers_several_samples_give(tmp_path):
+    """Self-consistency: a correct sample whose answer fewer than min_agreement of its prompt's samples give (a lucky
+    guess) is dropped; the answer is read from the tag, else the last number; a sample without one agrees with none."""
+    rows = [{"prompt": "p0", "answer": "12"}, {"prompt": "p1", "answer": "7"}]
+    completions = [["so 12", "it is <answer>12</answer>", "maybe 13", "no idea"],
+                   ["7 it is", "9", "9 again", "<answer> 9 </answer>"]]
+    scores = [{"acc": [1.0, 1.0, 0.0, 0.0]}, {"acc": [1.0, 0.0, 0.0, 0.0]}]
+    log = logged(tmp_path, completions, scores)
+    kept, counts = select(rows, [log], BootstrapSettings(keep_per_prompt=4, min_agreement=2), ["acc"])
+    assert [(r["row"], r["completion"]) for r in kept] == [(0, "so 12"), (0, "it is <answer>12</answer>")]
+    assert (counts["correct"], counts["disagreed"], counts["kept"]) == (3, 1, 2)  # "7" was given once: a guess
+    assert select(rows, [log], BootstrapSettings(keep_per_prompt=4), ["acc"])[1]["kept"] == 3  # default: no filter
+    with pytest.raises(BootstrapError, match="min_agreement must be between 1 and the samples per prompt"):
+        BootstrapSettings(samples=4, min_agreement=5)
+
+
 def test_a_log_of_other_settings_is_refused_and_a_torn_line_dropped(tmp_path):
     log = SamplesLog(tmp_path / "log.jsonl", {"samples": 4})
     log.add_completions([0, 1], [["a"], ["b"]])

@@ -62,10 +62,16 @@ class BootstrapSettings:
     few_shot: list[dict[str, Any]] = field(default_factory=list)  # {prompt, completion} demonstrations
     rewrite: str = "none"  # "tags": the answer into <answer>, the rest into <think>
     batch_size: int = 16  # prompts per generation pass
+    # self-consistency: a correct sample is kept only when at least this many of its prompt's samples of its round
+    # give its answer (a lucky guess is seldom given twice)
+    min_agreement: int = 1
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.keep_per_prompt < 1 or self.batch_size < 1:
             raise BootstrapError("samples, keep_per_prompt and batch_size must each be at least 1")
+        if not 1 <= self.min_agreement <= self.samples:
+            raise BootstrapError(f"min_agreement must be between 1 and the samples per prompt ({self.samples}), got "
+                                 f"{self.min_agreement}")
         if self.rewrite not in REWRITES:
             raise BootstrapError(f"rewrite must be one of {REWRITES}, got {self.rewrite!r}")
 
@@ -95,6 +101,20 @@ def bootstrap_prompt(prompt: Text, instruction: str | None, few_shot: Sequence[d
     if first_user is not None:
         first_user["content"] = ask(first_user["content"])
     return [*system, *demos, *rest]
+
+
+def given_answer(completion: str) -> str | None:
+    """The answer a completion gives, whitespace normalised: its only ``<answer>``, else its last number (as
+    :func:`rewrite_to_tags` reads it); None when it gives none.
+
+    >>> given_answer("so <answer> 1 2 </answer>"), given_answer("it is 12."), given_answer("none")
+    ('1 2', '12', None)
+    """
+    tagged = extract_answer(completion)
+    if tagged is not None and tagged.strip():
+        return " ".join(tagged.split())
+    number = last_number(completion)
+    return number.group() if number is not None else None
 
 
 def rewrite_to_tags(completion: str) -> str | None:
@@ -197,8 +217,8 @@ def select(rows: Sequence[dict[str, Any]], logs: Sequence[SamplesLog], settings:
     """The kept rows from the logs of every iteration so far, in row order (for each prompt, earlier iterations'
     samples first), and the counts of the summary."""
     kept: list[dict[str, Any]] = []
-    counts = {"prompts": len(rows), "samples": 0, "correct": 0, "no_answer": 0, "duplicates": 0, "over_cap": 0,
-              "rewritten": 0}
+    counts = {"prompts": len(rows), "samples": 0, "correct": 0, "no_answer": 0, "disagreed": 0, "duplicates": 0,
+              "over_cap": 0, "rewritten": 0}
     per_prompt = [0] * len(rows)
     for i, row in enumerate(rows):
         seen: set[str] = set()
@@ -206,6 +226,7 @@ def select(rows: Sequence[dict[str, Any]], logs: Sequence[SamplesLog], settings:
             record = log.scored.get(i)
             if record is None:
                 continue
+            given = [given_answer(c) if c is not None else None for c in record["candidates"]]
             for j, (sample, candidate) in enumerate(zip(log.completions[i], record["candidates"])):
                 counts["samples"] += 1
                 if candidate is None:
@@ -215,6 +236,9 @@ def select(rows: Sequence[dict[str, Any]], logs: Sequence[SamplesLog], settings:
                 if not all(scores[name] is not None and scores[name] >= settings.min_score for name in judge):
                     continue
                 counts["correct"] += 1
+                if given.count(given[j]) < settings.min_agreement:
+                    counts["disagreed"] += 1
+                    continue
                 key = " ".join(candidate.split())
                 if key in seen:
                     counts["duplicates"] += 1

@@ -131,7 +131,7 @@ def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
     settings = BootstrapSettings(
         samples=generations, keep_per_prompt=args.keep_per_prompt, judge=args.judge, min_score=args.min_score,
         instruction=None if args.no_instruction else args.instruction, rewrite=args.rewrite,
-        batch_size=config.prompts_per_step)
+        batch_size=config.prompts_per_step, min_agreement=args.min_agreement)
     summary = bootstrap_from_config(config, output, settings, iterations=args.iterations,
                                     num_prompts=_num_prompts(args), few_shot=args.few_shot,
                                     sft_config=args.sft_config)

@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="reward functions (as logged: accuracy_reward, ...) that must each score at least "
                       "--min_score for a sample to count as correct (default: the first of reward_funcs)")
     boot.add_argument("--min_score", type=float, default=1.0, help="the judge's passing score")
+    boot.add_argument("--min_agreement", type=int, default=1, metavar="N",
+                      help="self-consistency: keep a correct sample only when at least N of its prompt's samples (of "
+                      "its round) give the same answer (its <answer>, else its last number); a lucky guess seldom "
+                      "comes twice (default 1: no such filter)")
     boot.add_argument("--instruction", default=DEFAULT_INSTRUCTION, metavar="TEXT",
                       help=f"put before each question (default: {DEFAULT_INSTRUCTION!r})")
     boot.add_argument("--no_instruction", action="store_true", help="no instruction")
