@@ -15,8 +15,10 @@ from grpokit.tasks.arithmetic import HELD_OUT_PAIRS, has_carry, worked_solution
 from helpers import no_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
-SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml", "examples/answers_only/sft.yaml"]
+SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml", "examples/answers_only/sft.yaml",
+               "examples/reasoning_gym/sft.yaml"]
 TRAIN_CONFIGS = ["examples/jsonl_dataset.yaml", "examples/smollm2/grpo.yaml", "examples/answers_only/grpo.yaml",
+                 "examples/reasoning_gym/grpo.yaml",
                  "src/grpokit/tasks/recipes/arithmetic.yaml",
                  "src/grpokit/tasks/recipes/tools.yaml",
                  "src/grpokit/tasks/recipes/arithmetic_process.yaml"]
@@ -28,7 +30,7 @@ def test_example_configs_are_valid(path):
     (SFTConfig if path in SFT_CONFIGS else GRPOConfig).from_dict(values)  # raises ConfigError naming the key
 
 
-@pytest.mark.parametrize("recipe", ["smollm2", "answers_only"])
+@pytest.mark.parametrize("recipe", ["smollm2", "answers_only", "reasoning_gym"])
 def test_the_recipe_stages_share_their_system_prompt(recipe):
     sft, grpo = (yaml.safe_load((ROOT / f"examples/{recipe}/{name}.yaml").read_text()) for name in ("sft", "grpo"))
     assert sft["system_prompt"] == grpo["system_prompt"] and "<answer>" in grpo["system_prompt"]
