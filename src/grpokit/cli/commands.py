@@ -154,7 +154,7 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
     summary = evaluate_config(config, num_generations=generations, pass_ks=args.pass_k, num_prompts=_num_prompts(args),
                               output=args.output, completions=args.completions)
     for key, value in summary.items():
-        shown = ("_correct", "_lenient", "_format", "_tool_rate", "_tool_calls", "_tool_errors")
+        shown = ("_correct", "_score", "_lenient", "_format", "_tool_rate", "_tool_calls", "_tool_errors")
         if key.endswith(shown) or key.startswith("pass@"):
             print(f"{key:<16} {value:.3f}")
     return 0

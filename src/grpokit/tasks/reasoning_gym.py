@@ -42,12 +42,9 @@ from reasoning_gym.factory import DATASETS
 
 request = json.load(sys.stdin)
 scorers = {}
-
-def scorer(task):
-    if task not in scorers:
-        dataset, settings = DATASETS[task]
-        scorers[task] = dataset(config=settings(**request["configs"].get(task, {}))).score_answer
-    return scorers[task]
+for task in sorted({task for task, _, _ in request["jobs"]}):  # built outside the answers' clocks; failing here fails
+    dataset, settings = DATASETS[task]
+    scorers[task] = dataset(config=settings(**request["configs"].get(task, {}))).score_answer
 
 def expired(*_):
     raise TimeoutError("the scorer took longer than %s s" % request["seconds"])
@@ -57,7 +54,7 @@ results = []
 for task, answer, entry in request["jobs"]:
     try:
         signal.setitimer(signal.ITIMER_REAL, request["seconds"])
-        score = float(scorer(task)(answer, entry))
+        score = float(scorers[task](answer, entry))
         signal.setitimer(signal.ITIMER_REAL, 0)
         results.append([score, None] if math.isfinite(score) else [0.0, "not finite: %r" % score])
     except BaseException as error:
@@ -220,11 +217,18 @@ class TaskScore:
         if result.timed_out and len(jobs) > 1:  # an answer stuck where no alarm reaches (C code): find it alone
             return [score for job in jobs for score in self._score([job])]
         if result.timed_out:
+            if not self.errors:
+                warnings.warn(f"{self.__name__}: scoring an answer overran its sandbox; it scores 0 (counted in "
+                              ".errors, warned once)", stacklevel=2)
             self.errors += 1
             return [0.0]
         if result.sandbox_error is not None or result.exit_code != 0:
             why = result.sandbox_error or f"exit {result.exit_code}: {result.stderr.strip()[-1500:]}"
             raise RuntimeError(f"{self.__name__}: the scorer's sandbox failed: {why}")
         scored = json.loads(result.stdout)
-        self.errors += sum(error is not None for _, error in scored)
+        failed = [error for _, error in scored if error is not None]
+        if failed and not self.errors:
+            warnings.warn(f"{self.__name__}: the task's scorer failed on {len(failed)} of {len(scored)} answers, "
+                          f"which score 0 (first: {failed[0]}); counted in .errors, warned once", stacklevel=2)
+        self.errors += len(failed)
         return [score for score, _ in scored]
