@@ -5,7 +5,8 @@
 Per seed: the held-out greedy score (200 rows) by the task's own scorer, on the tagged answer (strict) and on the last
 number written (lenient: what a model that answers in prose knows), of the base model, the cold start bootstrapped
 from it and fine-tuned, and GRPO after it; each bootstrap round's coverage and the share of its kept rows whose
-reasoning reaches the answer it tags (the rest are right by luck); minutes.
+reasoning computes the answer it tags (the rest are right by luck, or by heart); minutes; and what self-consistency
+(``grpokit bootstrap --min_agreement``) would have kept of round 1's samples.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import json
 import re
 from pathlib import Path
 
+import yaml
+
+from grpokit.algorithms.bootstrap import BootstrapSettings, select
+from grpokit.algorithms.bootstrap_log import SamplesLog
+from grpokit.resolve import load_rows
 from grpokit.runtime.device import cpu_model
 from grpokit.tasks.reasoning_gym import TaskScore
 
-# chain_sum's reasoning reaches its answer when the sum or difference it writes last is the answer
-_EQUATION = re.compile(r"(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)")
+# chain_sum's reasoning reaches its answer when the sum or difference it writes last, before the answer, is the answer
+_EXPRESSION = re.compile(r"(-?\d+)\s*([+-])\s*(-?\d+)")
 
 
 def scores(path: Path) -> dict[str, float] | None:
@@ -38,14 +44,27 @@ def scores(path: Path) -> dict[str, float] | None:
 
 
 def consistent(rows: list[dict]) -> float:
-    """The share of kept rows whose last written equation is right and gives the tagged answer."""
+    """The share of kept rows whose reasoning computes the answer they tag: the last sum or difference written before
+    the answer has its value (the rest, such as "The answer is</think><answer>3", are right by luck or by heart)."""
     def ok(text: str, answer: str) -> bool:
-        found = _EQUATION.findall(text)
+        found = _EXPRESSION.findall(text.split("<answer>")[0])
         if not found:
             return False
-        a, op, b, result = found[-1]
-        return int(result) == (int(a) + int(b) if op == "+" else int(a) - int(b)) == int(answer)
+        a, op, b = found[-1]
+        return (int(a) + int(b) if op == "+" else int(a) - int(b)) == int(answer)
     return sum(ok(r["completion"], r["answer"]) for r in rows) / max(1, len(rows))
+
+
+def agreement(rows: list[dict], log_path: Path) -> list[dict]:
+    """What ``--min_agreement`` 1, 2 and 3 would have kept of round 1's samples (the same samples: keeping needs no
+    sampling): rows, coverage, and the share whose reasoning computes their answer."""
+    log = SamplesLog(log_path, json.loads(log_path.open().readline())["bootstrap"])
+    out = []
+    for n in (1, 2, 3):
+        kept, counts = select(rows, [log], BootstrapSettings(min_agreement=n, rewrite="tags"), ["reasoning_gym"])
+        out.append({"min_agreement": n, "kept": counts["kept"], "coverage": counts["coverage"],
+                    "consistent": consistent(kept)})
+    return out
 
 
 def main() -> None:
@@ -55,6 +74,8 @@ def main() -> None:
     args = parser.parse_args()
     runs = Path(args.runs)
     base = scores(runs / "base" / "eval_base.json")
+    config = yaml.safe_load(Path(__file__).with_name("grpo.yaml").read_text())
+    bootstrapped = load_rows(config["dataset"], reasoning_gym_options=config["reasoning_gym"])[:256]  # run.sh's
     records = []
     for seed_dir in sorted((runs / "bootstrap").glob("seed*")):
         if not (seed_dir / "times.json").is_file():  # still running, or stopped part-way
@@ -68,6 +89,7 @@ def main() -> None:
             "bootstrap": [{k: r[k] for k in ("iteration", "coverage", "kept", "correct_rate", "seconds")}
                           for r in cold["iterations"]],
             "cold_start_rows": cold["kept"], "cold_start_consistent": consistent(kept),
+            "round_1_by_agreement": agreement(bootstrapped, seed_dir / "cold" / "rows.samples-1.jsonl"),
             "minutes": times["grpo_eval"] / 60,
         })
     Path(args.out).write_text(json.dumps({"machine": {"cpu": cpu_model()}, "runs": records}, indent=2))
@@ -81,6 +103,12 @@ def main() -> None:
               f"| {r['cold_start_rows']} ({100 * r['cold_start_consistent']:.0f} %) "
               f"| {pct(r['sft'], 'strict')} / {pct(r['sft'], 'lenient')} "
               f"| **{pct(r['grpo'], 'strict')}** / {pct(r['grpo'], 'lenient')} | {r['minutes']:.0f} |")
+    print("\n| seed | round 1 kept with --min_agreement 1 / 2 / 3: rows, coverage, reasoning consistent |")
+    print("|---|---|")
+    for r in records:
+        cells = [f"{a['kept']}, {100 * a['coverage']:.0f} %, {100 * a['consistent']:.0f} %"
+                 for a in r["round_1_by_agreement"]]
+        print(f"| {r['seed']} | {' / '.join(cells)} |")
 
 
 if __name__ == "__main__":
