@@ -160,18 +160,19 @@ def eval_judge(config: Any, rows: list[dict[str, Any]]) -> RewardFunction | None
                                device=resolve_device(config.device))
     if rows and "tests" in rows[0]:
         return make_code_tests(**{**code_options(config), "binary": False})
-    return reasoning_gym.TaskScore(**task_options(config)) if _reasoning_gym(config) else None
+    return reasoning_gym.TaskScore(**task_options(config)) if _reasoning_gym_source(config) else None
 
 
-def _reasoning_gym(config: Any) -> bool:
-    return any(str(source).startswith(reasoning_gym.PREFIX) for source in (config.dataset, config.eval_dataset))
+def _reasoning_gym_source(config: Any) -> str | None:
+    """The config's reasoning-gym dataset (``dataset``, else ``eval_dataset``), if it names one."""
+    return next((str(s) for s in (config.dataset, config.eval_dataset) if str(s).startswith(reasoning_gym.PREFIX)),
+                None)
 
 
 def task_options(config: Any) -> dict[str, Any]:
     """The ``reasoning_gym`` reward's settings in a run's config, as :class:`~grpokit.tasks.reasoning_gym.TaskScore`
     takes them: ``answer_extraction``, the tasks' settings of a reasoning-gym dataset, the sandbox's."""
-    source = next((str(s) for s in (config.dataset, config.eval_dataset) if str(s).startswith(reasoning_gym.PREFIX)),
-                  None)
+    source = _reasoning_gym_source(config)
     configs = reasoning_gym.task_configs(source, (config.reasoning_gym or {}).get("config")) if source else {}
     return {"extraction": config.answer_extraction, "configs": configs, "isolation": config.sandbox,
             "seconds": config.sandbox_timeout}

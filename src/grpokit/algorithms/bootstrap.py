@@ -104,17 +104,23 @@ def bootstrap_prompt(prompt: Text, instruction: str | None, few_shot: Sequence[d
 
 
 def given_answer(completion: str) -> str | None:
-    """The answer a completion gives, whitespace normalised: its only ``<answer>``, else its last number (as
-    :func:`rewrite_to_tags` reads it); None when it gives none.
+    """The answer a completion gives, whitespace normalised (:func:`_answer_and_start`); None when it gives none.
 
     >>> given_answer("so <answer> 1 2 </answer>"), given_answer("it is 12."), given_answer("none")
     ('1 2', '12', None)
     """
+    found = _answer_and_start(completion)
+    return " ".join(found[0].split()) if found is not None else None
+
+
+def _answer_and_start(completion: str) -> tuple[str, int] | None:
+    """The answer a completion gives, stripped (its only ``<answer>``, else its last number), and where the text
+    that gives it starts; None when it gives none."""
     tagged = extract_answer(completion)
     if tagged is not None and tagged.strip():
-        return " ".join(tagged.split())
+        return tagged.strip(), completion.index("<answer>")
     number = last_number(completion)
-    return number.group() if number is not None else None
+    return (number.group(), number.start()) if number is not None else None
 
 
 def rewrite_to_tags(completion: str) -> str | None:
@@ -129,15 +135,11 @@ def rewrite_to_tags(completion: str) -> str | None:
     """
     if _SHAPE_RE.fullmatch(completion):
         return completion
-    tagged = extract_answer(completion)
-    if tagged is not None and tagged.strip():
-        answer, before = tagged.strip(), completion[: completion.index("<answer>")]
-    else:
-        number = last_number(completion)
-        if number is None:
-            return None
-        answer, before = number.group(), completion[: number.start()]
-    reasoning = _TAGS_RE.sub("", before).strip()
+    found = _answer_and_start(completion)
+    if found is None:
+        return None
+    answer, start = found
+    reasoning = _TAGS_RE.sub("", completion[:start]).strip()
     return f"<think>{reasoning}</think><answer>{answer}</answer>"
 
 

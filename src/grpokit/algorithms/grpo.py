@@ -111,7 +111,7 @@ class GRPOTrainer(Trainer):
         rows = given_rows(train_dataset, "train_dataset") if train_dataset is not None else load_rows(
             config.dataset, config.seed, dataset_options(config), reasoning_gym_options=config.reasoning_gym)
         source = "train_dataset" if train_dataset is not None else config.dataset
-        rows, eval_rows = self.held_out_rows(rows, eval_dataset)
+        rows, eval_rows, judge = self.held_out_rows(rows, eval_dataset)
         keywords = reward_column_names(rows, config.prompt_column, config.answer_column)
         extras = reward_keywords(environment_factory)
         self.iterations = IterativeRL(config, self.reward_funcs, self.world) if config.rl_iterations > 1 else None
@@ -160,11 +160,6 @@ class GRPOTrainer(Trainer):
         self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights, self.engine,
                                self.device, self.world, toolbox=toolbox)
         # Held-out evaluation (eval_dataset / eval_fraction) through the same engine, judged as `grpokit eval` judges.
-        judge = eval_judge(config, eval_rows) if eval_rows else None
-        if eval_rows:
-            source = "eval_dataset" if eval_dataset is not None else (
-                config.eval_dataset or f"{config.dataset} (eval_fraction)")
-            check_eval_rows(eval_rows, judge, config.prompt_column, config.answer_column, source)
         self.start_sandboxes([judge] if judge else [])
         self.held_out = HeldOutEval(config, tokenizer, eval_rows, eval_prompts, self.engine, self.world, toolbox,
                                     judge) if eval_rows else None
@@ -172,10 +167,11 @@ class GRPOTrainer(Trainer):
         self.shuffle = torch.Generator().manual_seed(config.seed + 1)  # minibatch order
 
     def held_out_rows(self, rows: list[dict[str, Any]], given: Iterable[dict[str, Any]] | None = None,
-                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(training rows, held-out rows): ``given`` (``eval_dataset=`` rows) or ``eval_dataset``'s rows, or an
-        ``eval_fraction`` of the dataset's (then not trained on), checked for the columns evaluation reads; no held-out
-        rows without any (then ``eval_every`` is refused: it is checked here, where rows passed in are known)."""
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Callable | None]:
+        """(training rows, held-out rows, what judges them): ``given`` (``eval_dataset=`` rows) or ``eval_dataset``'s
+        rows, or an ``eval_fraction`` of the dataset's (then not trained on), checked for the columns evaluation and its
+        judge (:func:`~grpokit.resolve.eval_judge`; None: ``accuracy``) read; no held-out rows without any (then
+        ``eval_every`` is refused: it is checked here, where rows passed in are known)."""
         config = self.config
         if given is not None and config.eval_fraction:
             raise ConfigError("eval_fraction and eval_dataset= both choose the held-out rows; set one of them")
@@ -192,11 +188,12 @@ class GRPOTrainer(Trainer):
             raise ConfigError("eval_every needs held-out rows: set eval_dataset or eval_fraction (or pass "
                               "eval_dataset= rows)")
         else:
-            return rows, []
+            return rows, [], None
         if not held:
             raise DataError(f"{source}: no held-out rows")
-        check_columns(held, [config.prompt_column], source=source)  # and the judge's columns, once it is known
-        return rows, held
+        judge = eval_judge(config, held)
+        check_eval_rows(held, judge, config.prompt_column, config.answer_column, source)
+        return rows, held, judge
 
     def start_sandboxes(self, users: Sequence[Callable]) -> None:
         """Start the sandboxes of the rewards and tools that run model-written code (``code_tests``, ``python``):
