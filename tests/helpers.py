@@ -185,16 +185,16 @@ class Scripted(ToolSession):
         self.script = [box.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         self.written = [0] * len(texts)
 
-    def intervene(self, t, rows, chosen, stopped, logp):
+    def intervene(self, columns, rows, chosen, stopped, logp):
         chosen, stopped = chosen.clone(), stopped.clone()
         for k, row in enumerate(rows.tolist()):
-            if row in self.pending:
+            if row in self.pending or row in self.waiting or row in self.ending:
                 continue  # the result goes in first
             script, at = self.script[row], self.written[row]
             chosen[k] = script[at] if at < len(script) else self.box.tokenizer.eos_token_id
             stopped[k] = at >= len(script)
             self.written[row] += 1
-        return super().intervene(t, rows, chosen, stopped, logp)
+        return super().intervene(columns, rows, chosen, stopped, logp)
 
 
 def write_config(tmp_path, tiny_model_dir, data_file, **extra):

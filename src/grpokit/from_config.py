@@ -17,7 +17,7 @@ from grpokit.data import check_columns, render_prompt
 from grpokit.rollout.engines import Engine, build_engine
 from grpokit.rollout.python_tool import start_sandboxes
 from grpokit.rollout.sampling_options import SamplingOptions
-from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tool_templates import build_toolbox, toolbox_options
 from grpokit.rollout.tools import ToolBox, add_environment_reward, resolve_tools
 from grpokit.runtime.device import describe_precision, resolve_device, resolve_precision
 from grpokit.training.evaluation import check_eval_rows, evaluate, summarize
@@ -33,7 +33,7 @@ def sampling_engine(config: GRPOConfig) -> tuple[Engine, Any, ToolBox]:
     model, tokenizer = resolve.load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
                                                         dtype=config.dtype)
     toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
-                            max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+                            system_prompt=config.system_prompt, **toolbox_options(config))
     device = resolve_device(config.device)
     if config.progress_bar:
         print(describe_precision(config.mixed_precision, device), file=sys.stderr)

@@ -45,6 +45,7 @@ from grpokit.rollout.python_tool import sandbox_limits
 from grpokit.runtime.device import resolve_device
 from grpokit.runtime.progress import quiet_unless
 from grpokit.tasks import arithmetic, reasoning_gym, tool_task
+from grpokit.tasks.environments import EnvironmentTask, load_environment_task
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.user_code import load_callable
 
@@ -239,3 +240,32 @@ def resolve_reward_functions(
         raise ValueError(f"reward_funcs: names must be unique, got {names}")
     check_reward_weights(weights, len(functions))
     return functions, [1.0] * len(functions) if weights is None else list(weights)
+
+
+def environment_task(config: Any) -> EnvironmentTask | None:
+    """The config's ``environment`` (``verifiers:NAME``, ``openenv:TARGET``) loaded with ``environment_args``: its
+    rows, rubric and per-completion environments (None without one)."""
+    if getattr(config, "environment", None) is None:
+        return None
+    task = load_environment_task(config.environment, config.environment_args, seed=config.seed)
+    if task.prompt_column != config.prompt_column:
+        raise ValueError(f"environment {config.environment!r}: its rows hold the prompt in {task.prompt_column!r}; "
+                         f"set prompt_column: {task.prompt_column} (it is {config.prompt_column!r})")
+    return task
+
+
+def with_environment(config: Any, task: EnvironmentTask | None, train_dataset: Any, eval_dataset: Any,
+                     reward_funcs: Sequence[Any] | None, environment_factory: Any) -> tuple[Any, ...]:
+    """What a run takes from its environment where nothing else was given: ``(train_dataset, eval_dataset,
+    reward_funcs, reward_weights, environment_factory)`` — the environment's rows (and held-out rows, unless the
+    config chooses its own), its rubric and weights (unless ``reward_funcs`` are given; ``reward_weights`` in the
+    config replace its weights), its environment factory."""
+    weights = config.reward_weights
+    if task is None:
+        return train_dataset, eval_dataset, reward_funcs, weights, environment_factory
+    own_held_out = config.eval_dataset is not None or config.eval_fraction
+    if reward_funcs is None and config.reward_funcs is None:
+        reward_funcs, weights = task.reward_funcs, weights or task.reward_weights
+    return (task.rows if train_dataset is None else train_dataset,
+            task.eval_rows if eval_dataset is None and not own_held_out else eval_dataset,
+            reward_funcs, weights, environment_factory or task.environment_factory)

@@ -350,7 +350,7 @@ def test_ids_past_the_tokenizer_are_no_call(tok):
     box = ToolBox(tok, [calculator])
     session = box.session([{}], 1, 4)
     chosen, stopped, logp = torch.tensor([len(tok) + 5]), torch.tensor([False]), torch.zeros(1)
-    assert session.intervene(0, torch.tensor([0]), chosen, stopped, logp)[0].tolist() == [len(tok) + 5]
+    assert session.intervene(torch.tensor([0]), torch.tensor([0]), chosen, stopped, logp)[0].tolist() == [len(tok) + 5]
 
 
 def test_sampled_rows_call_the_tools_as_training_does(model, tok):

@@ -185,7 +185,7 @@ def test_a_sessions_mask_counts_and_metrics(tok):
     session = ToolSession(ToolBox(tok, [calculator]), 3, 6, None)
     session.calls = [[use(seconds=0.25), use(failed=True, seconds=0.5)], [], [use(seconds=1.0)]]
     session.inserted = [(0, 1), (0, 2), (2, 5)]
-    assert session.metrics() == {"tool_calls": 3, "tool_errors": 1, "time_tools": 1.75}
+    assert session.metrics() == {"tool_calls": 3, "tool_errors": 1, "time_tools": 1.75, "wait_steps": 0}
     counts = session.counts()
     assert list(counts) == ["tool_rate", "tool_calls", "tool_errors"]
     assert [counts[key].tolist() for key in counts] == [[1.0, 0.0, 1.0], [2.0, 0.0, 1.0], [1.0, 0.0, 0.0]]

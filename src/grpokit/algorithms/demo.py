@@ -17,7 +17,7 @@ import torch
 from grpokit.algorithms.grpo import GRPOTrainer
 from grpokit.config import GRPOConfig
 from grpokit.resolve import BUILTIN, BUILTIN_TOOLS, load_model_and_tokenizer
-from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tool_templates import build_toolbox, toolbox_options
 from grpokit.rollout.tools import resolve_tools
 from grpokit.runtime.progress import quiet_unless
 from grpokit.tasks.demo import SETTINGS, TABLES, greedy_completion, held_out, table
@@ -65,9 +65,7 @@ def _run_demo(seed: int, output_dir: str | Path, task: str, eval_prompts: int, s
     model, tokenizer = load_model_and_tokenizer(str(warm_path), progress=progress)
     # The run's tools with the protocol a run chooses (the tiny tokenizer has no chat template: the plain one).
     toolbox = build_toolbox(tokenizer, resolve_tools(None, settings.get("tools", []))[0], None,
-                            chat_template=settings.get("chat_template"),
-                            max_calls=settings.get("max_tool_calls", GRPOConfig.max_tool_calls),
-                            timeout=settings.get("tool_timeout", GRPOConfig.tool_timeout))
+                            chat_template=settings.get("chat_template"), **toolbox_options(settings))
     rows, classes = held_out(task, eval_prompts)
     eval_kwargs = dict(samples_per_prompt=samples_per_prompt, temperature=settings["temperature"],
                        max_new_tokens=settings["max_completion_length"], seed=seed, progress=progress,

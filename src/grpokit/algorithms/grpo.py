@@ -39,18 +39,20 @@ from grpokit.models.sharding import full_state_dict, is_sharded
 from grpokit.resolve import (
     code_options,
     dataset_options,
+    environment_task,
     eval_judge,
     load_eval_rows,
     load_model_and_tokenizer,
     load_rows,
     resolve_reward_functions,
     task_options,
+    with_environment,
 )
 from grpokit.rewards.calling import check_reward_functions, reward_name
 from grpokit.rollout.engines import SamplingOptions, build_engine
 from grpokit.rollout.generate import Rollout
 from grpokit.rollout.python_tool import start_sandboxes
-from grpokit.rollout.tool_templates import build_toolbox
+from grpokit.rollout.tool_templates import build_toolbox, toolbox_options
 from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
 from grpokit.runtime.device import autocast, resolve_device
 from grpokit.runtime.memory import keep_freed_memory
@@ -98,10 +100,13 @@ class GRPOTrainer(Trainer):
         if config.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
 
+        # An environment (verifiers, OpenEnv) brings rows, a rubric and episodes, where nothing else is given.
+        train_dataset, eval_dataset, reward_funcs, weights, environment_factory = with_environment(
+            config, environment_task(config), train_dataset, eval_dataset, reward_funcs, environment_factory)
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         # Reward models named in the config run on this process's device, in the run's precision.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
-            reward_funcs or reward_funcs_of(config), config.reward_weights, code_options(config), task_options(config),
+            reward_funcs or reward_funcs_of(config), weights, code_options(config), task_options(config),
             device=self.device, mixed_precision=self.mixed_precision,
         )
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
@@ -128,7 +133,7 @@ class GRPOTrainer(Trainer):
         ensure_pad_token(tokenizer, repr(config.model))
         self.model, self.tokenizer = with_lora(model, config).to(self.device), tokenizer
         toolbox = build_toolbox(tokenizer, tool_functions, environment_factory, chat_template=config.chat_template,
-                                max_calls=config.max_tool_calls, timeout=config.tool_timeout)
+                                system_prompt=config.system_prompt, **toolbox_options(config))
         listed = toolbox.prompt_tools()
         render = dict(system_prompt=config.system_prompt, chat_template=config.chat_template, tools=listed)
         prompts, eval_prompts = ([render_prompt(tokenizer, row[config.prompt_column], **render) for row in part]

@@ -108,9 +108,26 @@ class GRPOConfig(_TaskKeys):
         None, "'FILE.py:NAME' or 'package.module:NAME' of a callable returning, per completion, an environment: "
         "reset(**row) is called with the completion's dataset row, its public methods are tools, and its "
         "get_reward() (or reward()), if any, is a reward function named after its class.")
+    environment: str | None = _field(
+        None, "Another library's environment as the run's task (docs/environments.md): 'verifiers:NAME' (an installed "
+        "verifiers environment: its dataset, rubric and turns; pip install 'grpokit[verifiers]') or 'openenv:URL' / "
+        "'openenv:MODULE:CLASS' (an OpenEnv server or Environment class; pip install 'grpokit[openenv]').")
+    environment_args: dict | None = _field(
+        None, "Keyword arguments of the environment: verifiers' load_environment(**args), or the OpenEnv adapter's "
+        "options (docs/environments.md).")
     max_tool_calls: int = _field(4, "Tool calls per completion; a further call gets an error text back.", min=0)
     tool_timeout: float | None = _field(
-        10.0, "Seconds a tool call may take; a slower one gets an error text back (and counts in tool_errors).", gt=0)
+        10.0, "Seconds a tool call, or an environment's reply, may take; a slower tool gets an error text back (and "
+        "counts in tool_errors), a slower environment stops the run naming it.", gt=0)
+    max_reply_chars: int | None = _field(
+        1024, "Characters of a tool's result or an environment's reply given to the model (the start; null: all "
+        "of it). The completion's token budget still applies.", min=1)
+    max_turns: int = _field(
+        10, "Turns of the model per episode with an environment that replies (reply(turn)); at the last one, its "
+        "stop token ends the episode.", min=1)
+    call_workers: int = _field(
+        32, "Threads that run tool calls, environments' resets and replies, concurrently for the whole batch, while "
+        "the completions that are not waiting keep decoding.", min=1)
 
     # ---- model-written code: the code_tests reward and the python tool (docs/data_and_rewards.md) ----
     sandbox: str = _field(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -108,13 +109,16 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample_tokens(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, u: Tensor | None = None) -> Tensor:
     """One token per row of ``probs`` (A, V), drawn by inverse transform: a uniform draw per row, found
     in the row's cumulative distribution. The distribution of ``torch.multinomial(probs, 1)`` at a sixth
-    of its cost at decoding's few rows (one uniform per row instead of one exponential per token)."""
+    of its cost at decoding's few rows (one uniform per row instead of one exponential per token). ``u`` (A, 1):
+    the draws to use (else drawn from ``generator``)."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:].contiguous()
-    u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    if u is None:
+        u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    u = u.to(cdf.dtype)
     chosen = torch.searchsorted(cdf, u * total, right=True)  # a token of probability 0 spans no interval
     # u · total can round up to total: the last token of positive probability, never one of zero.
     return torch.minimum(chosen, torch.searchsorted(cdf, total)).squeeze(1)
@@ -201,29 +205,45 @@ def generate(
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
     calling = bool(tools)  # asked once: an inert session costs nothing per decode step
-    picks: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []  # per decode step: t, rows, tokens, log-probs, stopped
+    # per decode step: rows, their columns (the step t, or each row's own with tools), tokens, log-probs, stopped
+    picks: list[tuple[Tensor, int | Tensor, Tensor, Tensor, Tensor]] = []
+    why = unsupported(model) if fast else None
+    if fast_only and why is not None:
+        raise ValueError(f"{fast_only} decoding needs a model the fast path runs: {why}")
+    if calling:
+        # A completion waiting for a call leaves holes in the decode steps: only where each step's shapes may
+        # change and the processes need not run the same steps (tools.py's ToolSession).
+        tools.can_hold = tools.box.overlap and stop_early and not graph
+        # Completion i's k-th token from draw [i, k]: the tokens do not depend on how long the calls took.
+        uniforms = None if greedy else tools.uniforms(generator, device)
+    filled = torch.zeros(n, dtype=torch.long, device=device)  # tokens each completion holds so far
 
-    def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them."""
+    def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them. Returns the
+        picks, which rows leave the batch (stopped, or at the token budget) and which picks are holes (None: none)."""
+        columns = filled[rows] if calling else None
         logits = logits / temperature if temperature != 1.0 else logits  # x / 1 is x: skip the operator
         if greedy:
             chosen = logits.argmax(dim=-1)
         else:
             probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
-            chosen = sample_tokens(probs, generator)
+            chosen = sample_tokens(probs, generator, None if not calling else uniforms[rows, columns].unsqueeze(1))
         stopped = chosen == stop_ids[0] if len(stop_ids) == 1 else torch.isin(chosen, stop_ids)  # == is cheaper
         # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5). log_softmax
         # is one operator; token_logprobs' logsumexp (kept for training: a smaller autograd graph) is
         # several, which shows at decoding's few rows.
         logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
-        if calling:  # queued tool-result tokens replace the picks of the rows that called
-            chosen, stopped, logp = tools.intervene(t, rows, chosen, stopped, logp)
-        picks.append((t, rows, chosen, logp, stopped))
-        return chosen, stopped
+        if not calling:  # every row's column is t; the loops end at the budget
+            picks.append((rows, t, chosen, logp, stopped))
+            return chosen, stopped, None
+        # queued tool-result tokens replace the picks of the rows that called; rows waiting for a call hold
+        chosen, stopped, logp, hold = tools.intervene(columns, rows, chosen, stopped, logp)
+        kept = ~hold
+        picks.append((rows[kept], columns[kept], chosen[kept], logp[kept], stopped[kept]))
+        filled[rows[kept]] += 1
+        waiting = hold & ~stopped  # rows whose environment ended the episode hold and leave: not a hole
+        return chosen, stopped | (filled[rows] >= max_new_tokens), waiting if waiting.any() else None
 
-    why = unsupported(model) if fast else None
-    if fast_only and why is not None:
-        raise ValueError(f"{fast_only} decoding needs a model the fast path runs: {why}")
     if fast and why is None:
         LlamaFamily(model).decode(unique_ids, unique_mask, max_new_tokens, choose, repeats=num_generations, int8=int8,
                                   graph=graph, exact_prefill=exact_prefill)
@@ -232,18 +252,24 @@ def generate(
 
     # Every step's picks written at once (a few operators, not a few per decode step). A row is chosen
     # for until it stops, so it stops at most once.
-    steps, rows, chosen, logp, stopped = zip(*picks)
-    columns = torch.tensor(steps, device=device).repeat_interleave(torch.tensor([len(r) for r in rows], device=device))
-    rows, stopped = torch.cat(rows), torch.cat(stopped)
+    rows, columns, chosen, logp, stopped = zip(*picks)
+    columns = torch.cat(columns) if calling else torch.tensor(columns, device=device).repeat_interleave(
+        torch.tensor([len(r) for r in rows], device=device))
+    rows, chosen, logp, stopped = (torch.cat(part) for part in (rows, chosen, logp, stopped))
     tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-    tokens.index_put_((rows, columns), torch.cat(chosen))
-    logps.index_put_((rows, columns), torch.cat(logp))
+    tokens.index_put_((rows, columns), chosen)
+    logps.index_put_((rows, columns), logp)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
     ended = rows[stopped]
     finished[ended] = True
     lengths[ended] = columns[stopped] + 1
+    if calling:
+        # Completions that an environment ended (after a reply) stopped without a stop token of their own.
+        lengths = torch.minimum(lengths, filled)
+        finished |= filled < max_new_tokens
+        tools.finish(lengths.tolist())
 
     width = int(lengths.max().item())
     completion_mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
@@ -259,7 +285,9 @@ def generate(
 
 
 def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early, exact_prefill) -> None:
-    """The decode loop over the model's own forward and its KV cache (any Hugging Face causal LM)."""
+    """The decode loop over the model's own forward and its KV cache (any Hugging Face causal LM). A row whose
+    pick is a hole (it waits for a call) feeds a token that is masked out of every later step, its position not
+    advanced; the loop then runs past ``max_new_tokens`` steps until every row has left."""
     n = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
     position_ids = position_ids_from_mask(attention_mask)
@@ -267,8 +295,9 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early, 
     next_tokens = torch.zeros(n, dtype=torch.long, device=prompt_ids.device)
     finished = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
     cache_name = _cache_argument(model)
-    input_ids, cache = prompt_ids, None
-    for t in range(max_new_tokens):
+    input_ids, cache, holes = prompt_ids, None, False
+    fed = torch.ones_like(next_tokens)  # 1 where the row's last pick was a token, 0 where it was a hole
+    for t in itertools.count():
         exact = exact_prefill and t == 0  # the prompts with autocast off
         with torch.autocast(prompt_ids.device.type, enabled=False) if exact else contextlib.nullcontext():
             out = model(
@@ -281,12 +310,14 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early, 
             )
         cache = getattr(out, cache_name)
         running = ~finished
+        advance, fed = fed, torch.ones_like(next_tokens)
         if running.any():  # finished rows keep feeding their last token: never read again
-            next_tokens[running], finished[running] = choose(out.logits[running, -1, :].float(), t, rows[running])
-        if stop_early and finished.all():
+            next_tokens[running], finished[running], hold = choose(out.logits[running, -1, :].float(), t, rows[running])
+            if hold is not None:
+                fed[rows[running][hold]], holes = 0, True
+        if (stop_early and finished.all()) or (t >= max_new_tokens - 1 and not holes):
             break
         input_ids = next_tokens.unsqueeze(1)
-        attention_mask = torch.cat([attention_mask, torch.ones_like(input_ids)], dim=1)
-        position_ids = position_ids[:, -1:] + 1
-
-
+        attention_mask = torch.cat([attention_mask, fed.unsqueeze(1)], dim=1)
+        # A hole takes the position after the row's last token, and the next token takes it again.
+        position_ids = position_ids + advance.unsqueeze(1) if t else position_ids[:, -1:] + 1

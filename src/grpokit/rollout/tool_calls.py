@@ -16,7 +16,7 @@ from grpokit.user_code import Overran, call_with_timeout
 TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
 MAX_CALL = 4096  # characters between <tool> and </tool>
-MAX_RESULT = 1024  # characters of a result given back to the model
+MAX_RESULT = 1024  # characters of a result given back to the model, by default (``max_reply_chars``)
 
 
 @dataclass
@@ -67,10 +67,12 @@ def parse_tool_call(text: str, open_tag: str = TOOL_OPEN, close_tag: str = TOOL_
     return ToolCall(name=name, arguments=arguments)
 
 
-def run_tool(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: float | None = None) -> tuple[str, bool]:
-    """``(text, failed)``: the tool's result as text (cut to ``MAX_RESULT`` characters), or, ``failed``, the
-    error the model gets back instead — a malformed call, an unknown tool, arguments its signature refuses,
-    an exception it raised, or a run longer than ``timeout`` seconds."""
+def run_tool(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: float | None = None,
+             limit: int | None = MAX_RESULT) -> tuple[str, bool]:
+    """``(text, failed)``: the tool's result as text (its first ``limit`` characters; None: all of it), or,
+    ``failed``, the error the model gets back instead — a malformed call, an unknown tool, arguments its signature
+    refuses, an exception it raised, or a run longer than ``timeout`` seconds."""
+    cut = slice(limit)
     if call.error is not None:
         return f"error: {call.error}", True
     if call.name not in tools:
@@ -80,12 +82,12 @@ def run_tool(call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: f
     except Overran:
         return f"error: {call.name} took longer than {timeout} s", True
     except TypeError as error:  # arguments the signature does not take (or the tool's own TypeError)
-        return f"error: {call.name}: {error}"[:MAX_RESULT], True
+        return f"error: {call.name}: {error}"[cut], True
     except Exception as error:
-        return f"error: {call.name} raised {type(error).__name__}: {error}"[:MAX_RESULT], True
+        return f"error: {call.name} raised {type(error).__name__}: {error}"[cut], True
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     failed = text.startswith("error:")  # a tool may answer its own errors as text, as calculator does
-    return text[:MAX_RESULT], failed
+    return text[cut], failed
 
 
 class PlainProtocol:

@@ -216,13 +216,23 @@ def template_protocol(tokenizer: Any) -> TemplateProtocol | None:
 
 
 def build_toolbox(tokenizer: Any, tools: Sequence[Callable], environment_factory: Callable[[], Any] | None, *,
-                  chat_template: bool | None, max_calls: int, timeout: float | None) -> ToolBox:
+                  chat_template: bool | None, system_prompt: str | None = None, **options: Any) -> ToolBox:
     """The ToolBox of a run or of ``grpokit sample`` (:attr:`ToolBox.NONE`, the empty box, without tools): calls in
     the chat template's own format where the tokenizer has a template that renders tools and ``chat_template`` is
     not false (the prompt then lists the tools as the template describes them: :meth:`ToolBox.prompt_tools`), else
-    the plain-text protocol (docs/tools.md)."""
+    the plain-text protocol (docs/tools.md). ``options``: the ToolBox's (:func:`toolbox_options`)."""
     if not tools and environment_factory is None:
         return ToolBox.NONE  # no protocol to choose (nor the template's probe conversations to render)
     templated = chat_template is not False and getattr(tokenizer, "chat_template", None) is not None
-    return ToolBox(tokenizer, tools, environment_factory=environment_factory, max_calls=max_calls, timeout=timeout,
-                   protocol=template_protocol(tokenizer) if templated else None)
+    return ToolBox(tokenizer, tools, environment_factory=environment_factory, chat_template=chat_template,
+                   system_prompt=system_prompt, protocol=template_protocol(tokenizer) if templated else None,
+                   **options)
+
+
+def toolbox_options(config: Any) -> dict[str, Any]:
+    """A config's ToolBox settings (a GRPOConfig's keys, or a mapping of them: the demo's)."""
+    get = config.get if isinstance(config, dict) else lambda key, default: getattr(config, key, default)
+    from grpokit.config import GRPOConfig
+    keys = dict(max_calls="max_tool_calls", timeout="tool_timeout", max_reply_chars="max_reply_chars",
+                max_turns="max_turns", workers="call_workers")
+    return {option: get(key, getattr(GRPOConfig, key)) for option, key in keys.items()}

@@ -13,36 +13,32 @@ The built-in tools: ``calculator`` (:mod:`grpokit.rollout.calculator`): arithmet
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from grpokit.data import render_prompt
 from grpokit.rollout.calculator import calculator
+from grpokit.rollout.episodes import (
+    INERT,
+    TOOL_COUNTS,
+    EnvironmentFailure,
+    InertSession,
+    ToolSession,
+    ToolUse,
+    environment_call,
+    own_token_steps,
+)
 from grpokit.rollout.python_tool import make_python_tool, python, sandbox_limits
-from grpokit.rollout.tool_calls import PlainProtocol, ToolCall, parse_tool_call, run_tool
+from grpokit.rollout.tool_calls import MAX_RESULT, PlainProtocol, ToolCall, parse_tool_call, run_tool
 from grpokit.user_code import call_with_timeout, load_callable
 
-__all__ = ["INERT", "InertSession", "PlainProtocol", "ToolBox", "ToolCall", "ToolSession", "ToolUse", "calculator",
-           "call_with_timeout", "parse_tool_call", "python", "run_tool"]
-
-TOOL_COUNTS = ("tool_rate", "tool_calls", "tool_errors")  # per completion (:meth:`ToolSession.counts`)
-
-
-@dataclass
-class ToolUse:
-    """One call a completion made: what it asked for, what it got back, and where the result sits."""
-
-    name: str | None
-    arguments: dict[str, Any]
-    result: str  # the tool's text (an "error: ..." text when failed)
-    failed: bool
-    start: int  # the completion's token index where the inserted result begins
-    tokens: int  # how many result tokens were inserted (fewer than the result's when the budget ran out)
-    seconds: float
+__all__ = ["INERT", "TOOL_COUNTS", "EnvironmentFailure", "InertSession", "PlainProtocol", "ToolBox", "ToolCall",
+           "ToolSession", "ToolUse", "calculator", "call_with_timeout", "own_token_steps", "parse_tool_call", "python",
+           "run_tool"]
 
 
 def tool_functions(tools: Sequence[Callable] | Mapping[str, Callable]) -> dict[str, Callable]:
@@ -60,11 +56,14 @@ def tool_functions(tools: Sequence[Callable] | Mapping[str, Callable]) -> dict[s
     return named
 
 
+NOT_TOOLS = ("reset", "reply", "end", "reward", "get_reward")  # an environment's protocol, not its tools
+
+
 def environment_tools(environment: Any) -> dict[str, Callable]:
     """The tools an environment offers: its public methods but ``reset`` and its reward (as TRL lists them,
     on the class, so properties are not evaluated)."""
     return {name: getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
-            if not name.startswith("_") and name not in ("reset", "reward", "get_reward")}
+            if not name.startswith("_") and name not in NOT_TOOLS}
 
 
 def environment_reward(environments: Sequence[Any]) -> list[float | None]:
@@ -144,21 +143,29 @@ def add_environment_reward(reward_funcs: list[Callable], weights: list[float],
 
 class ToolBox:
     """The run's tools: plain functions, and/or ``environment_factory`` (a callable returning, per completion, an
-    object with ``reset(**row)`` and tool methods). Built once; :meth:`session` serves one rollout. A box with
-    neither is empty (falsy; :attr:`NONE` is one): a run without tools, whose sessions do nothing. Every consumer
-    (the sampler, ``grpokit sample``, the evaluation) takes a box and asks it, never a None."""
+    object with ``reset(**row)``, tool methods and optionally ``reply(turn)``: :mod:`grpokit.tasks.environments`).
+    Built once; :meth:`session` serves one rollout. A box with neither is empty (falsy; :attr:`NONE` is one): a run
+    without tools, whose sessions do nothing. Every consumer (the sampler, ``grpokit sample``, the evaluation) takes
+    a box and asks it, never a None. Calls run in the box's thread pool (``workers`` threads), concurrently."""
 
     NONE: ClassVar[ToolBox]  # the empty box (set below the class)
 
     def __init__(self, tokenizer: Any = None, tools: Sequence[Callable] | Mapping[str, Callable] = (), *,
                  environment_factory: Callable[[], Any] | None = None, max_calls: int = 4,
-                 timeout: float | None = 10.0, protocol: Any = None):
+                 timeout: float | None = 10.0, protocol: Any = None, max_reply_chars: int | None = MAX_RESULT,
+                 max_turns: int = 10, workers: int = 32, system_prompt: str | None = None,
+                 chat_template: bool | None = None, overlap: bool = True):
         self.tokenizer, self.tools = tokenizer, tool_functions(tools)
         self.environment_factory, self.max_calls, self.timeout = environment_factory, max_calls, timeout
+        self.max_reply_chars, self.max_turns, self.workers = max_reply_chars, max_turns, workers
+        self.overlap = overlap  # False: each call waited for where it is made (benchmarks/slow_environment.py)
+        self.system_prompt, self.chat_template = system_prompt, chat_template
         self.active = bool(self.tools) or environment_factory is not None
         self.protocol = protocol or PlainProtocol()
         self.listed_in_prompt = protocol is not None and self.active  # a chat template's protocol: prompts list them
         self.environment_methods: dict[str, Callable] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._turn_markup: tuple[str, str] | None = None
         if environment_factory is not None:
             probe = environment_factory()
             if not callable(getattr(probe, "reset", None)):
@@ -180,6 +187,41 @@ class ToolBox:
     def __bool__(self) -> bool:
         return self.active
 
+    def pool(self) -> ThreadPoolExecutor:
+        """The threads calls run in (made at the first call: a box that never calls starts none)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="grpokit-call")
+        return self._pool
+
+    def closing_tokens(self, ids: Tensor) -> Tensor:
+        """(A,) bool: whether each token id can end a call (ids past the tokenizer's, in a model's padded
+        vocabulary, never do)."""
+        inside = ids < len(self.closing)
+        return inside & self.closing[ids.clamp(max=len(self.closing) - 1)]
+
+    def encode(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """``(piece, is_markup)`` → token ids: markup with its special tokens, the rest never (a tool or an
+        environment cannot end the completion by writing EOS)."""
+        ids: list[int] = []
+        for piece, is_markup in pieces:
+            ids += self.tokenizer(piece, add_special_tokens=False, split_special_tokens=not is_markup)["input_ids"]
+        return ids
+
+    def turn_pieces(self, reply: str) -> list[tuple[str, bool]]:
+        """What follows a completion's stop token when its environment replies: the chat template's markup of a
+        user message holding ``reply`` and of the next assistant turn (with a template), else the reply on its
+        own lines."""
+        if self._turn_markup is None:
+            self._turn_markup = turn_markup(self.tokenizer, self.chat_template)
+        before, after = self._turn_markup
+        return [(before, True), (reply, False), (after, True)]
+
+    def render(self, prompt: str | list[dict[str, Any]]) -> str:
+        """A prompt as the model reads it (:func:`~grpokit.data.render_prompt`, with this box's tools listed where
+        the template lists them)."""
+        return render_prompt(self.tokenizer, prompt, system_prompt=self.system_prompt,
+                             chat_template=self.chat_template, tools=self.prompt_tools())
+
     def schema_tools(self) -> list[Callable]:
         """Every tool a completion may call, for a chat template to describe (an environment's as methods of one
         instance: their signatures and docstrings are the class's)."""
@@ -190,174 +232,72 @@ class ToolBox:
         plain-text protocol, whose prompts say nothing of them."""
         return self.schema_tools() if self.listed_in_prompt else None
 
-    def session(self, rows: Sequence[dict[str, Any]], group_size: int, max_new_tokens: int
-                ) -> ToolSession | InertSession:
-        """The state of one rollout of ``rows`` × ``group_size`` completions: each has its own environment (reset
-        with its row) when there is a factory. The empty box's session is :data:`INERT`."""
+    def session(self, rows: Sequence[dict[str, Any]], group_size: int, max_new_tokens: int,
+                prompt_column: str = "prompt") -> ToolSession | InertSession:
+        """The state of one rollout of ``rows`` × ``group_size`` completions: each has its own environment when
+        there is a factory, all made and reset with their rows at once, in the pool. Where a ``reset`` returns an
+        observation (a text), it is appended to that completion's prompt (``rows[i][prompt_column]``), and the
+        session's ``prompts`` are the N prompts to sample from. The empty box's session is :data:`INERT`."""
         if not self.active:
             return INERT
-        environments = None
-        if self.environment_factory is not None:
-            environments = []
-            for row in rows:
-                for _ in range(group_size):
-                    environment = self.environment_factory()
-                    environment.reset(**row)
-                    environments.append(environment)
-        return ToolSession(self, len(rows) * group_size, max_new_tokens, environments)
+        n = len(rows) * group_size
+        if self.environment_factory is None:
+            return ToolSession(self, n, max_new_tokens, None)
+        environments = list(self.pool().map(lambda _: self.environment_factory(), range(n)))
+        expanded = [row for row in rows for _ in range(group_size)]
+        observations = list(self.pool().map(
+            lambda i: environment_call(environments[i], "reset", i, **expanded[i]), range(n)))
+        prompts = None
+        if any(observation is not None for observation in observations):
+            for i, observation in enumerate(observations):
+                if observation is not None and not isinstance(observation, str):
+                    raise EnvironmentFailure(f"environment {type(environments[i]).__name__}.reset returned "
+                                             f"{type(observation).__name__}, not a text or None (completion {i})")
+            prompts = [self.render(with_observation(row.get(prompt_column, ""), observation))
+                       for row, observation in zip(expanded, observations)]
+        return ToolSession(self, n, max_new_tokens, environments, prompts)
 
 
-class ToolSession:
-    """Runs the calls of one rollout between decode steps. :meth:`intervene` sees each step's picks: a completion
-    whose new token closes a call gets the tool's result queued, and the queued tokens replace its next picks one
-    per step — they go through the KV cache like any token, so nothing is re-encoded, and the other completions
-    keep decoding meanwhile. The positions of inserted tokens make :meth:`tool_mask`."""
+def with_observation(prompt: str | list[dict[str, Any]], observation: str | None) -> str | list[dict[str, Any]]:
+    """A prompt with a reset's observation appended: to a conversation's last user message (a new user message
+    if it has none after the system's), to a plain prompt on a line of its own, as TRL appends it.
 
-    def __init__(self, box: ToolBox, n: int, max_new_tokens: int, environments: list[Any] | None):
-        self.box, self.max_new_tokens, self.environments = box, max_new_tokens, environments
-        self.tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)  # what each completion holds so far
-        self.segment_start = [0] * n  # where the text after the last call begins
-        self.pending: dict[int, list[int]] = {}  # row → result tokens still to insert
-        self.inserted: list[tuple[int, int]] = []  # (row, column) of every inserted token
-        self.calls: list[list[ToolUse]] = [[] for _ in range(n)]
-
-    def tools_of(self, row: int) -> Mapping[str, Callable]:
-        if self.environments is None:
-            return self.box.tools
-        return {**self.box.tools, **environment_tools(self.environments[row])}
-
-    def intervene(self, t: int, rows: Tensor, chosen: Tensor, stopped: Tensor, logp: Tensor
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-        """Step ``t``'s picks of the running ``rows`` → the picks with queued result tokens in place of sampled
-        ones (never stopping; log-prob 0: they are not the policy's)."""
-        rows_list = rows.tolist()
-        forced = torch.zeros_like(stopped)
-        if self.pending:
-            at = [k for k, row in enumerate(rows_list) if row in self.pending]
-            if at:
-                ids = []
-                for k in at:
-                    queue = self.pending[rows_list[k]]
-                    ids.append(queue.pop(0))
-                    if not queue:
-                        del self.pending[rows_list[k]]
-                    self.inserted.append((rows_list[k], t))
-                index = torch.tensor(at, device=chosen.device)
-                chosen, stopped, logp = chosen.clone(), stopped.clone(), logp.clone()
-                chosen[index] = torch.tensor(ids, device=chosen.device)
-                stopped[index], logp[index], forced[index] = False, 0.0, True
-        cpu = chosen.cpu()
-        self.tokens[rows.cpu(), t] = cpu
-        closing = self.box.closing
-        if int(cpu.max()) >= len(closing):  # a model's vocabulary padded past the tokenizer's: ids it never decodes
-            closing = torch.cat([closing, closing.new_zeros(int(cpu.max()) + 1 - len(closing))])
-        hits = closing[cpu] & ~(stopped | forced).cpu()
-        for k in hits.nonzero().squeeze(1).tolist():
-            self._maybe_call(rows_list[k], t)
-        return chosen, stopped, logp
-
-    def _maybe_call(self, row: int, t: int) -> None:
-        box = self.box
-        close = box.protocol.close
-        text = box.tokenizer.decode(self.tokens[row, self.segment_start[row]: t + 1].tolist(), skip_special_tokens=True)
-        end = text.find(close)
-        if end < 0:
-            return
-        started = time.perf_counter()
-        if len(self.calls[row]) >= box.max_calls:
-            call = ToolCall(error=f"at most {box.max_calls} tool calls per completion")
-        else:
-            call = box.protocol.parse(text[: end + len(close)])
-        result, failed = run_tool(call, self.tools_of(row), box.timeout)
-        ids = []
-        for piece, is_markup in box.protocol.result_pieces(result, call):
-            ids += box.tokenizer(piece, add_special_tokens=False, split_special_tokens=not is_markup)["input_ids"]
-        ids = ids[: self.max_new_tokens - t - 1]  # what fits before the completion's budget ends
-        if ids:
-            self.pending[row] = ids
-        # The next call is searched for after the result: a result's own text (an error quoting "</tool>", a tool
-        # returning a call) is never read as a call.
-        self.segment_start[row] = t + 1 + len(ids)
-        self.calls[row].append(ToolUse(call.name, call.arguments, result, failed, t + 1, len(ids),
-                                       time.perf_counter() - started))
-
-    def tool_mask(self, width: int, device: torch.device | str) -> Tensor:
-        """(N, width) long: 1 on every inserted token."""
-        mask = torch.zeros(len(self.calls), self.max_new_tokens, dtype=torch.long)
-        if self.inserted:
-            rows, columns = zip(*self.inserted)
-            mask[list(rows), list(columns)] = 1
-        return mask[:, :width].to(device)
-
-    def reward_inputs(self, rollout: Any, prompts: Sequence[Any], columns: dict[str, list]
-                      ) -> list[list[dict[str, Any]]] | None:
-        """What reward functions get from this session's rollout (a :class:`~grpokit.rollout.generate.Rollout`)
-        beyond its text: each completion's environment, added to ``columns`` as ``environments``, and, where a
-        prompt is conversational, each trajectory as messages (the assistant's turns and the tool results;
-        returned, else None), as TRL passes them."""
-        if self.environments is not None:
-            columns["environments"] = self.environments
-        if not any(isinstance(prompt, list) for prompt in prompts):
-            return None
-        return [tool_messages(self.box.tokenizer, rollout.completion_ids[i, : int(n)].tolist(), self.calls[i])
-                for i, n in enumerate(rollout.lengths.tolist())]
-
-    def own_steps(self, steps: list[list[tuple[int, float]]], rollout: Any) -> list[list[tuple[int, float]]]:
-        """Each completion's reward steps, those ending on an inserted token moved (:func:`own_token_steps`)."""
-        return [own_token_steps(s, mask) for s, mask in zip(steps, rollout.model_mask.tolist())]
-
-    def metrics(self) -> dict[str, float]:
-        """The rollout's calls, failed calls and seconds spent in tools (docs/metrics.md)."""
-        calls = [call for row in self.calls for call in row]
-        return {"tool_calls": len(calls), "tool_errors": sum(c.failed for c in calls),
-                "time_tools": sum(c.seconds for c in calls)}
-
-    def counts(self) -> dict[str, Tensor]:
-        """(N,) float per completion, under :data:`TOOL_COUNTS`'s names: whether it called a tool, its calls, its
-        failed calls."""
-        calls = torch.tensor([[len(c), sum(u.failed for u in c)] for c in self.calls], dtype=torch.float)
-        return dict(zip(TOOL_COUNTS, ((calls[:, 0] > 0).float(), calls[:, 0], calls[:, 1])))
+    >>> with_observation([{"role": "user", "content": "Play."}], "Board: ...")
+    [{'role': 'user', 'content': 'Play.\\n\\nBoard: ...'}]
+    >>> with_observation("", "Board: ...")
+    'Board: ...'
+    """
+    if observation is None:
+        return prompt
+    if isinstance(prompt, str):
+        return f"{prompt}\n\n{observation}" if prompt else observation
+    messages = [dict(message) for message in prompt]
+    if messages and messages[-1].get("role") == "user":
+        content = messages[-1].get("content") or ""
+        messages[-1]["content"] = f"{content}\n\n{observation}" if content else observation
+    else:
+        messages.append({"role": "user", "content": observation})
+    return messages
 
 
-class InertSession:
-    """The session of the empty box (a run without tools), :data:`INERT`: falsy, so ``generate`` never hands it
-    a decode step (it costs nothing per step); it inserts nothing (``tool_mask`` None), gives reward functions
-    nothing more, moves no step, and has no calls (``calls`` None: the rollout had no tools) nor metrics."""
-
-    calls = environments = None
-
-    def __bool__(self) -> bool:
-        return False
-
-    def tool_mask(self, width: int, device: torch.device | str) -> None:
-        return None
-
-    def reward_inputs(self, rollout: Any, prompts: Sequence[Any], columns: dict[str, list]) -> None:
-        return None
-
-    def own_steps(self, steps: list[list[tuple[int, float]]], rollout: Any) -> list[list[tuple[int, float]]]:
-        return steps
-
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-    def counts(self) -> dict[str, Tensor]:
-        return {}
+def turn_markup(tokenizer: Any, chat_template: bool | None) -> tuple[str, str]:
+    """``(before, after)`` a user message's text when it follows an assistant turn that ended with the stop
+    token, up to the next assistant turn's start: found by rendering a conversation with and without a last user
+    message (what the template writes after the stop token included, e.g. ChatML's newline). Without a template
+    (or ``chat_template`` false), the message on lines of its own."""
+    if chat_template is False or getattr(tokenizer, "chat_template", None) is None:
+        return "\n", "\n"
+    marker = "\x00REPLY\x00"
+    talk = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    base = tokenizer.apply_chat_template(talk, tokenize=False)
+    full = tokenizer.apply_chat_template([*talk, {"role": "user", "content": marker}], tokenize=False,
+                                         add_generation_prompt=True)
+    stop = tokenizer.eos_token or ""
+    end = base.rfind(stop) if stop else -1
+    if not full.startswith(base) or marker not in full or end < 0:
+        return "\n", "\n"  # a template that rewrites earlier turns: the plain-text markup
+    before, after = full[len(base):].split(marker)
+    return base[end + len(stop):] + before, after
 
 
-INERT = InertSession()
 ToolBox.NONE = ToolBox()
-
-
-def own_token_steps(steps: list[tuple[int, float]], model_mask: list[int]) -> list[tuple[int, float]]:
-    """Steps that end on an inserted tool token (a completion cut off inside a tool's result) moved to the
-    policy's last token before it: rewards sit on the policy's actions (PPO's GAE reads them there)."""
-    own = [i for i, m in enumerate(model_mask) if m]
-    if not own:
-        return steps
-    moved: dict[int, float] = {}
-    for end, reward in steps:
-        if not model_mask[end]:
-            end = max([i for i in own if i <= end], default=own[0])
-        moved[end] = moved.get(end, 0.0) + reward
-    return sorted(moved.items())

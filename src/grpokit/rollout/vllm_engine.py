@@ -198,6 +198,7 @@ class VLLMEngine:
         may close a call; the session reads each new token as the native loop feeds it, and a call's result tokens
         (log-prob 0: not the policy's) go in before decoding goes on from the exact ids."""
         n = len(prompts) * g
+        session.can_hold = False  # each call waited for where it is made: vLLM decodes the others meanwhile
         closing = session.box.closing.nonzero().squeeze(1).tolist()
         stops = list(dict.fromkeys(self.stop_ids + closing))
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -214,17 +215,21 @@ class VLLMEngine:
             for i, out in zip(running, outputs):
                 completion = out.outputs[0]
                 for token, entry in zip(completion.token_ids, completion.logprobs):
-                    ended = token in self.stop_ids
-                    session.intervene(len(tokens[i]), one(i), one(token), one(ended, torch.bool),
-                                      one(entry[token].logprob, torch.float32))
+                    # a stop token its environment answers does not stop (the reply goes in next)
+                    _, stop, _, _ = session.intervene(one(len(tokens[i])), one(i), one(token),
+                                                      one(token in self.stop_ids, torch.bool),
+                                                      one(entry[token].logprob, torch.float32))
                     tokens[i].append(token)
                     logps[i].append(entry[token].logprob)
-                    stopped[i] = ended
+                    stopped[i] = bool(stop)
                 while i in session.pending and len(tokens[i]) < max_new_tokens:  # the result, as the next tokens
-                    chosen, _, _ = session.intervene(len(tokens[i]), one(i), one(self.pad_id), one(False, torch.bool),
-                                                     one(0.0, torch.float32))
+                    chosen, _, _, _ = session.intervene(one(len(tokens[i])), one(i), one(self.pad_id),
+                                                        one(False, torch.bool), one(0.0, torch.float32))
                     tokens[i].append(int(chosen))
                     logps[i].append(0.0)
+                if i in session.ending:  # its environment ended the episode
+                    session.ending.discard(i)
+                    stopped[i] = True
                 if not stopped[i] and len(tokens[i]) < max_new_tokens:
                     still.append(i)
             running, rounds = still, rounds + 1
@@ -243,6 +248,8 @@ class VLLMEngine:
             logp[i, :len(row)] = torch.tensor(row_logp, dtype=torch.float32)
         lengths = torch.tensor([len(row) for row in tokens])
         mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        if tools:
+            tools.finish(lengths.tolist())  # environments told of their last turns
         return Rollout(
             prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
             prompt_mask=prompt_mask.repeat_interleave(g, dim=0).long(),

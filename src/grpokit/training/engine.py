@@ -13,6 +13,7 @@ non-finite streak and the metrics so far (:mod:`grpokit.training.checkpoint` wri
 
 from __future__ import annotations
 
+import copy
 import signal
 import sys
 from collections.abc import Iterable, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.rollout.episodes import EnvironmentFailure
 from grpokit.runtime.device import describe_precision, resolve_precision
 from grpokit.runtime.progress import follows_progress_bar
 from grpokit.runtime.seeding import rng_states, seed_everything, set_rng_states
@@ -124,7 +126,11 @@ class Trainer:
         saved_at = None
         with StopSignals() as signals:
             for _ in bar:
-                metrics = self.training_step()
+                before = self.sampling_state()
+                try:
+                    metrics = self.training_step()
+                except EnvironmentFailure as error:
+                    raise EnvironmentFailure(f"{error}; {self.save_before_failure(before, saved_at)}") from error
                 bar.set_postfix({key: f"{metrics[key]:.4g}" for key in self.postfix if metrics.get(key) is not None})
                 # Every process stops after the same step, whichever got the signal.
                 stop = all_max(float(signals.received or 0), world)
@@ -141,6 +147,27 @@ class Trainer:
         if self.run_log is not None:
             self.run_log.finish()  # the trackers' runs (stopped runs are ended by their own exit handlers)
         return self.history
+
+    def sampling_state(self) -> tuple[Any, ...]:
+        """What a step's sampling moves before any update: the random streams and the data's order (cheap: no
+        weights), so that a step whose sampling failed can be taken back."""
+        return (rng_states(), {name: g.get_state() for name, g in self.generators().items()},
+                copy.deepcopy(self.data_state()))
+
+    def save_before_failure(self, before: tuple[Any, ...], saved_at: Path | None) -> str:
+        """After a step failed while sampling (an environment raised): its sampling taken back, so that the step is
+        redone on resume with the same prompts and draws, and a checkpoint of the steps done written unless one is;
+        says where."""
+        rng, generators, data = before
+        set_rng_states(rng)
+        for name, generator in self.generators().items():
+            generator.set_state(generators[name])
+        self.load_data_state(data)
+        if not self.step:
+            return "no step was done"
+        if saved_at is None or not saved_at.name.endswith(f"{self.step:06d}"):
+            saved_at = self.save_checkpoint()
+        return f"checkpoint {saved_at} (step {self.step}); continue with --resume latest"
 
     # ---- the run directory -----------------------------------------------------------------------
 

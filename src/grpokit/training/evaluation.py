@@ -77,10 +77,11 @@ def evaluate(
     for start in tqdm(starts, desc="eval", disable=not progress, dynamic_ncols=True, leave=False):
         batch = rows[start : start + batch_size]
         texts = [row[prompt_column] for row in batch] if prompts is None else prompts[start : start + batch_size]
-        encoded = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")
         for mode, k in modes:
-            tools = toolbox.session(batch, k, max_new_tokens)
-            rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=k,
+            tools = toolbox.session(batch, k, max_new_tokens, prompt_column)
+            sampled, repeats = tools.sample_prompts(texts, k)  # with environments' observations: each its own
+            encoded = tokenizer(sampled, padding=True, padding_side="left", return_tensors="pt")
+            rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=repeats,
                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                       greedy=mode == "greedy", generator=generator, tools=tools)
             for key, per_completion in tools.counts().items():  # none without tools

@@ -59,9 +59,10 @@ def sample_rows(
         batch = list(rows[start:start + batch_size])
         rendered = [render_prompt(tokenizer, row[prompt_column], system_prompt=system_prompt,
                                   chat_template=chat_template, tools=listed) for row in batch]
+        tools = toolbox.session(batch, g, max_new_tokens, prompt_column)
+        rendered, repeats = tools.sample_prompts(rendered, g)  # with environments' observations: each its own
         encoded = tokenizer(rendered, padding=True, padding_side="left", return_tensors="pt")
-        tools = toolbox.session(batch, g, max_new_tokens)
-        rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=g,
+        rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=repeats,
                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                   generator=generator, tools=tools)
         completions = rollout.decode(tokenizer)

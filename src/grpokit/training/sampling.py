@@ -208,9 +208,11 @@ class Sampler:
         config, g = self.config, self.config.num_generations
         start = time.perf_counter()
         rows, prompts = [self.rows[i] for i in indices], [self.prompts[i] for i in indices]
+        tools = self.toolbox.session(rows, g, config.max_completion_length, config.prompt_column)
+        # Environments whose resets give observations: each completion's own prompt, one generation each.
+        prompts, repeats = tools.sample_prompts(prompts, g)
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
-        tools = self.toolbox.session(rows, g, config.max_completion_length)
-        rollout = self.engine.generate(prompt_ids, prompt_mask, num_generations=g,
+        rollout = self.engine.generate(prompt_ids, prompt_mask, num_generations=repeats,
                                        max_new_tokens=config.max_completion_length, temperature=config.temperature,
                                        top_p=config.top_p, generator=self.generator, tools=tools)
         generated = time.perf_counter()

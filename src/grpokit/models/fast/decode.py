@@ -7,6 +7,7 @@ for each token: one launch per token instead of a few hundred."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -32,7 +33,10 @@ class Decoding(LlamaParts):
         for N = B × ``repeats`` rows (each prompt's rows contiguous).
 
         ``choose(logits (A, V) float32, t, rows (A,))`` picks the next token of each still-running row
-        (indices into N) and returns ``(tokens (A,), stopped (A,) bool)``. Finished rows leave the batch
+        (indices into N) and returns ``(tokens (A,), stopped (A,) bool, hold (A,) bool or None)``: rows that
+        stopped leave; a held row's pick is a hole (it waits for a tool or an environment: the token's key and
+        value are masked from every later step and its position is not taken; ``graph`` takes no holes), and
+        the loop goes on past ``max_new_tokens`` steps until every row has left. Finished rows leave the batch
         (and the cache) once they are a quarter of it. ``int8``: every projection and the LM head in int8
         (:mod:`~grpokit.models.fast.int8`), quantized from the weights as they are at this call. ``graph``:
         :meth:`_decode_static` (the same tokens; on CUDA, the decode step captured and replayed as a graph).
@@ -94,11 +98,14 @@ class Decoding(LlamaParts):
         rows = torch.arange(len(last), device=last.device)
         alive = torch.ones(len(rows), dtype=torch.bool, device=last.device)
         finished = 0  # rows of the batch that have stopped (they stay until they are a quarter of it)
-        for t in range(max_new_tokens):
+        holes = False  # whether a row has waited (its picks holes): then the loop runs until every row has left
+        for t in itertools.count():
             logits = cast(head(self._normalize(last) * head_scale), torch.float32)
             picked = alive.nonzero().squeeze(1) if finished else None
-            chosen, stopped = choose(logits, t, rows) if picked is None else choose(logits[picked], t, rows[picked])
-            if t == max_new_tokens - 1:
+            chosen, stopped, hold = (choose(logits, t, rows) if picked is None else
+                                     choose(logits[picked], t, rows[picked]))
+            holes = holes or hold is not None
+            if t >= max_new_tokens - 1 and not holes:
                 break
             stopping = int(stopped.sum())
             if stopping:
@@ -107,21 +114,29 @@ class Decoding(LlamaParts):
                 if finished == len(rows):
                     break
             tokens = chosen if picked is None else torch.zeros_like(rows).index_put((picked,), chosen)
+            waiting = None if hold is None else (hold if picked is None else
+                                                 torch.zeros_like(alive).index_put((picked,), hold))
             if 4 * finished >= len(rows):  # drop finished rows from the batch and the cache
                 keep = alive.nonzero().squeeze(1)
                 rows, tokens, next_positions, bias, alive = (
                     v[keep] for v in (rows, tokens, next_positions, bias, alive))
+                waiting = None if waiting is None else waiting[keep]
                 cache = cache[:, :, keep]  # contiguous again: each layer's (rows, heads) merge into one batch dim
                 finished = 0
             column = prompt_width + t
             if column == cache.shape[-2]:
                 room = cache.shape[-2] - prompt_width
-                grown = cache.new_zeros(*cache.shape[:-2], min(total, prompt_width + 2 * room), cache.shape[-1])
+                size = prompt_width + 2 * room  # past prompt + max_new_tokens columns only after holes
+                grown = cache.new_zeros(*cache.shape[:-2], size if holes else min(total, size), cache.shape[-1])
                 grown[..., :column, :] = cache
                 cache = grown
+            if column == bias.shape[1]:  # past prompt + max_new_tokens columns: only after holes
+                bias = torch.cat([bias, bias.new_zeros(len(bias), max(max_new_tokens, 1))], dim=1)
             x = self.backbone.embed_tokens(tokens)  # (A, hidden)
+            if waiting is not None:  # a hole: its key and value never attended to, its position not taken
+                bias[waiting, column] = float("-inf")
             last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column, bias)
-            next_positions = next_positions + 1
+            next_positions = next_positions + 1 if waiting is None else next_positions + (~waiting).long()
 
     def _decode_static(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats,
                        exact_prefill) -> None:
@@ -152,7 +167,7 @@ class Decoding(LlamaParts):
         graph = None
         for t in range(max_new_tokens):
             picked = alive.nonzero().squeeze(1)
-            chosen, stopped = choose(logits[picked], t, rows[picked])
+            chosen, stopped, _ = choose(logits[picked], t, rows[picked])  # no holes: the caller waits instead
             alive[picked[stopped]] = False
             if t == max_new_tokens - 1 or not alive.any():
                 break
