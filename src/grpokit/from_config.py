@@ -24,11 +24,12 @@ from grpokit.training.evaluation import check_eval_rows, evaluate, summarize
 from grpokit.training.labelling import sample_rows
 
 
-def sampling_engine(config: GRPOConfig) -> tuple[Engine, Any, ToolBox]:
+def sampling_engine(config: GRPOConfig, environment_factory: Any = None) -> tuple[Engine, Any, ToolBox]:
     """The engine that samples as a run with ``config`` trains (its generation_engine and precision, on
     ``config.device``), the tokenizer and the ToolBox, the tools' protocol chosen by ``build_toolbox`` as that run
-    chooses it; what it does is said on stderr unless ``config.progress_bar`` is off."""
-    tool_functions, environment_factory = resolve_tools(config)
+    chooses it (``environment_factory``: an environment's, else the config's); what it does is said on stderr unless
+    ``config.progress_bar`` is off."""
+    tool_functions, environment_factory = resolve_tools(config, environment_factory=environment_factory)
     announce_sandboxes(tool_functions, config.progress_bar)
     model, tokenizer = resolve.load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
                                                         dtype=config.dtype)
@@ -62,13 +63,18 @@ def evaluate_config(config: GRPOConfig, *, num_generations: int, pass_ks: Sequen
     rows by ``accuracy``). The summary is written to ``output`` (JSON), each row's greedy completion and its scores to
     ``completions`` (JSONL), when given."""
     prompt_column, answer_column = config.prompt_column, config.answer_column
-    rows = resolve.load_eval_rows(config.dataset, resolve.dataset_options(config, held_out=True), seed=config.seed,
-                                  reasoning_gym_options=config.reasoning_gym)[:num_prompts]
-    judge = resolve.eval_judge(config, rows)  # eval_reward, or the rows' own: their tests, a task's scorer, accuracy
-    check_eval_rows(rows, judge, prompt_column, answer_column, config.dataset)
+    environment = resolve.environment_task(config)
+    if environment is not None:  # its held-out rows, else its rows
+        rows = (environment.eval_rows or environment.rows)[:num_prompts]
+    else:
+        rows = resolve.load_eval_rows(config.dataset, resolve.dataset_options(config, held_out=True), seed=config.seed,
+                                      reasoning_gym_options=config.reasoning_gym)[:num_prompts]
+    # eval_reward (a rubric's function among them), or the rows' own: their tests, a task's scorer, accuracy
+    judge = resolve.eval_judge(config, rows, environment)
+    check_eval_rows(rows, judge, prompt_column, answer_column, config.environment or config.dataset)
     if judge is not None:
         announce_sandboxes([judge], config.progress_bar)
-    engine, tokenizer, toolbox = sampling_engine(config)
+    engine, tokenizer, toolbox = sampling_engine(config, environment and environment.environment_factory)
     listed = toolbox.prompt_tools()
     # the prompts as training renders them: the chat template (when there is one, unless chat_template is false)
     # with the system prompt and, where the template knows tools, the tools listed
@@ -103,14 +109,18 @@ def sample_to_file(config: GRPOConfig, output: str | Path, *, num_generations: i
     """``grpokit sample``: :func:`sample_rows` of the first ``num_prompts`` rows of ``config.dataset``, labelled by its
     ``reward_funcs``, sampled as a run with ``config`` samples (its engine, prompt rendering and tools;
     ``prompts_per_step`` prompts per generation pass), written to ``output`` as JSONL; the rows and counts."""
-    rows = resolve.load_rows(config.dataset, config.seed, resolve.dataset_options(config),
-                             reasoning_gym_options=config.reasoning_gym)[:num_prompts]
-    check_columns(rows, [config.prompt_column], source=config.dataset)
-    functions, weights = resolve.resolve_reward_functions(reward_funcs_of(config), config.reward_weights,
+    rows, _, reward_funcs, weights, factory = resolve.with_environment(config, resolve.environment_task(config), None,
+                                                                       None, None, None)
+    if rows is None:
+        rows = resolve.load_rows(config.dataset, config.seed, resolve.dataset_options(config),
+                                 reasoning_gym_options=config.reasoning_gym)
+    rows = rows[:num_prompts]
+    check_columns(rows, [config.prompt_column], source=config.environment or config.dataset)
+    functions, weights = resolve.resolve_reward_functions(reward_funcs or reward_funcs_of(config), weights,
                                                           resolve.code_options(config), resolve.task_options(config),
                                                           device=resolve_device(config.device))
     announce_sandboxes(functions, config.progress_bar)
-    engine, tokenizer, toolbox = sampling_engine(config)
+    engine, tokenizer, toolbox = sampling_engine(config, factory)
     add_environment_reward(functions, weights, toolbox.environment_factory)
     out, counts = sample_rows(
         engine, tokenizer, rows, functions, weights, num_generations=num_generations,

@@ -38,7 +38,7 @@ from grpokit.data import DatasetOptions, gsm8k_rows, load_dataset_rows, load_fil
 from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
 from grpokit.models.loading import load_pretrained
 from grpokit.rewards.builtin import accuracy_reward, format_reward, lenient_accuracy_reward, math_accuracy_reward
-from grpokit.rewards.calling import RewardFunction, reward_name
+from grpokit.rewards.calling import RewardFunction, reward_name, score_completions
 from grpokit.rewards.code import code_tests, make_code_tests
 from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.python_tool import sandbox_limits
@@ -152,16 +152,38 @@ def load_eval_rows(source: str | Path, options: DatasetOptions | None = None, *,
 # ---- reward functions -----------------------------------------------------------------------------
 
 
-def eval_judge(config: Any, rows: list[dict[str, Any]]) -> RewardFunction | None:
+def eval_judge(config: Any, rows: list[dict[str, Any]], environment: EnvironmentTask | None = None
+               ) -> RewardFunction | None:
     """What judges held-out completions (:func:`grpokit.training.evaluation.evaluate`'s ``judge``): ``eval_reward``
-    when the config names one; else programming problems (a ``tests`` column) by the share of their tests passed, a
-    reasoning-gym dataset by its task's scorer; None (``accuracy``, with its lenient reading) for other rows."""
+    when the config names one (with an ``environment``, one of its rubric's functions by name, or ``rubric``: the
+    rubric's weighted total); else an environment's rubric, programming problems (a ``tests`` column) by the share of
+    their tests passed, a reasoning-gym dataset by its task's scorer; None (``accuracy``, with its lenient reading)
+    for other rows."""
+    if environment is not None:
+        by_name = {reward_name(fn): fn for fn in environment.reward_funcs}
+        if config.eval_reward is None or config.eval_reward == "rubric":
+            return rubric_judge(environment)
+        if config.eval_reward in by_name:
+            return by_name[config.eval_reward]
     if config.eval_reward is not None:
         return reward_function(config.eval_reward, {**code_options(config), "binary": False}, task_options(config),
                                device=resolve_device(config.device))
     if rows and "tests" in rows[0]:
         return make_code_tests(**{**code_options(config), "binary": False})
     return reasoning_gym.TaskScore(**task_options(config)) if _reasoning_gym_source(config) else None
+
+
+def rubric_judge(environment: EnvironmentTask) -> RewardFunction:
+    """One function scoring a completion by an environment's rubric: the weighted total of its functions."""
+
+    def rubric(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+        options = {key: columns.pop(key) for key in ("completion_ids", "trainer_state", "messages") if key in columns}
+        total, _ = score_completions(environment.reward_funcs, environment.reward_weights, prompts, completions,
+                                     columns, **options)
+        return total.tolist()
+
+    rubric.__name__ = "rubric"
+    return rubric
 
 
 def _reasoning_gym_source(config: Any) -> str | None:

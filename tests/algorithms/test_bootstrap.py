@@ -182,8 +182,6 @@ def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, files, capsys):
     demos.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
     assert run(tiny_model_dir, data, out, "--few_shot", str(demos)) == 2
     assert "--few_shot" in capsys.readouterr().err
-    assert run(tiny_model_dir, data, tmp_path / "x.jsonl", "--tools", "calculator") == 2
-    assert "samples without tools" in capsys.readouterr().err
 
 
 def test_iterations_fine_tune_between_rounds_and_sample_from_the_new_model(tmp_path, tiny_model_dir, files, capsys):
@@ -201,3 +199,40 @@ def test_iterations_fine_tune_between_rounds_and_sample_from_the_new_model(tmp_p
     assert {r["iteration"] for r in rows} <= {1, 2} and summary["kept"] == len(rows)
     assert all(r["completion"].startswith("<think>") and r["completion"].endswith("</answer>") for r in rows)
     assert "iteration 2" in capsys.readouterr().out
+
+
+ENVIRONMENT = '''
+class Hint:
+    """Shows a hint at reset; one turn; scores an episode by whether the answer was written."""
+
+    def reset(self, answer, **row):
+        self.answer = answer
+        return "Hint: the answer is a number."
+
+    def reply(self, turn):
+        self.turn = turn
+        return None
+
+    def end(self, turn):
+        if turn is not None:  # None: reply saw the last turn
+            self.turn = turn
+
+    def get_reward(self):
+        return float(self.answer in self.turn)
+'''
+
+
+def test_tools_and_environments_sample_and_judge_as_in_training(tmp_path, tiny_model_dir, files):
+    """An environment's reset observation reaches the prompt (logged, and kept for SFT), its own reward judges."""
+    data, rewards = files
+    (tmp_path / "env.py").write_text(ENVIRONMENT)
+    out = tmp_path / "out.jsonl"
+    assert run(tiny_model_dir, data, out, "--environment_factory", f"{tmp_path / 'env.py'}:Hint", "--tools",
+               "calculator", "--reward_funcs", f"{rewards}:has_a", "--judge", "has_a", "--min_score", "0") == 0
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["iterations"][0]["samples"] == 6 * len(ROWS)
+    scored = [json.loads(line) for line in (tmp_path / "out.samples-1.jsonl").read_text().splitlines()[1:]
+              if "scores" in line]
+    assert scored and all(set(record["scores"]) == {"has_a", "Hint"} for record in scored)
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert kept and all(row["prompt"].endswith("\n\nHint: the answer is a number.") for row in kept)

@@ -17,7 +17,6 @@ command: a config's rows, rewards and engine, and SFT between iterations.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -28,19 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from grpokit.algorithms.bootstrap_log import BootstrapError, SamplesLog
-from grpokit.algorithms.sft import SFTTrainer
-from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config, reward_funcs_of
 from grpokit.core.answers import Text, extract_answer, last_number, text_of
 from grpokit.data import check_columns, render_prompt, reward_column_names
-from grpokit.from_config import announce_sandboxes, sampling_engine
-from grpokit.resolve import code_options, dataset_options, load_rows, resolve_reward_functions, task_options
 from grpokit.rewards.calling import RewardFunction, check_reward_functions, reward_name, score_steps
 from grpokit.rollout.engines import Engine
-from grpokit.runtime.device import resolve_device
+from grpokit.rollout.tools import ToolBox, with_observation
 
 DEFAULT_INSTRUCTION = ("Think step by step inside <think> </think> tags, then write only the final answer inside "
                        "<answer> </answer> tags.")
@@ -152,11 +146,13 @@ def sample_and_score(
     reward_weights: Sequence[float], log: SamplesLog, settings: BootstrapSettings, *, prompt_column: str = "prompt",
     answer_column: str = "answer", max_new_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
     system_prompt: str | None = None, chat_template: bool | None = None, seed: int = 0, prompting: bool = True,
-    progress: bool = True,
+    progress: bool = True, toolbox: ToolBox = ToolBox.NONE,
 ) -> None:
     """Sample K completions for every row the log has none for, and score every sampled row it has no scores for:
     the completions (and with ``rewrite``, their rewrites) by each reward function. ``prompting``: the instruction
-    and demonstrations before each prompt (else the prompt as training renders it)."""
+    and demonstrations before each prompt (else the prompt as training renders it). ``toolbox``: the tools and
+    environments the completions use, as in training; with environments, each batch is scored as it is sampled
+    (the reward functions read the episodes' environments), and its prompts as the model saw them are logged."""
     chat = chat_template is not False and getattr(tokenizer, "chat_template", None) is not None
     k, size = settings.samples, settings.batch_size
     todo = [i for i in range(len(rows)) if i not in log.completions]
@@ -167,20 +163,32 @@ def sample_and_score(
         asked = [rows[i][prompt_column] for i in batch]
         if prompting:
             asked = [bootstrap_prompt(p, settings.instruction, settings.few_shot, chat) for p in asked]
-        rendered = [render_prompt(tokenizer, p, system_prompt=system_prompt, chat_template=chat_template)
-                    for p in asked]
+        rendered = [render_prompt(tokenizer, p, system_prompt=system_prompt, chat_template=chat_template,
+                                  tools=toolbox.prompt_tools()) for p in asked]
+        # the environments reset with the rows as asked (an observation is appended to the prompt with instructions)
+        tools = toolbox.session([{**rows[i], prompt_column: p} for i, p in zip(batch, asked)], k, max_new_tokens,
+                                prompt_column)
+        rendered, repeats = tools.sample_prompts(rendered, k)
         encoded = tokenizer(rendered, padding=True, padding_side="left", return_tensors="pt")
         # seeded by the batch's first row, so that a resumed run samples a row as the first run would have
         generator = torch.Generator(device=engine.device).manual_seed(seed * 1_000_003 + batch[0])
-        rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=k,
+        rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], num_generations=repeats,
                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                  generator=generator)
+                                  generator=generator, tools=tools)
         texts = rollout.decode(tokenizer)
         log.add_completions(batch, [texts[j * k:(j + 1) * k] for j in range(len(batch))])
-        _score(batch, rows, reward_funcs, reward_weights, log, settings, prompt_column, answer_column)
+        extra: dict[str, list] = {}
+        tools.reward_inputs(rollout, [None] * len(texts), extra)  # each completion's environment, if any
+        seen = None if tools.observations is None else [  # each prompt as the dataset would hold it
+            with_observation(rows[batch[j // k]][prompt_column], observation)
+            for j, observation in enumerate(tools.observations)]
+        _score(batch, rows, reward_funcs, reward_weights, log, settings, prompt_column, answer_column, extra, seen)
         bar.update(len(batch))
     bar.close()
     unscored = [i for i in sorted(log.completions) if i not in log.scored]  # sampled before a crash
+    if unscored and toolbox.environment_factory is not None:
+        raise BootstrapError(f"rows {unscored[:5]} were sampled before a crash, with environments whose episodes are "
+                             f"gone: remove {log.path} to sample this iteration again")
     for start in range(0, len(unscored), size):
         _score(unscored[start:start + size], rows, reward_funcs, reward_weights, log, settings, prompt_column,
                answer_column)
@@ -188,8 +196,9 @@ def sample_and_score(
 
 def _score(batch: list[int], rows: Sequence[dict[str, Any]], reward_funcs: Sequence[RewardFunction],
            reward_weights: Sequence[float], log: SamplesLog, settings: BootstrapSettings, prompt_column: str,
-           answer_column: str) -> None:
-    """Score the logged completions of ``batch`` (and their rewrites) and log the scores."""
+           answer_column: str, extra: dict[str, list] | None = None, seen: list[Text] | None = None) -> None:
+    """Score the logged completions of ``batch`` (and their rewrites) and log the scores. ``extra``: columns with a
+    value per completion (``environments``); ``seen``: each completion's prompt as the model read it, logged."""
     picked = [rows[i] for i in batch]
     texts = [t for i in batch for t in log.completions[i]]
     owner = [j for j, i in enumerate(batch) for _ in log.completions[i]]
@@ -197,6 +206,7 @@ def _score(batch: list[int], rows: Sequence[dict[str, Any]], reward_funcs: Seque
     judged = [j for j, c in enumerate(candidates) if c is not None]  # a rewrite without an answer is not scored
     names = reward_column_names(picked, prompt_column, answer_column)
     columns = {name: [picked[owner[j]].get(key) for j in judged] for name, key in names.items()}
+    columns.update({name: [values[j] for j in judged] for name, values in (extra or {}).items()})
     prompts = [picked[owner[j]][prompt_column] for j in judged]  # as the dataset holds them (as TRL)
     per_function: dict[str, list[float | None]] = {reward_name(fn): [None] * len(texts) for fn in reward_funcs}
     if judged:
@@ -208,7 +218,8 @@ def _score(batch: list[int], rows: Sequence[dict[str, Any]], reward_funcs: Seque
     for i in batch:  # each row's completions lie together
         end = start + len(log.completions[i])
         records.append({"row": i, "candidates": candidates[start:end],
-                        "scores": {name: values[start:end] for name, values in per_function.items()}})
+                        "scores": {name: values[start:end] for name, values in per_function.items()},
+                        **({} if seen is None else {"prompts": seen[start:end]})})
         start = end
     log.add_scores(records)
 
@@ -251,7 +262,9 @@ def select(rows: Sequence[dict[str, Any]], logs: Sequence[SamplesLog], settings:
                 seen.add(key)
                 per_prompt[i] += 1
                 counts["rewritten"] += candidate != sample
-                out = {"prompt": row[prompt_column], "completion": candidate, "row": i, "iteration": iteration,
+                # the prompt with the observation the model saw, where an environment's reset gave one
+                prompt = record["prompts"][j] if "prompts" in record else row[prompt_column]
+                out = {"prompt": prompt, "completion": candidate, "row": i, "iteration": iteration,
                        "sample": sample, "rewards": scores}
                 if answer_column in row:
                     out["answer"] = row[answer_column]
@@ -287,18 +300,23 @@ def log_path(output: Path, iteration: int) -> Path:
 
 def bootstrap(
     rows: Sequence[dict[str, Any]], reward_funcs: Sequence[RewardFunction], reward_weights: Sequence[float],
-    output: str | Path, settings: BootstrapSettings, *, make_engine: Callable[[str], tuple[Engine, Any]],
+    output: str | Path, settings: BootstrapSettings, *, make_engine: Callable[[str], tuple],
     model: str, iterations: int = 1, train: Callable[[Path, int], str] | None = None,
-    sampling: dict[str, Any] | None = None, progress: bool = True,
+    sampling: dict[str, Any] | None = None, progress: bool = True, keywords: Sequence[str] = (),
+    source: str = "dataset",
 ) -> dict[str, Any]:
     """Bootstrap a cold start into ``output`` (JSONL) and its summary into ``OUTPUT.summary.json``; return the
-    summary. ``make_engine(model)``: the engine and tokenizer that sample ``model``. With ``iterations`` > 1,
-    ``train(kept_file, iteration)`` fine-tunes on the rows kept so far and returns the model the next iteration
-    samples, as training renders its prompts (that model has learned the format; no instruction, no
-    demonstrations). ``sampling``: :func:`sample_and_score`'s keywords (columns, lengths, temperature, seed, ...)."""
+    summary. ``make_engine(model)``: the engine and tokenizer that sample ``model`` (and the ToolBox of the tools
+    and environments the completions use; ``keywords``: what those add to the reward functions' keywords). With
+    ``iterations`` > 1, ``train(kept_file, iteration)`` fine-tunes on the rows kept so far and returns the model the
+    next iteration samples, as training renders its prompts (that model has learned the format; no instruction, no
+    demonstrations). ``sampling``: :func:`sample_and_score`'s keywords (columns, lengths, temperature, seed, ...);
+    ``source``: the rows' name in errors."""
     output, sampling = Path(output), dict(sampling or {})
     columns = (sampling.get("prompt_column", "prompt"), sampling.get("answer_column", "answer"))
-    check_reward_functions(reward_funcs, reward_column_names(rows, *columns), "dataset")
+    names = reward_column_names(rows, *columns)
+    needed = [k for k in check_reward_functions(reward_funcs, [*names, *keywords], source) if k not in keywords]
+    check_columns(rows, [columns[0], *(names[k] for k in needed)], source=source)
     judge = judge_names(reward_funcs, settings.judge)
     if iterations > 1 and train is None:
         raise BootstrapError("iterations > 1 needs a way to fine-tune between them")
@@ -313,9 +331,10 @@ def bootstrap(
                   "instruction": settings.instruction, "few_shot": settings.few_shot, "rewrite": settings.rewrite,
                   **sampling}
         log = SamplesLog(log_path(output, iteration), header)
-        engine, tokenizer = make_engine(model)
+        engine, tokenizer, *toolbox = make_engine(model)
         sample_and_score(engine, tokenizer, rows, reward_funcs, reward_weights, log, settings,
-                         prompting=iteration == 1, progress=progress, **sampling)
+                         prompting=iteration == 1, progress=progress, toolbox=toolbox[0] if toolbox else ToolBox.NONE,
+                         **sampling)
         del engine  # a vLLM engine's memory, before the next iteration's fine-tuning
         logs.append(log)
         _, alone = select(rows, [log], settings, judge, prompt_column=columns[0], answer_column=columns[1])
@@ -332,56 +351,6 @@ def bootstrap(
                                      "tags, or a lower --min_score)")
             model = train(output, iteration)  # type: ignore[misc]
     return summary
-
-
-def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: BootstrapSettings, *, iterations: int = 1,
-                          num_prompts: int | None = None, few_shot: str | None = None,
-                          sft_config: str | None = None) -> dict[str, Any]:
-    """``grpokit bootstrap``: :func:`bootstrap` on the first ``num_prompts`` rows of ``config.dataset``, judged by its
-    ``reward_funcs`` and sampled as a run with ``config`` samples, the demonstrations read from the ``few_shot`` file.
-    Between iterations, SFT (the ``sft_config`` file's settings) from ``config.model`` on every row kept so far (as
-    STaR: never from the last round's model), into ``OUTPUT.sft-N``. Returns the summary."""
-    if config.tools or config.environment_factory:
-        raise ConfigError("grpokit bootstrap samples without tools: leave tools and environment_factory out")
-    if iterations < 1:
-        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
-    rows = load_rows(config.dataset, config.seed, dataset_options(config),
-                     reasoning_gym_options=config.reasoning_gym)[:num_prompts]
-    check_columns(rows, [config.prompt_column, config.answer_column], source=config.dataset)
-    if few_shot is not None:
-        demonstrations = load_rows(few_shot)
-        check_columns(demonstrations, ["prompt", "completion"], source=f"--few_shot {few_shot}")
-        settings = dataclasses.replace(settings, few_shot=demonstrations)
-    sft_file = {}
-    if sft_config:  # checked before any sampling, not after the first iteration's
-        sft_file = yaml.safe_load(Path(sft_config).read_text()) or {}
-        load_config(sft_config, {"model": config.model}, SFTConfig)  # its errors name the file and key
-    functions, weights = resolve_reward_functions(reward_funcs_of(config), config.reward_weights, code_options(config),
-                                                  task_options(config), device=resolve_device(config.device))
-    announce_sandboxes(functions, config.progress_bar)
-    output = Path(output)
-
-    def make_engine(model: str) -> tuple[Engine, Any]:
-        engine, tokenizer, _ = sampling_engine(dataclasses.replace(config, model=model))
-        return engine, tokenizer
-
-    def train(kept: Path, iteration: int) -> str:
-        out_dir = output.with_name(f"{output.stem}.sft-{iteration}")
-        if (out_dir / "model" / "config.json").is_file():  # trained before a crash
-            return str(out_dir / "model")
-        resume = "latest" if any((out_dir / "checkpoints").glob("step-*")) else None
-        sft = SFTConfig.from_dict({**sft_file, "model": config.model, "dataset": str(kept), "dataset_columns": None,
-                                   "output_dir": str(out_dir),
-                                   "system_prompt": config.system_prompt, "chat_template": config.chat_template,
-                                   "seed": config.seed, "progress_bar": config.progress_bar, "resume": resume})
-        SFTTrainer(sft).train()
-        return str(out_dir / "model")
-
-    sampling = dict(prompt_column=config.prompt_column, answer_column=config.answer_column,
-                    max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
-                    system_prompt=config.system_prompt, chat_template=config.chat_template, seed=config.seed)
-    return bootstrap(rows, functions, weights, output, settings, make_engine=make_engine, model=config.model,
-                     iterations=iterations, train=train, sampling=sampling, progress=config.progress_bar)
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:

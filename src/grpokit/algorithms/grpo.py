@@ -101,8 +101,9 @@ class GRPOTrainer(Trainer):
             keep_freed_memory()
 
         # An environment (verifiers, OpenEnv) brings rows, a rubric and episodes, where nothing else is given.
+        self.environment = environment_task(config)
         train_dataset, eval_dataset, reward_funcs, weights, environment_factory = with_environment(
-            config, environment_task(config), train_dataset, eval_dataset, reward_funcs, environment_factory)
+            config, self.environment, train_dataset, eval_dataset, reward_funcs, environment_factory)
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         # Reward models named in the config run on this process's device, in the run's precision.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
@@ -196,7 +197,7 @@ class GRPOTrainer(Trainer):
             return rows, [], None
         if not held:
             raise DataError(f"{source}: no held-out rows")
-        judge = eval_judge(config, held)
+        judge = eval_judge(config, held, self.environment)
         check_eval_rows(held, judge, config.prompt_column, config.answer_column, source)
         return rows, held, judge
 

@@ -20,7 +20,8 @@ SAMPLING_KEYS = ("model", "dataset", "dataset_config", "dataset_train_split", "d
                  "reasoning_gym", "answer_extraction", "prompt_column", "answer_column", "system_prompt",
                  "chat_template",
                  "prompts_per_step", "num_generations", "max_completion_length", "temperature", "top_p", "tools",
-                 "environment_factory", "max_tool_calls", "tool_timeout", "sandbox", "sandbox_timeout", "seed",
+                 "environment_factory", "environment", "environment_args", "max_tool_calls", "tool_timeout",
+                 "max_reply_chars", "max_turns", "call_workers", "sandbox", "sandbox_timeout", "seed",
                  "device", "dtype", "progress_bar",
                  # the engine and its precision (rollout.sampling_options.SamplingOptions.from_config)
                  "generation_engine", "rollout_precision", "mixed_precision", "fast_path", "cuda_graphs",
@@ -124,7 +125,8 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from grpokit.algorithms.bootstrap import BootstrapSettings, bootstrap_from_config
+    from grpokit.algorithms.bootstrap import BootstrapSettings
+    from grpokit.algorithms.bootstrap_config import bootstrap_from_config
 
     config, generations = sampling_config(args, extra, SAMPLE_KEYS, minimum=1)
     output = Path(_output(args, "FILE: the cold-start JSONL file to write"))

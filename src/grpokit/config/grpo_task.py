@@ -69,8 +69,9 @@ class _TaskKeys(_Config):
         None, "What judges held-out completions (held-out evaluation, `grpokit eval`, the reward-gaming alarm): any "
         "reward_funcs entry giving one number per completion (a built-in name, 'reasoning_gym', 'FILE.py:NAME', "
         "'model:DIR'). A completion scoring 1 or more is solved (eval_accuracy: the rate); eval_score is the mean "
-        "score (partial credit). None: 'accuracy' (with its lenient reading), 'code_tests' for rows with a tests "
-        "column, 'reasoning_gym' for a reasoning_gym: dataset.")
+        "score (partial credit). With an environment, also one of its rubric's functions by name, or 'rubric' (the "
+        "rubric's weighted total). None: the environment's rubric; 'accuracy' (with its lenient reading), "
+        "'code_tests' for rows with a tests column, 'reasoning_gym' for a reasoning_gym: dataset.")
     eval_fraction: float = _field(
         0.0, "Instead of eval_dataset, this share of the dataset's rows held out (a seeded draw; never trained on).",
         min=0, lt=1)

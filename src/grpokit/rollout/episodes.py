@@ -72,10 +72,12 @@ class ToolSession:
     holes. ``can_hold`` False (a sharded model, whose processes must run the same steps, or fixed-shape decoding):
     a step's calls still run concurrently, and the step waits for them instead of leaving holes."""
 
-    def __init__(self, box: ToolBox, n: int, max_new_tokens: int, environments: list[Any] | None,
-                 prompts: list[str] | None = None):
+    def __init__(self, box: ToolBox, n: int, max_new_tokens: int, environments: list[Any] | None):
         self.box, self.n, self.max_new_tokens, self.environments = box, n, max_new_tokens, environments
-        self.prompts = prompts  # N prompts, where resets' observations changed them (:meth:`ToolBox.session`)
+        # Where environments' resets gave observations (:meth:`ToolBox.session`): each completion's observation (or
+        # None), and the N rendered prompts to sample from.
+        self.observations: list[str | None] | None = None
+        self.prompts: list[str] | None = None
         self.can_hold = True
         self.tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)  # what each completion holds so far
         self.segment_start = [0] * n  # where the text after the last call begins
@@ -332,7 +334,7 @@ class InertSession:
     a decode step (it costs nothing per step); it inserts nothing (``tool_mask`` None), gives reward functions
     nothing more, moves no step, and has no calls (``calls`` None: the rollout had no tools) nor metrics."""
 
-    calls = environments = prompts = None
+    calls = environments = prompts = observations = None
 
     def __bool__(self) -> bool:
         return False

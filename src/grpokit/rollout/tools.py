@@ -247,15 +247,16 @@ class ToolBox:
         expanded = [row for row in rows for _ in range(group_size)]
         observations = list(self.pool().map(
             lambda i: environment_call(environments[i], "reset", i, **expanded[i]), range(n)))
-        prompts = None
+        session = ToolSession(self, n, max_new_tokens, environments)
         if any(observation is not None for observation in observations):
             for i, observation in enumerate(observations):
                 if observation is not None and not isinstance(observation, str):
                     raise EnvironmentFailure(f"environment {type(environments[i]).__name__}.reset returned "
                                              f"{type(observation).__name__}, not a text or None (completion {i})")
-            prompts = [self.render(with_observation(row.get(prompt_column, ""), observation))
-                       for row, observation in zip(expanded, observations)]
-        return ToolSession(self, n, max_new_tokens, environments, prompts)
+            session.observations = observations
+            session.prompts = [self.render(with_observation(row.get(prompt_column, ""), observation))
+                               for row, observation in zip(expanded, observations)]
+        return session
 
 
 def with_observation(prompt: str | list[dict[str, Any]], observation: str | None) -> str | list[dict[str, Any]]:

@@ -94,7 +94,9 @@ def evaluate(
                 lenient = torch.tensor(lenient_accuracy_reward(asked, completions, answer=answers)).view(-1, k)
                 scores[f"{mode}_lenient"] += lenient.mean(dim=1).tolist()
             else:
-                judged = judge_scores(judge, asked, completions, reward_columns(batch, prompt_column, answer_column, k))
+                columns = reward_columns(batch, prompt_column, answer_column, k)
+                tools.reward_inputs(rollout, asked, columns)  # each completion's environment, if any
+                judged = judge_scores(judge, asked, completions, columns)
                 correct = (judged >= 1.0).float().view(-1, k)
                 scores[f"{mode}_score"] += judged.view(-1, k).mean(dim=1).tolist()
             if isinstance(judge, CodeTests):
