@@ -7,8 +7,10 @@ one: a single-turn quiz (two rubric functions, one async, weighted) and a multi-
 Run in verifiers' own environment: bash scripts/test_verifiers.sh (these tests are marked ``verifiers``)."""
 
 import asyncio
+import signal
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -67,6 +69,8 @@ class Guess(vf.MultiTurnEnv):
     async def env_response(self, messages, state, **kwargs):
         if self.fail_on == "reply":
             raise ValueError("the board broke")
+        if self.fail_on == "model":  # a simulated user would ask a model; grpokit's policy is not one to ask
+            await self.get_model_response(state, messages)
         text = messages[-1].content.strip()
         guess = int(text) if text.lstrip("-").isdigit() else None
         state["guesses"].append(guess)
@@ -77,8 +81,8 @@ class Guess(vf.MultiTurnEnv):
             return state["final_env_response"]
         return [vf.UserMessage(content="higher" if guess < int(state["answer"]) else "lower")]
 
-def load_environment(fail_on=None, max_turns=4):
-    rows = [{"question": "Guess my number (1-10).", "answer": a} for a in ("7", "3")]
+def load_environment(fail_on=None, max_turns=4, seed=0):
+    rows = [{"question": "Guess my number (1-10).", "answer": a, "info": {"seed": seed}} for a in ("7", "3")]
 
     def solved(state) -> float:
         return 1.0 if state["guesses"] and state["guesses"][-1] == int(state["answer"]) else 0.0
@@ -172,7 +176,9 @@ def grpokit_scores(task, rows, completions, episodes):
 
 
 def test_rows_are_the_environments_dataset_as_verifiers_formats_it(envs):
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     task = load_environment_task("verifiers:vf-quiz", {"num_train_examples": 3})
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers  # verifiers' put back
     env = vf.load_environment("vf-quiz", num_train_examples=3)
     assert len(task.rows) == 3 and task.rows == env.get_dataset().to_list()
     assert task.rows[1]["prompt"] == [{"role": "system", "content": "Answer inside <answer></answer>."},
@@ -258,6 +264,32 @@ def test_multi_turn_episodes_match_verifiers_own_rollout(envs):
     assert dict(zip([f.__name__ for f in task.reward_funcs], task.reward_weights))["num_turns"] == 0.0
 
 
+def test_the_runs_seed_goes_to_a_load_environment_that_takes_one(envs):
+    assert load_environment_task("verifiers:vf-guess", {}, seed=5).rows[0]["info"] == {"seed": 5}
+    assert load_environment_task("verifiers:vf-guess", {"seed": 2}, seed=5).rows[0]["info"] == {"seed": 2}
+
+
+def test_episodes_driven_from_threads_at_once_are_those_driven_one_by_one(envs):
+    task = load_environment_task("verifiers:vf-guess", {})
+    scripts = [["5", "8", "7"], ["2", "3"], ["9", "1", "x"], ["3"]] * 4
+    rows = [task.rows[0], task.rows[1], task.rows[0], task.rows[1]] * 4
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda args: play(task, *args), zip(rows, scripts)))
+    alone = [play(task, row, turns) for row, turns in zip(rows, scripts)]
+    assert [said for _, said in together] == [said for _, said in alone]
+    assert [e.state["completion"] for e, _ in together] == [e.state["completion"] for e, _ in alone]
+
+
+def test_an_environment_asking_the_model_itself_ends_its_episode_saying_so(envs):
+    task = load_environment_task("verifiers:vf-guess", {"fail_on": "model"})
+    episode = task.environment_factory()
+    episode.reset(**task.rows[0])
+    with pytest.warns(UserWarning, match=r"'vf-guess'.*asked the rollout's model for a response itself"):
+        assert episode.reply("5") is None
+    episode.end(None)
+    assert episode.state["stop_condition"] == "has_error" and episode.reply("6") is None
+
+
 def test_an_episode_cut_short_keeps_its_last_turn(envs):
     """The completion ran out of tokens (or of turns): end() gets the turn no reply saw, as verifiers records a
     truncated last response."""
@@ -284,7 +316,8 @@ def test_an_environment_not_installed_or_failing_to_load_is_named(envs, tmp_path
     with pytest.raises(ValueError, match=r"'no-such-env' is not installed \(no module 'no_such_env'\).*vf-install"):
         load_environment_task("verifiers:no-such-env")
     (tmp_path / "vf_broken.py").write_text("import not_a_module_anywhere\n")
-    with pytest.raises(ValueError, match=r"'vf-broken'.*'vf_broken' failed to import.*not_a_module_anywhere"):
+    with pytest.raises(ValueError, match=r"'vf-broken'.*'vf_broken' failed to import: ModuleNotFoundError.*"
+                                         r"not_a_module_anywhere"):
         load_environment_task("verifiers:vf-broken")
     with pytest.raises(ValueError, match=r"'vf-quiz' failed to load with environment_args \{'num_examples': 2\}"
                                          r".*unexpected keyword argument 'num_examples'"):

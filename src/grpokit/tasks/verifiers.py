@@ -287,12 +287,12 @@ def _load(vf: Any, name: str, args: dict[str, Any], seed: int) -> Any:
                f"Hub), or pip install the package that holds the module {module!r}")
     try:
         loader = getattr(import_env_module(name), "load_environment", None)
-    except ModuleNotFoundError as error:
-        if error.name == module:
+    except Exception as error:
+        if isinstance(error, ModuleNotFoundError) and error.name == module:
             raise VerifiersError(f"verifiers environment {name!r} is not installed (no module {module!r}): "
                                  f"{install}") from None
-        raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} failed to import: {error}"
-                             f" (a dependency it needs is missing)") from error
+        raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} failed to import: "
+                             f"{type(error).__name__}: {error}") from error
     if loader is None:
         raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} has no load_environment(); "
                              "a verifiers environment's module defines it")
