@@ -362,3 +362,18 @@ def test_two_training_steps_on_a_single_turn_environment(envs, tokenizer, tmp_pa
                           environment_factory=task.environment_factory)
     history = trainer.train()
     assert len(history) == 2 and all(0 <= m["rewards/exact"] <= 1 and m["rewards/brevity"] > 0 for m in history)
+
+
+def test_a_multi_turn_environment_trains_from_the_config(envs, tokenizer, tmp_path):
+    """environment: verifiers:NAME alone: its rows, its rubric (each function logged under its name) and its turns,
+    the environment's replies inserted between the model's turns."""
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                                 max_positions=256), seed=0)
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), environment="verifiers:vf-guess",
+                        environment_args={"max_turns": 3}, prompts_per_step=2, num_generations=4,
+                        max_completion_length=24, max_steps=2, temperature=1.5, progress_bar=False,
+                        mixed_precision="no")
+    history = GRPOTrainer(config, model=model, tokenizer=tokenizer).train()
+    assert all({"rewards/solved", "rewards/guesses_made", "rewards/fewer_than_others"} <= set(m) for m in history)
+    assert sum(m.get("env_replies", 0) for m in history) > 0

@@ -26,7 +26,8 @@ def check_grpo_config(config: Any) -> None:
     if config.reward_funcs is not None and not config.reward_funcs:
         raise ConfigError("reward_funcs is empty; give at least one reward function (or leave it out: the dataset's "
                           "own)")
-    check_reward_weights(config.reward_weights, len(reward_funcs_of(config)))
+    if config.reward_funcs is not None or config.environment is None:  # an environment's rubric: checked when loaded
+        check_reward_weights(config.reward_weights, len(reward_funcs_of(config)))
     refusals = (  # (refused, why): settings that cannot run together
         (config.num_minibatches > config.num_completions, f"num_minibatches={config.num_minibatches} exceeds the "
          f"{config.num_completions} completions of a step (prompts_per_step × num_generations)"),
