@@ -50,15 +50,17 @@ class GuessObservation(Observation):
 class GuessEnv(Environment[GuessAction, GuessObservation, State]):
     """Guess a number in [low, high] drawn from the reset's seed, in ``tries`` steps: a right guess ends the episode
     with reward 1, a wrong one gives 0.5 - |guess - secret| / (2 (high - low + 1)) and a hint, text that is not a
-    number -1. ``fail_on``: a guess whose step raises; ``fail_seed``: a seed whose reset raises; ``no_reward``:
-    steps without a reward; ``bad_done``: a done that is not a bool."""
+    number -1. ``fail_on``: a guess whose step raises; ``fail_seed``: a seed whose reset raises; ``slow_on``: a guess
+    whose step takes 2 s; ``no_reward``: steps without a reward; ``bad_done``: a done that is not a bool."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, low: int = 1, high: int = 16, tries: int = 4, fail_on: str | None = None,
-                 fail_seed: int | None = None, no_reward: bool = False, bad_done: bool = False):
+                 fail_seed: int | None = None, slow_on: str | None = None, no_reward: bool = False,
+                 bad_done: bool = False):
         super().__init__()
         self.low, self.high, self.tries, self.fail_on, self.fail_seed = low, high, tries, fail_on, fail_seed
+        self.slow_on = slow_on
         self.no_reward, self.bad_done = no_reward, bad_done
         self._state, self.secret = State(), low
 
@@ -72,6 +74,8 @@ class GuessEnv(Environment[GuessAction, GuessObservation, State]):
     def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:
         if action.guess == self.fail_on:
             raise RuntimeError("the guess broke the game")
+        if action.guess == self.slow_on:
+            time.sleep(2)
         self._state.step_count += 1
         left = self.tries - self._state.step_count
         try:
@@ -134,7 +138,7 @@ spec = importlib.util.spec_from_file_location("guess_env", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 def factory():  # failing as the in-process tests' env_kwargs make it fail
-    return module.GuessEnv(fail_on="boom", fail_seed=4)
+    return module.GuessEnv(fail_on="boom", fail_seed=4, slow_on="slow")
 app = create_app(factory, module.GuessAction, module.GuessObservation, max_concurrent_envs=64)
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
@@ -318,6 +322,13 @@ def test_step_results_without_a_reward_or_a_bool_done():
     spared.reset(seed=0)
     spared.end("3")
     assert spared.rewards == [0.0] and spared.ended
+
+
+def test_a_server_slower_than_the_timeout(server_url):
+    episode = load_environment_task(f"openenv:{server_url}", {"timeout": 0.5}, seed=0).environment_factory()
+    episode.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=rf"{server_url}, episode seed 0: step\(guess='slow'\) raised TimeoutError"):
+        episode.reply("slow")
 
 
 def test_a_server_that_is_down_is_named_with_how_to_start_one():
