@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from grpokit.models.rollout_weights import RolloutWeights
+from grpokit.rollout.episodes import InertSession, ToolSession
 from grpokit.rollout.generate import Rollout, generate, padding_id, stop_token_ids
 from grpokit.rollout.sampling_options import SamplingOptions
-from grpokit.rollout.tools import InertSession, ToolSession
 from grpokit.runtime.device import autocast
 
 

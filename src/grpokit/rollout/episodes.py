@@ -11,20 +11,18 @@ uniform draw (:meth:`ToolSession.uniforms`), so the tokens do not depend on how 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from grpokit.rollout.tool_calls import ToolCall, run_tool
 from grpokit.user_code import Overran, call_with_timeout
-
-if TYPE_CHECKING:
-    from grpokit.rollout.tools import ToolBox
 
 TOOL_COUNTS = ("tool_rate", "tool_calls", "tool_errors")  # per completion (:meth:`ToolSession.counts`)
 
@@ -66,13 +64,39 @@ def environment_call(environment: Any, method: str, row: int, *args: Any, **kwar
                                  f"{error} (completion {row})") from error
 
 
+NOT_TOOLS = ("reset", "reply", "end", "reward", "get_reward")  # an environment's protocol, not its tools
+
+
+def environment_tools(environment: Any) -> dict[str, Callable]:
+    """The tools an environment offers: its public methods but ``reset`` and its reward (as TRL lists them,
+    on the class, so properties are not evaluated)."""
+    return {name: getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
+            if not name.startswith("_") and name not in NOT_TOOLS}
+
+
+def tool_messages(tokenizer: Any, ids: Sequence[int], calls: Sequence[ToolUse]) -> list[dict[str, Any]]:
+    """A completion with tool calls as chat messages, as TRL passes them to reward functions: the assistant's
+    turns (each that called a tool with its ``tool_calls``), each followed by the tool's message."""
+    messages: list[dict[str, Any]] = []
+    start = 0
+    for call in calls:
+        text = tokenizer.decode(list(ids[start: call.start]), skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": text,
+                         "tool_calls": [{"type": "function", "function": {"name": call.name,
+                                                                          "arguments": call.arguments}}]})
+        messages.append({"role": "tool", "name": call.name, "content": call.result})
+        start = call.start + call.tokens
+    messages.append({"role": "assistant", "content": tokenizer.decode(list(ids[start:]), skip_special_tokens=True)})
+    return messages
+
+
 class ToolSession:
     """Runs the calls of one rollout of N completions between decode steps: :meth:`intervene` sees each step's
     picks and returns them with queued result tokens in place of sampled ones, and the rows that wait marked as
     holes. ``can_hold`` False (a sharded model, whose processes must run the same steps, or fixed-shape decoding):
     a step's calls still run concurrently, and the step waits for them instead of leaving holes."""
 
-    def __init__(self, box: ToolBox, n: int, max_new_tokens: int, environments: list[Any] | None):
+    def __init__(self, box: Any, n: int, max_new_tokens: int, environments: list[Any] | None):
         self.box, self.n, self.max_new_tokens, self.environments = box, n, max_new_tokens, environments
         # Where environments' resets gave observations (:meth:`ToolBox.session`): each completion's observation (or
         # None), and the N rendered prompts to sample from.
@@ -108,7 +132,6 @@ class ToolSession:
     def tools_of(self, row: int) -> Mapping[str, Callable]:
         if self.environments is None:
             return self.box.tools
-        from grpokit.rollout.tools import environment_tools
         return {**self.box.tools, **environment_tools(self.environments[row])}
 
     # ---- between decode steps ------------------------------------------------------------------------------------
@@ -299,7 +322,6 @@ class ToolSession:
         beyond its text: each completion's environment, added to ``columns`` as ``environments``, and, where a
         prompt is conversational, each trajectory as messages (the assistant's turns and the tool results;
         returned, else None), as TRL passes them."""
-        from grpokit.rollout.tools import tool_messages
         if self.environments is not None:
             columns["environments"] = self.environments
         if not any(isinstance(prompt, list) for prompt in prompts):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.models.logprobs import position_ids_from_mask
-from grpokit.rollout.tools import InertSession, ToolSession
+from grpokit.rollout.episodes import InertSession, ToolSession
 
 
 @dataclass
@@ -180,8 +180,9 @@ def generate(
     process to run the same passes); the result is the same. With ``fast`` and a model
     :mod:`grpokit.models.fast.llama_family` supports, decoding uses a preallocated cache and drops finished
     completions from the batch (the same distribution; ``stop_early`` is then moot). With ``tools`` (a
-    :class:`~grpokit.rollout.tools.ToolSession`), a completion that closes a tool call gets the result inserted as its
-    next tokens, through the same cache, while the others keep decoding; the Rollout's ``tool_mask`` marks them.
+    :class:`~grpokit.rollout.episodes.ToolSession`), a completion that closes a tool call (or ends a turn its
+    environment replies to) waits in holes while the others keep decoding, then gets the result inserted as its next
+    tokens, through the same cache; the Rollout's ``tool_mask`` marks them.
     An inert session (the empty box's: no tools) is as None: it never sees a decode step. ``int8``: sample with
     the model's projections and LM head in int8 (:mod:`grpokit.models.fast.int8`; the fast path, on the CPU).
     ``graph``: the fast path with fixed shapes, its decode step captured as a CUDA graph on CUDA (the same tokens).

@@ -12,7 +12,6 @@ The built-in tools: ``calculator`` (:mod:`grpokit.rollout.calculator`): arithmet
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -30,6 +29,7 @@ from grpokit.rollout.episodes import (
     ToolSession,
     ToolUse,
     environment_call,
+    environment_tools,
     own_token_steps,
 )
 from grpokit.rollout.python_tool import make_python_tool, python, sandbox_limits
@@ -56,16 +56,6 @@ def tool_functions(tools: Sequence[Callable] | Mapping[str, Callable]) -> dict[s
     return named
 
 
-NOT_TOOLS = ("reset", "reply", "end", "reward", "get_reward")  # an environment's protocol, not its tools
-
-
-def environment_tools(environment: Any) -> dict[str, Callable]:
-    """The tools an environment offers: its public methods but ``reset`` and its reward (as TRL lists them,
-    on the class, so properties are not evaluated)."""
-    return {name: getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
-            if not name.startswith("_") and name not in NOT_TOOLS}
-
-
 def environment_reward(environments: Sequence[Any]) -> list[float | None]:
     """An environment's own score of its completion: ``get_reward()`` (TRL's name) or ``reward()``."""
     scores = []
@@ -73,22 +63,6 @@ def environment_reward(environments: Sequence[Any]) -> list[float | None]:
         fn = getattr(environment, "get_reward", None) or getattr(environment, "reward", None)
         scores.append(None if fn is None else fn())
     return scores
-
-
-def tool_messages(tokenizer: Any, ids: Sequence[int], calls: Sequence[ToolUse]) -> list[dict[str, Any]]:
-    """A completion with tool calls as chat messages, as TRL passes them to reward functions: the assistant's
-    turns (each that called a tool with its ``tool_calls``), each followed by the tool's message."""
-    messages: list[dict[str, Any]] = []
-    start = 0
-    for call in calls:
-        text = tokenizer.decode(list(ids[start: call.start]), skip_special_tokens=True)
-        messages.append({"role": "assistant", "content": text,
-                         "tool_calls": [{"type": "function", "function": {"name": call.name,
-                                                                          "arguments": call.arguments}}]})
-        messages.append({"role": "tool", "name": call.name, "content": call.result})
-        start = call.start + call.tokens
-    messages.append({"role": "assistant", "content": tokenizer.decode(list(ids[start:]), skip_special_tokens=True)})
-    return messages
 
 
 def resolve_tools(config: Any | None, tools: Sequence[str | Callable] | None = None,

@@ -23,9 +23,9 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from grpokit.models.lora import is_lora
+from grpokit.rollout.episodes import InertSession, ToolSession
 from grpokit.rollout.generate import Rollout, padding_id, stop_token_ids
 from grpokit.rollout.sampling_options import SamplingOptions
-from grpokit.rollout.tools import InertSession, ToolSession
 
 PROBE_TOKENS = 32  # the probe sequence's length
 
