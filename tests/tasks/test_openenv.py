@@ -373,3 +373,18 @@ def test_training_two_steps_on_the_env(tmp_path, tokenizer):
     for record in records:
         own = direct(0, [record["completion"]], low=7, high=7)[1][0]
         assert record["openenv_reward"] == pytest.approx(own) and record["reward"] == pytest.approx(own)
+
+
+def test_multi_turn_training_from_the_config_through_a_server(tmp_path, tokenizer, server_url):
+    """environment: openenv:URL alone: each episode a session on the server, its reset's observation after the
+    prompt, each turn the model ends stepped and the observation inserted as the next message, the return rewarded."""
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), environment=f"openenv:{server_url}",
+                        environment_args={"episodes": 8, "prompt": "Guess:"}, prompts_per_step=2, num_generations=4,
+                        max_completion_length=24, temperature=1.5, max_steps=2, progress_bar=False,
+                        mixed_precision="no")
+    trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer)
+    session = trainer.sampler.toolbox.session(trainer.sampler.rows[:1], 2, 8)
+    assert session.prompts == ["Guess:\n\nGuess a number from 1 to 16."] * 2
+    history = trainer.train()
+    assert all("rewards/openenv_reward" in m for m in history)
+    assert sum(m.get("env_replies", 0) for m in history) > 0

@@ -31,14 +31,15 @@ from grpokit.rollout.episodes import (
     environment_call,
     environment_tools,
     own_token_steps,
+    tool_messages,
 )
 from grpokit.rollout.python_tool import make_python_tool, python, sandbox_limits
 from grpokit.rollout.tool_calls import MAX_RESULT, PlainProtocol, ToolCall, parse_tool_call, run_tool
 from grpokit.user_code import call_with_timeout, load_callable
 
 __all__ = ["INERT", "TOOL_COUNTS", "EnvironmentFailure", "InertSession", "PlainProtocol", "ToolBox", "ToolCall",
-           "ToolSession", "ToolUse", "calculator", "call_with_timeout", "own_token_steps", "parse_tool_call", "python",
-           "run_tool"]
+           "ToolSession", "ToolUse", "calculator", "call_with_timeout", "environment_tools", "own_token_steps",
+           "parse_tool_call", "python", "run_tool", "tool_messages"]
 
 
 def tool_functions(tools: Sequence[Callable] | Mapping[str, Callable]) -> dict[str, Callable]:
