@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIGS = ["examples/sft.yaml", "examples/smollm2/sft.yaml", "examples/answers_only/sft.yaml",
                "examples/reasoning_gym/sft.yaml"]
 TRAIN_CONFIGS = ["examples/jsonl_dataset.yaml", "examples/smollm2/grpo.yaml", "examples/answers_only/grpo.yaml",
-                 "examples/reasoning_gym/grpo.yaml",
+                 "examples/reasoning_gym/grpo.yaml", "examples/environments/verifiers.yaml",
+                 "examples/environments/openenv.yaml",
                  "src/grpokit/tasks/recipes/arithmetic.yaml",
                  "src/grpokit/tasks/recipes/tools.yaml",
                  "src/grpokit/tasks/recipes/arithmetic_process.yaml"]
