@@ -377,3 +377,24 @@ def test_a_multi_turn_environment_trains_from_the_config(envs, tokenizer, tmp_pa
     history = GRPOTrainer(config, model=model, tokenizer=tokenizer).train()
     assert all({"rewards/solved", "rewards/guesses_made", "rewards/fewer_than_others"} <= set(m) for m in history)
     assert sum(m.get("env_replies", 0) for m in history) > 0
+
+
+@pytest.mark.parametrize("eval_reward, key", [(None, "rubric"), ("exact", "exact")])
+def test_held_out_rows_are_judged_by_the_rubric_or_one_of_its_functions(envs, tokenizer, tmp_path, eval_reward,
+                                                                        key):
+    """The environment's eval_dataset is the held-out set; eval_reward names a rubric function, or none: the rubric's
+    weighted total judges (solved: 1 or more)."""
+    from grpokit.resolve import eval_judge
+
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                                 max_positions=256), seed=0)
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), environment="verifiers:vf-quiz", eval_every=1,
+                        eval_reward=eval_reward, prompts_per_step=2, num_generations=2, max_completion_length=6,
+                        max_steps=1, progress_bar=False, mixed_precision="no")
+    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
+    held_out = load_environment_task("verifiers:vf-quiz").eval_rows
+    assert sorted(map(str, trainer.held_out.rows)) == sorted(map(str, held_out))
+    assert trainer.held_out.judge.__name__ == key or eval_judge(config, [], trainer.environment).__name__ == key
+    history = trainer.train()
+    assert 0 <= history[-1]["eval_accuracy"] <= 1 and history[-1]["eval_score"] >= 0
