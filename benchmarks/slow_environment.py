@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import SMOKE_HELP, SMOKE_MODEL, SMOKE_THREADS, smoke_dir
 
 from grpokit.data import render_prompt
 from grpokit.models.gguf import smollm2_gguf
@@ -30,6 +32,7 @@ from grpokit.resolve import load_model_and_tokenizer
 from grpokit.rollout.generate import generate, stop_token_ids
 from grpokit.rollout.tools import ToolBox
 from grpokit.runtime.device import cpu_model
+from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
 PROMPT = ("I am thinking of a whole number from 1 to 100. Guess it: answer with one number. I will say higher or "
           "lower.")
@@ -73,7 +76,7 @@ def rollout_once(model, tokenizer, rows, overlap: bool, args) -> dict:
             "ids": rollout.completion_ids.tolist()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a model directory or gguf:FILE (default: SmolLM2's GGUF)")
     parser.add_argument("--prompts", type=int, default=4)
@@ -85,10 +88,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(SMOKE_THREADS if args.smoke else os.cpu_count() or 1)
+    if args.smoke:  # the tiny model, untrained: it ends few turns, but the script runs end to end
+        args.prompts, args.group_size, args.max_new_tokens, args.delay, args.repeats = 1, 2, 8, 0.01, 1
+        args.out, model_name = str(smoke_dir() / "slow_environment.json"), "tiny"
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, TinyModelSpec(**SMOKE_MODEL), seed=0)
+    else:
+        model_name = args.model or f"gguf:{smollm2_gguf()}"
+        model, tokenizer = load_model_and_tokenizer(model_name, progress=False)
     GuessingGame.delay, GuessingGame.turns = args.delay, args.turns
-    model_name = args.model or f"gguf:{smollm2_gguf()}"
-    model, tokenizer = load_model_and_tokenizer(model_name, progress=False)
     model.eval()
     rows = [{"prompt": PROMPT, "target": 17 + 23 * i} for i in range(args.prompts)]
     runs: dict[str, list[dict]] = {"serial": [], "concurrent": []}
@@ -99,7 +110,8 @@ def main() -> None:
                for mode, done in runs.items()}
     result = {
         "command": "python benchmarks/slow_environment.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            if v is not None and k not in ("out", "smoke")),
         "cpu": cpu_model(), "machine": platform.machine(), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "model": model_name.rsplit("/", 1)[-1],
         "completions": args.prompts * args.group_size, "delay_s": args.delay, **summary,

@@ -311,7 +311,7 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, choose, stop_early, 
             )
         cache = getattr(out, cache_name)
         running = ~finished
-        advance, fed = fed, torch.ones_like(next_tokens)
+        advance, fed = fed, running.long()  # finished rows take no position (the loop may run past the budget)
         if running.any():  # finished rows keep feeding their last token: never read again
             next_tokens[running], finished[running], hold = choose(out.logits[running, -1, :].float(), t, rows[running])
             if hold is not None:

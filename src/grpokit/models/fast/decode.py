@@ -136,7 +136,10 @@ class Decoding(LlamaParts):
             if waiting is not None:  # a hole: its key and value never attended to, its position not taken
                 bias[waiting, column] = float("-inf")
             last = self._decode_step(x, layers, cache, turns[next_positions].unsqueeze(1), column, bias)
-            next_positions = next_positions + 1 if waiting is None else next_positions + (~waiting).long()
+            if holes:  # only rows that took a position move on (finished rows too stay put: the loop may run long)
+                next_positions = next_positions + (alive if waiting is None else alive & ~waiting).long()
+            else:
+                next_positions = next_positions + 1
 
     def _decode_static(self, prompt_ids, prompt_mask, max_new_tokens, choose, compute, repeats,
                        exact_prefill) -> None:
