@@ -188,7 +188,7 @@ class ToolSession:
                     stop[k] = False
             else:
                 self._maybe_call(row, column)
-        self.holes += int(hold.sum())
+        self.holes += int((hold & ~stop).sum())  # rows waiting (not those whose episode ended here)
         if not self.can_hold and self.waiting:  # every call this step started, all at once: wait for them
             wait([future for future, _, _ in self.waiting.values()])
             for row in list(self.waiting):
