@@ -42,7 +42,8 @@ class HotterColder(Environment[GuessAction, GuessObservation, State]):
         distance = abs(guess - self.secret)
         trend = "" if self.last is None else (" Warmer." if distance < self.last else " Colder.")
         self.last = distance
-        return GuessObservation(message=f"Not {guess}.{trend} Guess again.", reward=0.5 - distance / 40, done=done)
+        reward = max(0.0, 0.5 - distance / 40)
+        return GuessObservation(message=f"Not {guess}.{trend} Guess again.", reward=reward, done=done)
 
     @property
     def state(self) -> State:

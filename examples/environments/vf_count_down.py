@@ -38,7 +38,7 @@ def load_environment(num_examples: int = 64, seed: int = 0, max_turns: int = 4):
     def closeness(state) -> float:
         # the best guess's distance, so that an unsolved game still has a gradient
         made = [g for g in state["guesses"] if g is not None]
-        return 1.0 - min(abs(g - int(state["answer"])) for g in made) / 20 if made else 0.0
+        return max(0.0, 1.0 - min(abs(g - int(state["answer"])) for g in made) / 20) if made else 0.0
 
     def answered_with_numbers(state) -> float:
         return sum(g is not None for g in state["guesses"]) / max(1, len(state["guesses"]))

@@ -3,6 +3,7 @@ position not taken, nothing recorded) while the others decode; what it samples d
 took; environments reply between turns, end episodes, start from their resets' observations, and fail by name."""
 
 import random
+import threading
 import time
 
 import pytest
@@ -147,14 +148,15 @@ def test_a_reset_observation_starts_each_completions_prompt(tok):
 
 
 def test_environments_are_made_and_reset_concurrently(tok):
-    class Slow(Guess):
-        def reset(self, **row):
-            time.sleep(0.2)
+    """All 16 resets of a step wait at one barrier: it opens only if they run at the same time."""
+    barrier = threading.Barrier(16, timeout=10)
 
-    box = ToolBox(tok, [], environment_factory=Slow, workers=16)
-    started = time.perf_counter()
-    box.session([{}] * 4, 4, 10)
-    assert time.perf_counter() - started < 16 * 0.2 / 2  # 16 resets of 0.2 s, far from one after another
+    class Meeting(Guess):
+        def reset(self, **row):
+            barrier.wait()
+
+    ToolBox(tok, [], environment_factory=Meeting, workers=16).session([{}] * 4, 4, 10)
+    assert barrier.n_waiting == 0 and not barrier.broken
 
 
 def test_a_failing_or_wrong_environment_is_named(model, tok):

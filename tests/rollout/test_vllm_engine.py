@@ -134,6 +134,39 @@ def test_tools_insert_results_as_tokens_and_decoding_goes_on_from_them(engines):
     assert torch.allclose(rollout.logp[own], policy_logp(model, rollout)[own], atol=2e-4)
 
 
+class Replies:
+    """A multi-turn environment: an observation at reset, a reply to each of the model's first two turns."""
+
+    def reset(self, **row):
+        self.turns = []
+        return "Go."
+
+    def reply(self, turn):
+        self.turns.append(turn)
+        return None if len(self.turns) >= 3 else f"again {len(self.turns)}"
+
+
+def test_environment_turns_go_in_as_tokens_on_vllm(engines):
+    """An environment's replies between turns, through vLLM: the stop token stays, the reply's tokens follow it at
+    log-prob 0, decoding goes on from the exact ids; the reset's observation is in each prompt."""
+    from grpokit.rollout.tool_templates import build_toolbox
+
+    tokenizer, model, _, vllm_engine = engines
+    box = build_toolbox(tokenizer, [], Replies, chat_template=False, max_calls=3, timeout=5.0)
+    rows = TOOL_ROWS[:4]
+    session = box.session(rows, 4, 60)
+    texts, repeats = session.sample_prompts([row["prompt"] for row in rows], 4)
+    assert repeats == 1 and all(text.endswith("\n\nGo.") for text in texts)
+    ids, mask = prompts(tokenizer, texts)
+    rollout = vllm_engine.generate(ids, mask, num_generations=1, max_new_tokens=60,
+                                   generator=torch.Generator().manual_seed(1), tools=session)
+    replied = [i for i, environment in enumerate(session.environments) if environment.turns]
+    assert replied and rollout.tool_mask[replied].sum() > 0
+    assert (rollout.logp[rollout.tool_mask.bool()] == 0).all()
+    own = rollout.model_mask.bool()
+    assert torch.allclose(rollout.logp[own], policy_logp(model, rollout)[own], atol=2e-4)
+
+
 def vllm_trainer(tmp_path, **overrides):
     tokenizer = build_tokenizer()
     return make_trainer(tokenizer, build_model(tokenizer, SPEC, seed=0), tmp_path, generation_engine="vllm",
