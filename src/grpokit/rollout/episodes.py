@@ -148,7 +148,11 @@ class ToolSession:
             wait([self.waiting[row][0] for row in rows_list], return_when=FIRST_COMPLETED)
         hold = torch.zeros(len(rows_list), dtype=torch.bool)
         forced: dict[int, int] = {}
-        for k, row in enumerate(rows_list):
+        # Only the rows with a call in flight, a result to insert or an episode ending are looked at one by one.
+        special = self.waiting.keys() | self.pending.keys() | self.ending
+        at = {row: k for k, row in enumerate(rows_list)} if special else {}
+        for row in sorted(special & at.keys()):
+            k = at[row]
             if row in self.waiting and self.waiting[row][0].done():
                 self._harvest(row)
             if row in self.ending:
@@ -169,7 +173,7 @@ class ToolSession:
                 chosen[index] = torch.tensor(list(forced.values()), device=chosen.device)
                 logp[index] = 0.0
                 stop[list(forced)] = False
-            ends = [k for k, row in enumerate(rows_list) if row in self.ending]
+            ends = [at[row] for row in self.ending if row in at]
             stop[hold] = False
             stop[ends] = True
             for k in ends:
