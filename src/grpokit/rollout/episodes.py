@@ -11,7 +11,6 @@ uniform draw (:meth:`ToolSession.uniforms`), so the tokens do not depend on how 
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor
 
 from grpokit.rollout.tool_calls import ToolCall, run_tool
+from grpokit.rollout.tool_use import ToolUse, environment_tools, tool_messages
 from grpokit.user_code import Overran, call_with_timeout
 
 TOOL_COUNTS = ("tool_rate", "tool_calls", "tool_errors")  # per completion (:meth:`ToolSession.counts`)
@@ -32,24 +32,10 @@ class EnvironmentFailure(RuntimeError):
 
 
 @dataclass
-class ToolUse:
-    """One call a completion made: what it asked for, what it got back, and where the result sits."""
-
-    name: str | None
-    arguments: dict[str, Any]
-    result: str  # the tool's text (an "error: ..." text when failed)
-    failed: bool
-    start: int  # the completion's token index where the inserted result begins
-    tokens: int  # how many result tokens were inserted (fewer than the result's when the budget ran out)
-    seconds: float
-
-
-@dataclass
 class _Turn:
     """An environment's reply to a completion's turn, in flight or done."""
 
-    start: int  # the completion's token index where the reply begins (once inserted)
-    tokens: int = 0
+    tokens: int = 0  # inserted
     seconds: float = 0.0
 
 
@@ -62,32 +48,6 @@ def environment_call(environment: Any, method: str, row: int, *args: Any, **kwar
     except Exception as error:
         raise EnvironmentFailure(f"environment {type(environment).__name__}.{method} raised {type(error).__name__}: "
                                  f"{error} (completion {row})") from error
-
-
-NOT_TOOLS = ("reset", "reply", "end", "reward", "get_reward")  # an environment's protocol, not its tools
-
-
-def environment_tools(environment: Any) -> dict[str, Callable]:
-    """The tools an environment offers: its public methods but ``reset`` and its reward (as TRL lists them,
-    on the class, so properties are not evaluated)."""
-    return {name: getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
-            if not name.startswith("_") and name not in NOT_TOOLS}
-
-
-def tool_messages(tokenizer: Any, ids: Sequence[int], calls: Sequence[ToolUse]) -> list[dict[str, Any]]:
-    """A completion with tool calls as chat messages, as TRL passes them to reward functions: the assistant's
-    turns (each that called a tool with its ``tool_calls``), each followed by the tool's message."""
-    messages: list[dict[str, Any]] = []
-    start = 0
-    for call in calls:
-        text = tokenizer.decode(list(ids[start: call.start]), skip_special_tokens=True)
-        messages.append({"role": "assistant", "content": text,
-                         "tool_calls": [{"type": "function", "function": {"name": call.name,
-                                                                          "arguments": call.arguments}}]})
-        messages.append({"role": "tool", "name": call.name, "content": call.result})
-        start = call.start + call.tokens
-    messages.append({"role": "assistant", "content": tokenizer.decode(list(ids[start:]), skip_special_tokens=True)})
-    return messages
 
 
 class ToolSession:
@@ -261,7 +221,7 @@ class ToolSession:
             return False  # the episode ends with a turn the environment has not seen: end(turn) gets it
         text = self.box.tokenizer.decode(self.tokens[row, self.turn_start[row]: column + 1].tolist(),
                                          skip_special_tokens=True)
-        turn = _Turn(column + 1)
+        turn = _Turn()
         self.turns[row].append(turn)
         self.seen[row] = column + 1
         box = self.box

@@ -27,14 +27,12 @@ from grpokit.rollout.episodes import (
     EnvironmentFailure,
     InertSession,
     ToolSession,
-    ToolUse,
     environment_call,
-    environment_tools,
     own_token_steps,
-    tool_messages,
 )
 from grpokit.rollout.python_tool import make_python_tool, python, sandbox_limits
 from grpokit.rollout.tool_calls import MAX_RESULT, PlainProtocol, ToolCall, parse_tool_call, run_tool
+from grpokit.rollout.tool_use import ToolUse, environment_tools, tool_messages
 from grpokit.user_code import call_with_timeout, load_callable
 
 __all__ = ["INERT", "TOOL_COUNTS", "EnvironmentFailure", "InertSession", "PlainProtocol", "ToolBox", "ToolCall",
