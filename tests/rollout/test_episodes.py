@@ -180,6 +180,16 @@ def test_a_failing_or_wrong_environment_is_named(model, tok):
 
     with pytest.raises(EnvironmentFailure, match="BadReset.reset returned dict"):
         ToolBox(tok, [], environment_factory=BadReset).session([{}], 1, 10)
+    made = []
+
+    def unreachable():  # the probe at start-up is made; the step's environments are not
+        if made:
+            raise ConnectionError("no server")
+        made.append(1)
+        return Guess()
+
+    with pytest.raises(EnvironmentFailure, match=r"ToolBox.environment_factory raised ConnectionError: no server"):
+        ToolBox(tok, [], environment_factory=unreachable).session([{}], 1, 10)
 
 
 def test_a_slow_reply_is_refused_after_tool_timeout(model, tok):

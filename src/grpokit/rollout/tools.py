@@ -216,7 +216,7 @@ class ToolBox:
         n = len(rows) * group_size
         if self.environment_factory is None:
             return ToolSession(self, n, max_new_tokens, None)
-        environments = list(self.pool().map(lambda _: self.environment_factory(), range(n)))
+        environments = list(self.pool().map(lambda i: environment_call(self, "environment_factory", i), range(n)))
         expanded = [row for row in rows for _ in range(group_size)]
         observations = list(self.pool().map(
             lambda i: environment_call(environments[i], "reset", i, **expanded[i]), range(n)))
