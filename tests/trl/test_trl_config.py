@@ -75,8 +75,8 @@ def test_a_refused_key_at_another_value_names_itself(name, tmp_path):
 
 
 def test_an_unknown_keyword_names_the_closest_trl_key(tmp_path):
-    with pytest.raises(ConfigError, match="'per_device_batch_size'.*did you mean 'per_device_train_batch_size'"):
-        GRPOConfig(output_dir=str(tmp_path), per_device_batch_size=4)
+    with pytest.raises(ConfigError, match="'num_generation'.*did you mean 'num_generations'"):
+        GRPOConfig(output_dir=str(tmp_path), num_generation=4)
 
 
 SETTINGS = [

@@ -11,7 +11,7 @@ from grpokit.trl import GRPOConfig, GRPOTrainer
 from grpokit.trl.convert import lora_settings, prompt_format, reward_functions
 from helpers import ROWS, ones
 
-TRL_NAMES = {"reward", "reward_std", "rewards/ones/mean", "completions/mean_length", "completions/clipped_ratio",
+TRL_NAMES = {"reward", "reward_std", "rewards/seen_state/mean", "completions/mean_length", "completions/clipped_ratio",
              "kl", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
              "learning_rate", "loss", "grad_norm", "epoch", "step"}
 

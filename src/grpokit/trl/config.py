@@ -142,6 +142,8 @@ class GRPOConfig(TrainingArguments):
         for name, value in self._given.items():
             if name not in MAPPED and name not in NO_EFFECT and value != _default(name):
                 raise ConfigError(refusal(name, value, _default(name)))
+        if self.activation_checkpointing is None:  # transformers' newer name: TRL's default, without its warning
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)  # type: ignore
         if self.vllm_importance_sampling_cap is not None:

@@ -42,7 +42,7 @@ STATE_FILE = "trainer_state.json"  # beside each grpokit checkpoint: the Trainer
 
 class GRPOTrainer:
     """TRL 1.16's ``GRPOTrainer(model, reward_funcs, args, train_dataset, ...)`` running grpokit underneath
-    (``self.grpokit``: grpokit's trainer; ``self.grpokit_config``: the config it runs)."""
+    (``self.grpokit_trainer``: grpokit's trainer; ``self.grpokit_config``: the config it runs)."""
 
     def __init__(
         self,
@@ -89,17 +89,17 @@ class GRPOTrainer:
 
                 processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         self.grpokit_config = args.to_grpokit(len(rows), **keys)
-        self.grpokit = GrpokitTrainer(self.grpokit_config, model=model, tokenizer=processing_class,
+        self.grpokit_trainer = GrpokitTrainer(self.grpokit_config, model=model, tokenizer=processing_class,
                                       train_dataset=rows, reward_funcs=reward_functions(reward_funcs),
                                       tools=tools, environment_factory=environment_factory)
-        self.model, self.processing_class = self.grpokit.model, processing_class
-        self.reward_funcs = self.grpokit.reward_funcs
+        self.model, self.processing_class = self.grpokit_trainer.model, processing_class
+        self.reward_funcs = self.grpokit_trainer.reward_funcs
         self.updates = args.updates_per_generation  # TRL's optimizer steps per grpokit step
         self.steps_per_epoch = len(rows) // args.prompts_per_generation * self.updates
         self.state = self._run_state(TrainerState())
-        self.grpokit.sampler.trainer_state = lambda step: self.state  # reward functions' trainer_state
+        self.grpokit_trainer.sampler.trainer_state = lambda step: self.state  # reward functions' trainer_state
         self.control = TrainerControl()
-        policy = self.grpokit.policy
+        policy = self.grpokit_trainer.policy
         self.callback_handler = CallbackHandler([DefaultFlowCallback], self.model, processing_class,
                                                 policy.optimizer, policy.scheduler)
         for callback in callbacks or []:
@@ -131,7 +131,7 @@ class GRPOTrainer:
         return self.state.log_history
 
     def is_world_process_zero(self) -> bool:
-        return self.grpokit.world.main
+        return self.grpokit_trainer.world.main
 
     # ---- training --------------------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ class GRPOTrainer:
         if kwargs:
             raise ConfigError(f"train(): {', '.join(kwargs)} not supported (TRL's train takes "
                               "resume_from_checkpoint)")
-        inner, args = self.grpokit, self.args
+        inner, args = self.grpokit_trainer, self.args
         if resume_from_checkpoint:
             path = inner.resume("latest" if resume_from_checkpoint is True else str(resume_from_checkpoint))
             if (path / STATE_FILE).is_file():
@@ -193,8 +193,8 @@ class GRPOTrainer:
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
 
     def _save_checkpoint(self, final: bool = False) -> Path:
-        path = self.grpokit.save_checkpoint()
-        if self.grpokit.world.main:
+        path = self.grpokit_trainer.save_checkpoint()
+        if self.grpokit_trainer.world.main:
             self.state.save_to_json(str(path / STATE_FILE))
         if not final or self.args.save_strategy != "no":
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
@@ -205,7 +205,7 @@ class GRPOTrainer:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The policy and tokenizer in ``output_dir`` (``args.output_dir`` by default), as ``save_pretrained`` writes
         them (LoRA: the merged weights, the adapter alone in ``adapter`` beside them)."""
-        self.grpokit.save(Path(output_dir or self.args.output_dir))
+        self.grpokit_trainer.save(Path(output_dir or self.args.output_dir))
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     **kwargs: Any) -> Any:
