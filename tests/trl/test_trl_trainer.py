@@ -136,3 +136,27 @@ def test_trl_inputs_translate():
                                    "lora_target_modules": ["q_proj", "v_proj"]}
     with pytest.raises(ConfigError, match="use_dora"):
         lora_settings(peft.LoraConfig(r=4, use_dora=True))
+
+
+def test_a_conversational_dataset_is_rendered_with_the_chat_template(tiny_model_dir, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                               "{% if add_generation_prompt %}={% endif %}")
+    rows = [{"prompt": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in ROWS]
+    seen = []
+
+    def prompts_seen(prompts, completions, **kwargs):
+        seen.extend(prompts)
+        return ones(prompts, completions)
+
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=prompts_seen, processing_class=tokenizer,
+                          args=script_args(tmp_path / "out", max_steps=1), train_dataset=Dataset.from_list(rows))
+    assert trainer.grpokit_trainer.sampler.prompts[0] == ROWS[0]["prompt"] + " ="
+    trainer.train()
+    assert seen and all(isinstance(p, list) and p[0]["role"] == "user" for p in seen)  # as the dataset holds them
