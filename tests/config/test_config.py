@@ -111,3 +111,15 @@ def test_supervised_configs_list_their_own_keys_then_the_shared_ones():
     assert starts == {"epochs": (3.0, 1.0), "batch_size": (8, 16), "micro_batch_size": (8, 16),
                       "learning_rate": (2e-5, 1e-5)}
     assert [name for name in shared if SFTConfig.help()[name] != RewardConfig.help()[name]] == ["batch_size"]
+
+
+def test_grpokit_config_hints_point_to_the_right_key():
+    with pytest.raises(ConfigError, match="ratio_level") as error:
+        GRPOConfig.from_dict({"importance_sampling_level": "sequence"})
+    assert "prompt_sampling_floor" not in str(error.value)
+    with pytest.raises(ConfigError, match="micro_batch_size.*grpokit.trl.GRPOConfig"):
+        GRPOConfig.from_dict({"per_device_train_batch_size": 4})
+    with pytest.raises(ConfigError, match="'per_device_train_batch_size'.*micro_batch_size"):  # the constructor too
+        GRPOConfig(per_device_train_batch_size=4)
+
+

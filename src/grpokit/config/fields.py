@@ -92,6 +92,7 @@ class _Config:
     unknown keys (with a suggestion, and ``TRL_NAMES``' translations of TRL's names), dump, document."""
 
     TRL_NAMES: typing.ClassVar[dict[str, str]] = {}
+    TRL_HINT: typing.ClassVar[str] = ""  # after a TRL name's translation
     # Keys grpokit no longer reads, with what replaced them: refused by name; ignored in old checkpoints' configs.
     REMOVED: typing.ClassVar[dict[str, str]] = {}
 
@@ -104,20 +105,29 @@ class _Config:
         if getattr(self, "optimizer", None) == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
             raise ConfigError(NO_BITSANDBYTES)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> typing.Self:
+        # An unknown keyword is refused as from_dict refuses it (a hint, not the dataclass's bare TypeError).
+        cls._refuse_unknown(kwargs)
+        return super().__new__(cls)
+
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> typing.Self:
-        """Build a config, refusing unknown keys with a suggestion."""
+    def _refuse_unknown(cls, values: typing.Iterable[str]) -> None:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in values:
             if key not in known:
                 if key in cls.REMOVED:
                     raise ConfigError(f"config key {key!r} was removed: {cls.REMOVED[key]}")
                 if key in cls.TRL_NAMES:
-                    hint = f"; TRL's {key!r} is {cls.TRL_NAMES[key]} here"
+                    hint = f"; TRL's {key!r} is {cls.TRL_NAMES[key]} here{cls.TRL_HINT}"
                 else:
                     close = difflib.get_close_matches(str(key), sorted(known), n=1)
                     hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"unknown config key {key!r}{hint}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> typing.Self:
+        """Build a config, refusing unknown keys with a suggestion."""
+        cls._refuse_unknown(values)
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

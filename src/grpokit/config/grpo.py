@@ -11,6 +11,20 @@ from grpokit.config.grpo_task import _TaskKeys
 from grpokit.core.importance import IS_MODES
 from grpokit.core.objective import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, SCALES
 
+# TRL's GRPOConfig keys with another name (or unit) here; grpokit.trl.GRPOConfig takes TRL's keys as they are
+TRL_GRPO_NAMES = {
+    "importance_sampling_level": "ratio_level (the same 'token' / 'sequence')",
+    "per_device_train_batch_size": "micro_batch_size (completions per forward/backward "
+    "pass; a step samples prompts_per_step × num_generations completions)",
+    "gradient_accumulation_steps": "implicit (a step's whole batch makes one optimizer "
+    "step, gradients accumulated over micro_batch_size passes)",
+    "generation_batch_size": "prompts_per_step × num_generations completions",
+    "steps_per_generation": "num_minibatches (optimizer steps per pass over a step's batch)",
+    "loss_type": "aggregation ('sequence' = grpo, 'token' = dapo, 'constant' = dr_grpo)",
+    "lr_scheduler_type": "lr_schedule", "save_steps": "save_every (in steps)", "save_total_limit": "keep_checkpoints",
+    "num_train_epochs": "max_steps (in steps)", "bf16": "mixed_precision: bf16",
+    "use_vllm": "generation_engine: vllm", "use_cpu": "device: cpu",
+}
 DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at SmolLM2's 49,152-token vocabulary
 
 
@@ -22,7 +36,9 @@ class GRPOConfig(_TaskKeys):
     TRL_NAMES: typing.ClassVar[dict[str, str]] = {
         "optim": TRL_OPTIM, "dataset_name": "dataset (a Hub id, or 'hf:ID')",
         "vllm_importance_sampling_mode": "rollout_is_mode (the same four modes)",
-        "vllm_importance_sampling_cap": "rollout_is_cap", "vllm_importance_sampling_clip_max": "rollout_is_cap"}
+        "vllm_importance_sampling_cap": "rollout_is_cap", "vllm_importance_sampling_clip_max": "rollout_is_cap",
+        **TRL_GRPO_NAMES}
+    TRL_HINT: typing.ClassVar[str] = " (grpokit.trl.GRPOConfig takes TRL's keys as they are: docs/trl.md)"
     REMOVED: typing.ClassVar[dict[str, str]] = {
         "merge_lora": "a LoRA run always writes the merged weights to output_dir/model and the adapter alone to "
                       "output_dir/adapter (docs/lora.md)"}

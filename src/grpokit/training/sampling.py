@@ -125,6 +125,9 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(config.seed + 1000 * world.rank)
         self.order: list[int] = []  # dataset indices left in this epoch (the same on every process)
         self.epoch = 0
+        # What reward functions get as ``trainer_state`` (given the step); None: a :class:`TrainerState`. A front end
+        # may give its own (grpokit.trl: the transformers TrainerState its callbacks see).
+        self.trainer_state: Callable[[int], Any] | None = None
         self.groups_per_process = config.prompts_per_step // world.size
         # prompt_sampling 'signal': dataset index → its reward spread so far, and the draws made (both the
         # same on every process, which draw the same B prompts and each take their share).
@@ -230,7 +233,8 @@ class Sampler:
             prompts=held, completions=completions,
             columns=columns, messages=messages,
             completion_ids=[ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())],
-            trainer_state=TrainerState(global_step=step, max_steps=config.max_steps, epoch=self.epoch),
+            trainer_state=self.trainer_state(step) if self.trainer_state else TrainerState(
+                global_step=step, max_steps=config.max_steps, epoch=self.epoch),
         )
         errors: list[dict[str, Any]] = []
         options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)

@@ -1,0 +1,400 @@
+"""``GRPOConfig`` with TRL 1.16's names, defaults and meanings, and its translation to grpokit's (``to_grpokit``).
+
+It is a ``transformers.TrainingArguments``, as TRL's is, with TRL's GRPO keys and TRL's own defaults
+(``learning_rate=1e-6``, ``beta=0.0``, ``loss_type='dapo'``, ``logging_steps=10``, ``bf16`` on unless ``fp16``,
+``gradient_checkpointing=True``, ...). What each key becomes is in :mod:`grpokit.trl.keys`; a key grpokit cannot
+honour is refused at construction with a :class:`~grpokit.config.ConfigError` naming it, and an unknown keyword
+names the closest TRL key.
+
+Units: TRL's ``per_device_train_batch_size`` counts completions; a generation batch holds
+``generation_batch_size`` = ``per_device_train_batch_size × processes × steps_per_generation`` completions
+(``steps_per_generation`` defaults to ``gradient_accumulation_steps``), i.e. ``generation_batch_size /
+num_generations`` prompts: grpokit's step (``prompts_per_step``). TRL's steps are optimizer steps: each generation
+batch makes ``num_iterations × steps_per_generation / gradient_accumulation_steps`` of them (grpokit's
+``num_iterations × num_minibatches``), so ``max_steps``, ``save_steps`` and ``logging_steps`` are divided by that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import TrainingArguments
+
+from grpokit.config import TRACKERS, ConfigError
+from grpokit.config import GRPOConfig as GrpokitConfig
+from grpokit.trl.keys import MAPPED, NO_EFFECT, refusal
+
+LOSS_TYPES = {"grpo": "sequence", "dapo": "token", "dr_grpo": "constant", "bnpo": "token"}
+SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_8bit": "adamw_8bit",
+              "adamw_bnb_8bit": "adamw_8bit"}
+KEEP_ALL = 1_000_000  # save_total_limit=None: keep every checkpoint
+_DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    """TRL 1.16's ``GRPOConfig``: the same keys and defaults; :meth:`to_grpokit` gives grpokit's config."""
+
+    _given = {}  # noqa: RUF012 (not a field) the keywords given, set by __init__ before the dataclass's own
+    _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs",
+                          "transformers_continuous_batching_config", "generation_kwargs", "chat_template_kwargs"]
+
+    # TRL's defaults for TrainingArguments' keys (trl.trainer.base_config._BaseConfig)
+    logging_steps: float = 10
+    gradient_checkpointing: bool = True
+    bf16: bool | None = None
+    lr_scheduler_kwargs: dict | str | None = None
+    use_liger_kernel: bool = False
+    torch_empty_cache_steps: int | None = None
+    learning_rate: float = 1e-6
+    # the model
+    model_init_kwargs: dict[str, Any] | str | None = None
+    trust_remote_code: bool = False
+    router_aux_loss_coef: float | None = None
+    disable_dropout: bool = False
+    cast_lm_head_to_fp32: bool = False
+    # the data
+    remove_unused_columns: bool | None = False
+    num_generations: int | None = 8
+    num_generations_eval: int | None = None
+    max_completion_length: int | None = 512
+    ds3_gather_for_generation: bool = True
+    shuffle_dataset: bool | None = True
+    pad_to_multiple_of: int | str | None = "auto"
+    # generation
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    generation_kwargs: dict | str | None = None
+    chat_template_kwargs: dict | str | None = None
+    repetition_penalty: float = 1.0
+    cache_implementation: str | None = None
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_model_impl: str = "vllm"
+    vllm_enable_sleep_mode: bool = False
+    vllm_structured_outputs_regex: str | None = None
+    vllm_server_base_url: str | None = None
+    vllm_server_host: str = "0.0.0.0"  # noqa: S104 (TRL's default)
+    vllm_server_port: int = 8000
+    vllm_server_timeout: float = 240.0
+    vllm_group_port: int = 51216
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_max_model_length: int | None = None
+    vllm_tensor_parallel_size: int = 1
+    # training
+    beta: float = 0.0
+    num_iterations: int = 1
+    epsilon: float = 0.2
+    delta: float | None = None
+    epsilon_high: float | None = None
+    sapo_temperature_neg: float = 1.05
+    sapo_temperature_pos: float = 1.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    importance_sampling_level: str = "token"
+    reward_weights: list[float] | None = None
+    multi_objective_aggregation: str = "sum_then_normalize"
+    scale_rewards: str = "group"
+    loss_type: str = "dapo"
+    mask_truncated_completions: bool = False
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
+    max_tool_calling_iterations: int | None = None
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+    off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = True
+    # logging
+    log_completions: bool = False
+    log_multimodal: bool = True
+    num_completions_to_print: int | None = None
+    log_unique_prompts: bool = False
+    log_completions_hub_repo: str | None = None
+    use_transformers_continuous_batching: bool = False
+    transformers_continuous_batching_config: dict | str | None = None
+    use_transformers_paged: bool = False
+    vllm_importance_sampling_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        _precision(self)  # fp16: refused before transformers checks the hardware for it
+        self.bf16 = not self.fp16 if self.bf16 is None else self.bf16
+        for name, value in self._given.items():
+            if name not in MAPPED and name not in NO_EFFECT and value != _default(name):
+                raise ConfigError(refusal(name, value, _default(name)))
+        if self.activation_checkpointing is None:  # transformers' newer name: TRL's default, without its warning
+            self.activation_checkpointing = self.gradient_checkpointing
+        super().__post_init__()
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)  # type: ignore
+        if self.vllm_importance_sampling_cap is not None:
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+        _batch_arithmetic(self)
+        self.grpokit_settings()  # every mapped key's value checked now, before any model is loaded
+
+    @property
+    def updates_per_generation(self) -> int:
+        """TRL's optimizer steps per generation batch: grpokit's ``num_iterations × num_minibatches``."""
+        return self.num_iterations * (self.steps_per_generation // self.gradient_accumulation_steps)
+
+    @property
+    def prompts_per_generation(self) -> int:
+        return self.generation_batch_size // self.num_generations
+
+    def grpokit_steps(self, num_rows: int | None = None) -> int:
+        """grpokit's ``max_steps``: ``max_steps`` optimizer steps, or ``num_train_epochs`` passes over ``num_rows``
+        prompts (as TRL counts them: whole generation batches only), in generation batches."""
+        k = self.updates_per_generation
+        if self.max_steps > 0:
+            if self.max_steps % k:
+                raise ConfigError(f"max_steps={self.max_steps} is not a whole number of generation batches: each makes "
+                                  f"{k} optimizer steps (num_iterations × steps_per_generation / "
+                                  "gradient_accumulation_steps); use a multiple of it")
+            return self.max_steps // k
+        if num_rows is None:
+            raise ConfigError("max_steps=-1 (train for num_train_epochs) needs the dataset's size: pass train_dataset")
+        batches = num_rows // self.prompts_per_generation
+        if not batches:
+            raise ConfigError(f"the dataset's {num_rows} prompts do not fill one generation batch of "
+                              f"{self.prompts_per_generation} prompts (generation_batch_size / num_generations)")
+        return math.ceil(math.ceil(self.num_train_epochs * batches * k) / k)
+
+    def grpokit_settings(self, num_rows: int | None = None) -> dict[str, Any]:
+        """The grpokit config keys with this config's meaning (``max_steps`` needs ``num_rows`` when it is -1)."""
+        k = self.updates_per_generation
+        settings: dict[str, Any] = {
+            "output_dir": self.output_dir, "seed": self.seed, "device": "cpu" if self.use_cpu else "auto",
+            "prompts_per_step": self.prompts_per_generation, "num_generations": self.num_generations,
+            "micro_batch_size": self.per_device_train_batch_size, "num_iterations": self.num_iterations,
+            "num_minibatches": self.steps_per_generation // self.gradient_accumulation_steps,
+            "max_completion_length": self.max_completion_length, "temperature": self.temperature, "top_p": self.top_p,
+            "aggregation": _loss_type(self), "beta": self.beta, "kl_kind": "k3", "epsilon": self.epsilon,
+            "epsilon_high": self.epsilon_high, "scale_rewards": _choice("scale_rewards", self.scale_rewards,
+                                                                        ("group", "batch", "none")),
+            "ratio_level": _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence")),
+            "mask_truncated_completions": self.mask_truncated_completions, "reward_weights": self.reward_weights,
+            "learning_rate": self.learning_rate, "lr_schedule": _schedule(self),
+            "warmup_steps": _warmup(self, num_rows), "weight_decay": self.weight_decay, "adam_beta1": self.adam_beta1,
+            "adam_beta2": self.adam_beta2, "optimizer": _optimizer(self), "max_grad_norm": self.max_grad_norm,
+            "mixed_precision": _precision(self), "gradient_checkpointing": bool(self.gradient_checkpointing),
+            "dtype": _dtype(self), "report_to": _trackers(self), "run_name": self.run_name, "project": self.project,
+            "progress_bar": not self.disable_tqdm,
+            "log_completions": (self.num_completions_to_print or self.generation_batch_size)
+            if self.log_completions else 0,
+            # checkpoints: TRL's every save_steps optimizer steps, grpokit's every save_every generation batches
+            "save_every": 0 if _save_strategy(self) == "no" else max(1, math.ceil(self.save_steps / k)),
+            "keep_checkpoints": KEEP_ALL if self.save_total_limit is None else max(1, self.save_total_limit),
+            **_vllm(self),
+        }
+        _refuse_values(self)
+        if self.max_steps > 0 or num_rows is not None:
+            settings["max_steps"] = self.grpokit_steps(num_rows)
+        return settings
+
+    def to_grpokit(self, num_rows: int | None = None, **overrides: Any) -> GrpokitConfig:
+        """grpokit's :class:`~grpokit.config.GRPOConfig` with this config's meaning; ``overrides``: further grpokit keys
+        (``model``, ``dataset``, ...)."""
+        settings = {**self.grpokit_settings(num_rows), **overrides}
+        settings.setdefault("max_steps", self.grpokit_steps(num_rows))
+        return GrpokitConfig.from_dict(settings)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig) if f.init}
+_NAMES = [name for name in _FIELDS]
+
+
+def _default(name: str) -> Any:
+    f = _FIELDS[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+_dataclass_init = GRPOConfig.__init__
+
+
+def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+    for key in kwargs:
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(key, _NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"grpokit.trl.GRPOConfig: {key!r} is not a key of TRL 1.16's GRPOConfig{hint}")
+    object.__setattr__(self, "_given", {**dict(zip(_NAMES, args)), **kwargs})
+    _dataclass_init(self, *args, **kwargs)
+
+
+GRPOConfig.__init__ = _init  # type: ignore[method-assign]
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> Any:
+    if value not in choices:
+        raise ConfigError(f"grpokit.trl.GRPOConfig: {name}={value!r} is not supported; choose one of "
+                          f"{', '.join(map(repr, choices))}")
+    return value
+
+
+def _batch_arithmetic(c: GRPOConfig) -> None:
+    """TRL's: the generation batch from the per-device batch, processes and steps per generation."""
+    world = c.world_size
+    if c.generation_batch_size is None and c.steps_per_generation is None:
+        c.steps_per_generation = c.gradient_accumulation_steps
+        c.generation_batch_size = c.per_device_train_batch_size * world * c.steps_per_generation
+    elif c.generation_batch_size is not None and c.steps_per_generation is None:
+        if c.generation_batch_size % (c.per_device_train_batch_size * world):
+            raise ConfigError(f"generation_batch_size ({c.generation_batch_size}) must be divisible by the global "
+                              f"batch size ({c.per_device_train_batch_size * world}).")
+        c.steps_per_generation = c.generation_batch_size // (c.per_device_train_batch_size * world)
+    elif c.generation_batch_size is None:
+        c.generation_batch_size = c.per_device_train_batch_size * world * c.steps_per_generation
+    else:
+        raise ConfigError("'generation_batch_size' and 'steps_per_generation' can not be both configured at the same "
+                          "time")
+    if c.num_generations is None or c.num_generations < 2:
+        raise ConfigError(f"GRPO requires at least 2 generations per prompt; num_generations={c.num_generations}")
+    if c.generation_batch_size % c.num_generations:
+        raise ConfigError(f"generation_batch_size ({c.generation_batch_size}) must be divisible by num_generations "
+                          f"({c.num_generations}).")
+    if c.steps_per_generation % c.gradient_accumulation_steps:
+        raise ConfigError(f"steps_per_generation={c.steps_per_generation} must be a multiple of "
+                          f"gradient_accumulation_steps={c.gradient_accumulation_steps} in grpokit: an optimizer step "
+                          "within one generation batch (grpokit's num_minibatches)")
+
+
+def _loss_type(c: GRPOConfig) -> str:
+    if c.loss_type == "bnpo" and (c.gradient_accumulation_steps > 1 or c.world_size > 1):
+        raise ConfigError("loss_type='bnpo' normalises by each micro-batch's tokens, which grpokit does not; it equals "
+                          "'dapo' only with gradient_accumulation_steps=1 on one process: use loss_type='dapo'")
+    if c.loss_type not in LOSS_TYPES:
+        raise ConfigError(f"grpokit.trl.GRPOConfig: loss_type={c.loss_type!r} is not supported; grpokit has "
+                          f"{', '.join(map(repr, LOSS_TYPES))} (docs/math.md)")
+    return LOSS_TYPES[c.loss_type]
+
+
+def _schedule(c: GRPOConfig) -> str:
+    name = getattr(c.lr_scheduler_type, "value", c.lr_scheduler_type)
+    if name not in SCHEDULES or (name == "constant" and c.warmup_steps):
+        raise ConfigError(f"grpokit.trl.GRPOConfig: lr_scheduler_type={name!r} is not supported (with these warmup "
+                          "steps); use 'linear', 'cosine', 'constant' (no warmup) or 'constant_with_warmup'")
+    if c.lr_scheduler_kwargs:
+        raise ConfigError(f"grpokit.trl.GRPOConfig: lr_scheduler_kwargs={c.lr_scheduler_kwargs!r} is not supported; "
+                          "leave it None")
+    return SCHEDULES[name]
+
+
+def _warmup(c: GRPOConfig, num_rows: int | None) -> int:
+    """transformers' rule: ``warmup_steps`` below 1 is a share of the run's optimizer steps (rounded up)."""
+    if c.warmup_steps >= 1 or not c.warmup_steps:
+        return int(c.warmup_steps)
+    if c.max_steps <= 0 and num_rows is None:
+        return 0  # decided when the dataset's size is known
+    return math.ceil(c.warmup_steps * c.grpokit_steps(num_rows) * c.updates_per_generation)
+
+
+def _optimizer(c: GRPOConfig) -> str:
+    name = getattr(c.optim, "value", c.optim)
+    if name not in OPTIMIZERS or c.optim_args:
+        raise ConfigError(f"grpokit.trl.GRPOConfig: optim={name!r} is not supported; use one of "
+                          f"{', '.join(map(repr, OPTIMIZERS))}")
+    if c.adam_epsilon != 1e-8:
+        raise ConfigError(f"grpokit.trl.GRPOConfig: adam_epsilon={c.adam_epsilon!r} is not supported (grpokit's AdamW "
+                          "uses 1e-8, TRL's default)")
+    return OPTIMIZERS[name]
+
+
+def _precision(c: GRPOConfig) -> str:
+    if c.fp16:
+        raise ConfigError("grpokit.trl.GRPOConfig: fp16=True is not supported; use bf16=True (grpokit's "
+                          "mixed_precision: bf16) or bf16=False")
+    return "bf16" if c.bf16 else "no"
+
+
+def _dtype(c: GRPOConfig) -> str:
+    kwargs = dict(c.model_init_kwargs or {})
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "auto"))
+    dtype = str(dtype).removeprefix("torch.")
+    if kwargs or dtype not in _DTYPES:
+        raise ConfigError(f"grpokit.trl.GRPOConfig: model_init_kwargs={c.model_init_kwargs!r}: only dtype is "
+                          "supported ('auto', 'float32', 'bfloat16', 'float16'); load the model yourself and pass it")
+    return _DTYPES[dtype]
+
+
+def _trackers(c: GRPOConfig) -> list[str]:
+    for name in c.report_to:
+        if name not in TRACKERS:
+            raise ConfigError(f"grpokit.trl.GRPOConfig: report_to {name!r} is not supported; grpokit reports to "
+                              f"{', '.join(TRACKERS)} (metrics.jsonl is always written)")
+    return list(c.report_to)
+
+
+def _save_strategy(c: GRPOConfig) -> str:
+    return getattr(c.save_strategy, "value", c.save_strategy)
+
+
+def _vllm(c: GRPOConfig) -> dict[str, Any]:
+    if not c.use_vllm:
+        return {}
+    if c.vllm_mode != "colocate":
+        raise ConfigError(f"grpokit.trl.GRPOConfig: vllm_mode={c.vllm_mode!r} is not supported; grpokit runs vLLM in "
+                          "the training process: vllm_mode='colocate'")
+    if not c.vllm_importance_sampling_correction or c.vllm_importance_sampling_clip_max is None or \
+            c.vllm_importance_sampling_clip_min is not None:
+        raise ConfigError("grpokit.trl.GRPOConfig: with use_vllm, grpokit always corrects by importance sampling with "
+                          "an upper cap only: vllm_importance_sampling_correction=True, "
+                          "vllm_importance_sampling_clip_max "
+                          "set, vllm_importance_sampling_clip_min=None")
+    return {"generation_engine": "vllm", "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization,
+            "vllm_enable_sleep_mode": c.vllm_enable_sleep_mode,
+            "vllm_tensor_parallel_size": c.vllm_tensor_parallel_size,
+            "rollout_is_mode": c.vllm_importance_sampling_mode, "rollout_is_cap": c.vllm_importance_sampling_clip_max,
+            "rollout_precision": "bf16" if c.bf16 else "fp32"}
+
+
+def _refuse_values(c: GRPOConfig) -> None:
+    """Mapped keys whose value grpokit cannot honour (each refusal names the key and what to use)."""
+    refusals = (
+        (c.top_k != 0, f"top_k={c.top_k}: grpokit samples with temperature and top_p only; use top_k=0"),
+        (c.min_p is not None, f"min_p={c.min_p}: grpokit samples with temperature and top_p only; use min_p=None"),
+        (c.repetition_penalty != 1.0, f"repetition_penalty={c.repetition_penalty}: not supported; use 1.0"),
+        (c.max_completion_length is None, "max_completion_length=None: grpokit needs a length limit"),
+        (c.multi_objective_aggregation != "sum_then_normalize", f"multi_objective_aggregation="
+         f"{c.multi_objective_aggregation!r}: grpokit sums the weighted rewards, then normalises "
+         "('sum_then_normalize')"),
+        (c.beta != 0 and c.use_bias_correction_kl, f"beta={c.beta} with use_bias_correction_kl=True (TRL's default) "
+         "weights the KL term by the importance ratio, which grpokit's objective does not: pass "
+         "use_bias_correction_kl=False for grpokit's KL term (k3, unweighted), or beta=0"),
+        (c.save_steps < 1 or c.logging_steps < 1, "save_steps or logging_steps below 1 (a share of the run): give "
+         "a number of steps"),
+        (_save_strategy(c) not in ("steps", "no"), f"save_strategy={_save_strategy(c)!r}: use 'steps' or 'no'"),
+        (getattr(c.logging_strategy, "value", c.logging_strategy) == "epoch", "logging_strategy='epoch': use 'steps'"),
+        (getattr(c.eval_strategy, "value", c.eval_strategy) != "no", "eval_strategy other than 'no': TRL's "
+         "evaluation (rewards on eval_dataset) is not reproduced; use grpokit's held-out evaluation "
+         "(grpokit.GRPOConfig "
+         "eval_dataset, eval_every, eval_reward: docs/metrics.md)"),
+        (c.shuffle_dataset is False, "shuffle_dataset=False: grpokit draws prompts in seeded random passes over the "
+         "dataset; use shuffle_dataset=True"),
+        (bool(c.remove_unused_columns), "remove_unused_columns=True: grpokit gives reward functions every column; use "
+         "False (TRL's GRPO default)"),
+        (bool(c.gradient_checkpointing_kwargs) and set(c.gradient_checkpointing_kwargs) - {"use_reentrant"},
+         f"gradient_checkpointing_kwargs={c.gradient_checkpointing_kwargs!r}: only use_reentrant is accepted (and has "
+         "no effect: grpokit checkpoints its own layers)"),
+    )
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(f"grpokit.trl.GRPOConfig: {why}")

@@ -1,0 +1,162 @@
+"""grpokit.trl.GRPOTrainer: a TRL-style script (TRL's signature, a datasets.Dataset, TrainerCallbacks) training the
+tiny model two steps; TRL's metric names in log_history and on_log; save_model; resume_from_checkpoint."""
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, TrainerCallback, TrainerState
+
+from grpokit.config import ConfigError
+from grpokit.trl import GRPOConfig, GRPOTrainer
+from grpokit.trl.convert import lora_settings, prompt_format, reward_functions
+from helpers import ROWS, ones
+
+TRL_NAMES = {"reward", "reward_std", "rewards/seen_state/mean", "completions/mean_length", "completions/clipped_ratio",
+             "kl", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
+             "learning_rate", "loss", "grad_norm", "epoch", "step"}
+
+
+class Recorder(TrainerCallback):
+    """Every event, in order, with the global step; on_log's logs."""
+
+    def __init__(self):
+        self.events, self.logs = [], []
+
+    def _record(name):
+        def event(self, args, state, control, **kwargs):
+            self.events.append((name, state.global_step))
+            if name == "on_log":
+                self.logs.append(dict(kwargs["logs"]))
+        return event
+
+    on_init_end = _record("on_init_end")
+    on_train_begin = _record("on_train_begin")
+    on_step_begin = _record("on_step_begin")
+    on_step_end = _record("on_step_end")
+    on_log = _record("on_log")
+    on_save = _record("on_save")
+    on_train_end = _record("on_train_end")
+
+
+def seen_state(prompts, completions, trainer_state, **kwargs):
+    seen_state.states.append((type(trainer_state), trainer_state.global_step))
+    return ones(prompts, completions)
+
+
+def script_args(output_dir, **overrides):
+    """A TRL script's settings at the tiny model's scale (float32 on the CPU)."""
+    values = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, per_device_train_batch_size=8,
+                  num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, save_steps=1,
+                  learning_rate=1e-2, report_to="none", disable_tqdm=True)
+    return GRPOConfig(**{**values, **overrides})
+
+
+def test_two_steps_through_trl_api(tiny_model_dir, tmp_path):
+    seen_state.states = []
+    recorder = Recorder()
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=seen_state, args=script_args(tmp_path / "out"),
+                          train_dataset=Dataset.from_list(ROWS), callbacks=[recorder])
+    output = trainer.train()
+
+    assert output.global_step == trainer.state.global_step == 2 and trainer.state.max_steps == 2
+    steps = [(name, step) for name, step in recorder.events]
+    assert steps == [("on_init_end", 0), ("on_train_begin", 0),
+                     ("on_step_begin", 0), ("on_step_end", 1), ("on_log", 1), ("on_save", 1),
+                     ("on_step_begin", 1), ("on_step_end", 2), ("on_log", 2), ("on_save", 2),
+                     ("on_train_end", 2)]
+    logged = [entry for entry in trainer.log_history if "loss" in entry]
+    assert [entry["step"] for entry in logged] == [1, 2]
+    assert all(TRL_NAMES <= set(entry) for entry in logged)
+    assert all(TRL_NAMES - {"step"} <= set(logs) for logs in recorder.logs)
+    assert logged[0]["learning_rate"] == pytest.approx(5e-3)  # linear decay, read after the step (as TRL)
+    assert trainer.log_history[-1]["train_loss"] == pytest.approx(output.training_loss)
+    # reward functions get the TrainerState the callbacks see: optimizer steps done before the batch
+    assert seen_state.states == [(TrainerState, 0), (TrainerState, 1)]
+
+    trainer.save_model(str(tmp_path / "saved"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    for (name, a), b in zip(trainer.model.state_dict().items(), loaded.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_resume_from_checkpoint_continues_the_state(tiny_model_dir, tmp_path):
+    rows = Dataset.from_list(ROWS)
+    GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, args=script_args(tmp_path / "out"),
+                train_dataset=rows).train()
+    recorder = Recorder()
+    resumed = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[ones], args=script_args(tmp_path / "out",
+                                                                                          max_steps=3),
+                          train_dataset=rows, callbacks=[recorder])
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+    assert [entry["step"] for entry in resumed.log_history if "loss" in entry] == [1, 2, 3]
+    assert [name for name, step in recorder.events if name == "on_step_end"] == ["on_step_end"]
+
+
+def test_a_callback_stops_training(tiny_model_dir, tmp_path):
+    class Stop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = True
+
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, args=script_args(tmp_path / "out",
+                                                                                        max_steps=4),
+                          train_dataset=ROWS, callbacks=[Stop()])
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_push_to_hub_without_the_hub_says_so(tiny_model_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, args=script_args(tmp_path / "out"),
+                          train_dataset=ROWS)
+    with pytest.raises(RuntimeError, match="push_to_hub: could not upload .* to the Hub repo 'out'"):
+        trainer.push_to_hub()
+    assert (tmp_path / "out" / "config.json").is_file()  # saved before the upload
+
+
+def test_arguments_grpokit_cannot_honour_are_refused(tiny_model_dir, tmp_path):
+    args = script_args(tmp_path / "out")
+    with pytest.raises(ConfigError, match="optimizers"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, args=args, train_dataset=ROWS,
+                    optimizers=(object(), None))
+    with pytest.raises(ConfigError, match="'prompt' column"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, args=args, train_dataset=[{"question": "x"}])
+
+
+def test_trl_inputs_translate():
+    assert reward_functions("org/reward-model") == ["model:org/reward-model"]
+    assert reward_functions([ones, "model:dir"]) == [ones, "model:dir"]
+    assert prompt_format([{"prompt": "text"}]) is False
+    assert prompt_format([{"prompt": [{"role": "user", "content": "hi"}]}]) is None
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj", "v_proj"])
+    assert lora_settings(lora) == {"lora_rank": 4, "lora_alpha": 8.0, "lora_dropout": 0.05,
+                                   "lora_target_modules": ["q_proj", "v_proj"]}
+    with pytest.raises(ConfigError, match="use_dora"):
+        lora_settings(peft.LoraConfig(r=4, use_dora=True))
+
+
+def test_a_conversational_dataset_is_rendered_with_the_chat_template(tiny_model_dir, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                               "{% if add_generation_prompt %}={% endif %}")
+    rows = [{"prompt": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in ROWS]
+    seen = []
+
+    def prompts_seen(prompts, completions, **kwargs):
+        seen.extend(prompts)
+        return ones(prompts, completions)
+
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=prompts_seen, processing_class=tokenizer,
+                          args=script_args(tmp_path / "out", max_steps=1), train_dataset=Dataset.from_list(rows))
+    assert trainer.grpokit_trainer.sampler.prompts[0] == ROWS[0]["prompt"] + " ="
+    trainer.train()
+    assert seen and all(isinstance(p, list) and p[0]["role"] == "user" for p in seen)  # as the dataset holds them
