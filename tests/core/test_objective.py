@@ -163,6 +163,15 @@ def test_kl_term_hand_computed():
     assert stats["kl"] == pytest.approx(k3)
 
 
+def test_kl_weighted_by_the_ratio_hand_computed():
+    # TRL's use_bias_correction_kl: each token's k3 times its ρ (1.5, 0.5 | 1.5): sequence means k3 and 1.5·k3
+    k3 = 1 - LN(2)
+    loss, stats = loss_of(beta=0.1, ref_logp=RATIOS.log() + LN(2), kl_weighted=True)
+    assert loss.item() == pytest.approx(-(0.85 - 1.5) / 2 + 0.1 * 1.25 * k3)
+    assert stats["kl"] == pytest.approx(k3)  # the estimate itself, as logged without the weight
+    assert loss_of(kl_weighted=True)[0].item() == pytest.approx(loss_of()[0].item())  # beta = 0: nothing to weigh
+
+
 def test_kl_kind_option():
     loss, stats = loss_of(beta=0.1, ref_logp=RATIOS.log() + LN(2), kl_kind="k2")
     assert stats["kl"] == pytest.approx(0.5 * LN(2) ** 2)

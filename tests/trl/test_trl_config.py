@@ -145,7 +145,6 @@ def test_epochs_count_whole_generation_batches_as_trl(tmp_path):
 @pytest.mark.parametrize(("settings", "named"), [
     (dict(loss_type="cispo"), "loss_type='cispo'"),
     (dict(loss_type="bnpo", gradient_accumulation_steps=2), "bnpo"),
-    (dict(beta=0.1), "use_bias_correction_kl"),
     (dict(top_k=50), "top_k"),
     (dict(min_p=0.1), "min_p"),
     (dict(repetition_penalty=1.1), "repetition_penalty"),
@@ -206,6 +205,8 @@ def trl_loss(args, logp, old_logp, ref_logp, advantages, mask):
 @pytest.mark.parametrize("settings", [
     dict(), dict(loss_type="grpo"), dict(loss_type="dr_grpo", max_completion_length=8),
     dict(beta=0.05, use_bias_correction_kl=False, epsilon_high=0.28),
+    dict(beta=0.05),  # TRL's default use_bias_correction_kl=True: the KL term weighted by the ratio
+    dict(importance_sampling_level="sequence", beta=0.02, loss_type="grpo"),
     dict(importance_sampling_level="sequence", epsilon=0.1, beta=0.02, use_bias_correction_kl=False),
 ])
 def test_the_same_loss_and_gradient_as_trl(settings, tmp_path):
@@ -229,7 +230,7 @@ def test_the_same_loss_and_gradient_as_trl(settings, tmp_path):
             loss, _ = grpo_loss(logp, old, ref, advantages, mask, epsilon=config.epsilon,
                                 epsilon_high=config.epsilon_high, beta=config.beta, aggregation=config.aggregation,
                                 ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
-                                kl_kind=config.kl_kind)
+                                kl_kind=config.kl_kind, kl_weighted=config.kl_ratio_weighted)
         loss.backward()
         losses.append(loss.item())
         grads.append(logp.grad * mask)

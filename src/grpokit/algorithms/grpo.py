@@ -303,7 +303,7 @@ class GRPOTrainer(Trainer):
             ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
             kl_kind=config.kl_kind, num_sequences=counts.sequences, num_tokens=counts.tokens,
             sample_logp=batch.rollout.logp if self.engine.lowered else None, is_cap=config.rollout_is_cap,
-            is_mode=config.rollout_is_mode,
+            is_mode=config.rollout_is_mode, kl_weighted=config.kl_ratio_weighted,
         )
         if entropy is not None:
             stats["entropy"] = masked_mean(entropy, batch.loss_mask).item()

@@ -183,6 +183,9 @@ class GRPOConfig(_TaskKeys):
     epsilon_high: float | None = _field(None, "Upper clip ε_high ('clip-higher'); None means ε.", min=0)
     beta: float = _field(0.04, "KL coefficient β; 0 never creates the reference model.", min=0)
     kl_kind: str = _field("k3", "KL estimator: 'k3' (paper), 'k1' or 'k2'.", choices=KL_KINDS)
+    kl_ratio_weighted: bool = _field(
+        False, "Weight each token's KL estimate by its ratio ρ = π_θ/π_old, gradient included (TRL's "
+        "use_bias_correction_kl; docs/math.md). False: the paper's term.")
     aggregation: str = _field(
         "sequence",
         "Loss aggregation: 'sequence' (paper: per-completion mean, then mean), 'token' (DAPO), "

@@ -320,6 +320,7 @@ def grpo_loss(
     sample_logp: Tensor | None = None,
     is_cap: float = 3.0,
     is_mode: str = "sequence_mask",
+    kl_weighted: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """The negative GRPO objective (docs/math.md, "The objective") and its diagnostics.
 
@@ -328,7 +329,8 @@ def grpo_loss(
     which takes ``num_sequences`` and ``num_tokens``). Shapes: ``logp``, ``old_logp``, ``ref_logp``,
     ``mask``: (N, T); ``advantages``: (N,) or (N, T).
 
-    ``old_logp=None`` means π_old = π_θ (μ = 1): ρ is 1 in value but carries the gradient.
+    ``kl_weighted``: D weighted by ρ (its gradient too), as TRL's ``use_bias_correction_kl`` (docs/math.md, "KL to
+    the reference"). ``old_logp=None`` means π_old = π_θ (μ = 1): ρ is 1 in value but carries the gradient.
     ``ref_logp`` may be None only when ``beta == 0``. ``ratio_level="sequence"`` uses one ratio per
     completion, exp of the mean over its tokens of logp − old_logp (the R1 paper's form).
 
@@ -370,7 +372,7 @@ def grpo_loss(
 
     kl = kl_penalty(logp, torch.where(valid, ref_logp, logp), kl_kind) if ref_logp is not None else None
     if beta != 0:
-        per_token = per_token - beta * kl
+        per_token = per_token - beta * (kl * ratio if kl_weighted else kl)
 
     loss = -aggregate_loss(per_token, mask, aggregation, max_completion_length=max_completion_length,
                            num_sequences=num_sequences, num_tokens=num_tokens)

@@ -187,7 +187,8 @@ class GRPOConfig(TrainingArguments):
             "micro_batch_size": self.per_device_train_batch_size, "num_iterations": self.num_iterations,
             "num_minibatches": self.steps_per_generation // self.gradient_accumulation_steps,
             "max_completion_length": self.max_completion_length, "temperature": self.temperature, "top_p": self.top_p,
-            "aggregation": _loss_type(self), "beta": self.beta, "kl_kind": "k3", "epsilon": self.epsilon,
+            "aggregation": _loss_type(self), "beta": self.beta, "kl_kind": "k3",
+            "kl_ratio_weighted": self.use_bias_correction_kl and self.beta != 0, "epsilon": self.epsilon,
             "epsilon_high": self.epsilon_high, "scale_rewards": _choice("scale_rewards", self.scale_rewards,
                                                                         ("group", "batch", "none")),
             "ratio_level": _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence")),
@@ -376,9 +377,6 @@ def _refuse_values(c: GRPOConfig) -> None:
         (c.multi_objective_aggregation != "sum_then_normalize", f"multi_objective_aggregation="
          f"{c.multi_objective_aggregation!r}: grpokit sums the weighted rewards, then normalises "
          "('sum_then_normalize')"),
-        (c.beta != 0 and c.use_bias_correction_kl, f"beta={c.beta} with use_bias_correction_kl=True (TRL's default) "
-         "weights the KL term by the importance ratio, which grpokit's objective does not: pass "
-         "use_bias_correction_kl=False for grpokit's KL term (k3, unweighted), or beta=0"),
         (c.save_steps < 1 or c.logging_steps < 1, "save_steps or logging_steps below 1 (a share of the run): give "
          "a number of steps"),
         (_save_strategy(c) not in ("steps", "no"), f"save_strategy={_save_strategy(c)!r}: use 'steps' or 'no'"),
