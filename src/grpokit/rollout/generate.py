@@ -118,7 +118,8 @@ def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, u: Te
     total = cdf[:, -1:].contiguous()
     if u is None:
         u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
-    u = u.to(cdf.dtype)
+    else:  # given draws: converted here only (the plain path adds no operator per step)
+        u = u.to(cdf.dtype)
     chosen = torch.searchsorted(cdf, u * total, right=True)  # a token of probability 0 spans no interval
     # u · total can round up to total: the last token of positive probability, never one of zero.
     return torch.minimum(chosen, torch.searchsorted(cdf, total)).squeeze(1)
@@ -213,11 +214,11 @@ def generate(
         raise ValueError(f"{fast_only} decoding needs a model the fast path runs: {why}")
     if calling:
         # A completion waiting for a call leaves holes in the decode steps: only where each step's shapes may
-        # change and the processes need not run the same steps (tools.py's ToolSession).
+        # change and the processes need not run the same steps (episodes.py's ToolSession).
         tools.can_hold = tools.box.overlap and stop_early and not graph
         # Completion i's k-th token from draw [i, k]: the tokens do not depend on how long the calls took.
         uniforms = None if greedy else tools.uniforms(generator, device)
-    filled = torch.zeros(n, dtype=torch.long, device=device)  # tokens each completion holds so far
+        filled = torch.zeros(n, dtype=torch.long, device=device)  # tokens each completion holds so far
 
     def choose(logits: Tensor, t: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them. Returns the
