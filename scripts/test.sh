@@ -10,5 +10,5 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null 
   { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium; } >/dev/null 2>&1 \
     || echo "note: chromium could not be installed; the browser test will be skipped"
 fi
-"$PYTHON" -m ruff check src tests benchmarks examples
+"$PYTHON" -m ruff check --no-cache src tests benchmarks examples
 "$PYTHON" -m pytest "$@"
