@@ -160,3 +160,65 @@ def test_a_conversational_dataset_is_rendered_with_the_chat_template(tiny_model_
     assert trainer.grpokit_trainer.sampler.prompts[0] == ROWS[0]["prompt"] + " ="
     trainer.train()
     assert seen and all(isinstance(p, list) and p[0]["role"] == "user" for p in seen)  # as the dataset holds them
+
+
+def test_evaluation_scores_eval_prompts_and_changes_no_training_draw(tiny_model_dir, tmp_path):
+    scored = []
+
+    def recorded(prompts, completions, **kwargs):
+        scores = ones(prompts, completions)
+        scored.append((list(prompts), scores))
+        return scores
+
+    eval_rows = [{"prompt": f"Eval {i}:", "answer": "1"} for i in range(3)]
+    recorder = Recorder()
+    recorder.on_evaluate = lambda args, state, control, metrics, **kw: recorder.events.append(("on_evaluate",
+                                                                                              state.global_step))
+    args = script_args(tmp_path / "eval", eval_strategy="steps", eval_steps=2, eval_on_start=True,
+                       num_generations_eval=2, per_device_eval_batch_size=4)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=recorded, args=args, train_dataset=ROWS,
+                          eval_dataset=Dataset.from_list(eval_rows), callbacks=[recorder])
+    trainer.train()
+    plain = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, args=script_args(tmp_path / "plain"),
+                        train_dataset=ROWS)
+    plain.train()
+    for a, b in zip(trainer.model.parameters(), plain.model.parameters()):
+        assert torch.equal(a, b)  # evaluating drew nothing from the training streams
+
+    assert [e for e in recorder.events if e[0] == "on_evaluate"] == [("on_evaluate", 0), ("on_evaluate", 2)]
+    evals = [entry for entry in trainer.log_history if "eval_reward" in entry]
+    assert [entry["step"] for entry in evals] == [0, 2]
+    # the last evaluation: 3 prompts × 2 completions, in rounds of 2 prompts (4 completions per device ÷ 2)
+    rounds = [(p, s) for p, s in scored if p[0].startswith("Eval")][-2:]
+    assert [len(p) for p, _ in rounds] == [4, 2] and {p for ps, _ in rounds for p in ps} == {
+        row["prompt"] for row in eval_rows}
+    values = [v for _, s in rounds for v in s]
+    assert evals[-1]["eval_reward"] == pytest.approx(sum(values) / 6)
+    assert evals[-1]["eval_rewards/recorded/mean"] == pytest.approx(sum(values) / 6)
+    assert evals[-1]["eval_reward_std"] == pytest.approx(torch.tensor(values).std().item())
+    assert {"eval_completions/mean_length", "eval_completions/clipped_ratio", "eval_frac_reward_zero_std",
+            "eval_rewards/recorded/std"} <= set(evals[-1])
+    # called directly, with its own set and prefix; several named sets each under their own
+    again = trainer.evaluate(eval_rows[:1], metric_key_prefix="test")
+    assert set(again) >= {"test_reward", "test_completions/mean_length"}
+    both = trainer.evaluate({"a": eval_rows[:1], "b": eval_rows[1:]})
+    assert "eval_a_reward" in both and "eval_b_reward" in both
+
+
+def test_evaluation_needs_an_eval_dataset(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="eval_strategy='steps' needs an eval_dataset"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=ones, train_dataset=ROWS,
+                    args=script_args(tmp_path / "out", eval_strategy="steps"))
+
+
+def test_shuffle_dataset_false_takes_the_prompts_in_the_datasets_order(tiny_model_dir, tmp_path):
+    seen = []
+
+    def prompts_seen(prompts, completions, **kwargs):
+        seen.extend(prompts[::4])  # one per group of 4
+        return ones(prompts, completions)
+
+    rows = ROWS[:3]  # 2 prompts per step: the second step wraps around to a second pass
+    GRPOTrainer(model=str(tiny_model_dir), reward_funcs=prompts_seen, train_dataset=rows,
+                args=script_args(tmp_path / "out", shuffle_dataset=False)).train()
+    assert seen == [rows[0]["prompt"], rows[1]["prompt"], rows[2]["prompt"], rows[0]["prompt"]]

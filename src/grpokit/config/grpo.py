@@ -217,7 +217,8 @@ class GRPOConfig(_TaskKeys):
         "within a pass; 'signal', by each prompt's reward spread so far (the std of its groups' rewards, moved "
         "halfway to each new group's: for a 0/1 reward highest at solve rate 1/2), so prompts with mixed outcomes "
         "come back more often and those always or never solved less (never below prompt_sampling_floor's share); "
-        "prompts not yet seen count as the most spread. Works beside dynamic_sampling.", choices=("uniform", "signal"))
+        "prompts not yet seen count as the most spread; 'in_order', the dataset's own order, pass after pass (TRL's "
+        "shuffle_dataset=False). Works beside dynamic_sampling.", choices=("uniform", "signal", "in_order"))
     prompt_sampling_floor: float = _field(
         0.1, "prompt_sampling 'signal': the weight (as a share of the largest) below which no prompt falls.", gt=0,
         max=1)

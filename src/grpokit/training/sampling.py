@@ -136,8 +136,8 @@ class Sampler:
 
     def next_indices(self) -> list[int]:
         """This process's share of the next B rows (all of them in a world of one): with ``prompt_sampling``
-        'uniform', walking seeded permutations of the dataset without repeats within an epoch; with
-        'signal', drawn without repeats by :func:`signal_weights`."""
+        'uniform', walking seeded permutations of the dataset without repeats within an epoch; 'in_order', the
+        dataset's order; with 'signal', drawn without repeats by :func:`signal_weights`."""
         indices: list[int] = []
         if self.config.prompt_sampling == "signal":
             weights = signal_weights(self.spread, len(self.rows), self.config.prompt_sampling_floor)
@@ -152,8 +152,9 @@ class Sampler:
             indices += torch.multinomial(left, take, replacement=False, generator=generator).tolist()
         while len(indices) < self.config.prompts_per_step:
             if not self.order:
-                order = list(range(len(self.rows)))
-                random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
+                order = list(range(len(self.rows)))[::-1]  # popped from the end: the first row first
+                if self.config.prompt_sampling == "uniform":
+                    random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
                 self.order, self.epoch = order, self.epoch + 1
             indices.append(self.order.pop())
         start = self.world.rank * self.groups_per_process

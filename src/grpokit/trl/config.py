@@ -138,6 +138,9 @@ class GRPOConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         _precision(self)  # fp16: refused before transformers checks the hardware for it
+        if self.bf16 is None and not self.fp16 and not self.use_cpu and not _accelerator():
+            # TRL's default bf16 stops a machine without a GPU ("use_cpu"); grpokit runs there: on the CPU, in fp32
+            self.use_cpu, self.bf16 = True, False
         self.bf16 = not self.fp16 if self.bf16 is None else self.bf16
         for name, value in self._given.items():
             if name not in MAPPED and name not in NO_EFFECT and value != _default(name):
@@ -193,6 +196,7 @@ class GRPOConfig(TrainingArguments):
                                                                         ("group", "batch", "none")),
             "ratio_level": _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence")),
             "mask_truncated_completions": self.mask_truncated_completions, "reward_weights": self.reward_weights,
+            "prompt_sampling": "uniform" if self.shuffle_dataset is not False else "in_order",
             "learning_rate": self.learning_rate, "lr_schedule": _schedule(self),
             "warmup_steps": _warmup(self, num_rows), "weight_decay": self.weight_decay, "adam_beta1": self.adam_beta1,
             "adam_beta2": self.adam_beta2, "optimizer": _optimizer(self), "max_grad_norm": self.max_grad_norm,
@@ -344,8 +348,20 @@ def _trackers(c: GRPOConfig) -> list[str]:
     return list(c.report_to)
 
 
+def _strategy(value: Any) -> str:
+    return getattr(value, "value", value)
+
+
 def _save_strategy(c: GRPOConfig) -> str:
-    return getattr(c.save_strategy, "value", c.save_strategy)
+    return _strategy(c.save_strategy)
+
+
+def _accelerator() -> bool:
+    """Whether transformers would find a GPU (CUDA, XPU, MPS, ...) for TRL's default bf16."""
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) or \
+        torch.backends.mps.is_available()
 
 
 def _vllm(c: GRPOConfig) -> dict[str, Any]:
@@ -381,12 +397,10 @@ def _refuse_values(c: GRPOConfig) -> None:
          "a number of steps"),
         (_save_strategy(c) not in ("steps", "no"), f"save_strategy={_save_strategy(c)!r}: use 'steps' or 'no'"),
         (getattr(c.logging_strategy, "value", c.logging_strategy) == "epoch", "logging_strategy='epoch': use 'steps'"),
-        (getattr(c.eval_strategy, "value", c.eval_strategy) != "no", "eval_strategy other than 'no': TRL's "
-         "evaluation (rewards on eval_dataset) is not reproduced; use grpokit's held-out evaluation "
-         "(grpokit.GRPOConfig "
-         "eval_dataset, eval_every, eval_reward: docs/metrics.md)"),
-        (c.shuffle_dataset is False, "shuffle_dataset=False: grpokit draws prompts in seeded random passes over the "
-         "dataset; use shuffle_dataset=True"),
+        (_strategy(c.eval_strategy) not in ("no", "steps", "epoch"), f"eval_strategy={_strategy(c.eval_strategy)!r}"
+         ": use 'no', 'steps' or 'epoch'"),
+        (c.eval_steps is not None and c.eval_steps < 1, "eval_steps below 1 (a share of the run): give a number of "
+         "steps"),
         (bool(c.remove_unused_columns), "remove_unused_columns=True: grpokit gives reward functions every column; use "
          "False (TRL's GRPO default)"),
         (bool(c.gradient_checkpointing_kwargs) and set(c.gradient_checkpointing_kwargs) - {"use_reentrant"},

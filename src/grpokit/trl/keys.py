@@ -35,10 +35,12 @@ MAPPED: frozenset[str] = frozenset({
     "output_dir", "logging_steps", "logging_strategy", "logging_first_step", "save_steps", "save_strategy",
     "save_total_limit", "report_to", "run_name", "project", "disable_tqdm", "log_completions",
     "num_completions_to_print", "push_to_hub", "hub_model_id", "hub_token", "hub_private_repo", "hub_revision",
-    "hub_strategy", "hub_always_push", "eval_strategy", "shuffle_dataset", "remove_unused_columns",
+    "hub_strategy", "hub_always_push", "shuffle_dataset", "remove_unused_columns",
+    # evaluation (grpokit.trl.GRPOTrainer.evaluate: rewards of eval_dataset's prompts)
+    "eval_strategy", "eval_steps", "eval_on_start", "num_generations_eval", "per_device_eval_batch_size",
 })
 
-_EVAL = "used only by evaluation during training (eval_strategy other than 'no'), which is refused"
+_EVAL = "a setting of transformers' evaluation loop over labels; GRPO's evaluation samples and scores (no labels)"
 _LOADER = "configures a PyTorch DataLoader; grpokit draws prompts itself (no DataLoader)"
 NO_EFFECT: dict[str, str] = {
     **{key: _LOADER for key in (
@@ -46,10 +48,8 @@ NO_EFFECT: dict[str, str] = {
         "dataloader_prefetch_factor",
         "dataloader_drop_last", "dataloader_multiprocessing_context", "dataloader_in_order", "length_column_name")},
     **{key: _EVAL for key in (
-        "per_device_eval_batch_size", "eval_steps", "eval_delay", "eval_accumulation_steps", "eval_on_start",
-        "eval_do_concat_batches", "eval_use_gather_object", "batch_eval_metrics", "prediction_loss_only",
-        "include_for_metrics", "label_names", "metric_for_best_model", "greater_is_better", "num_generations_eval",
-        "bf16_full_eval", "fp16_full_eval")},
+        "eval_accumulation_steps", "eval_do_concat_batches", "eval_use_gather_object", "batch_eval_metrics",
+        "prediction_loss_only", "include_for_metrics", "label_names", "bf16_full_eval", "fp16_full_eval")},
     **{key: "a script's own flag: transformers' Trainer does not read it either" for key in (
         "do_train", "do_eval", "do_predict", "resume_from_checkpoint")},
     **{key: "verbosity of transformers' logging" for key in (

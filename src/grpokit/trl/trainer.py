@@ -19,7 +19,7 @@ a callback's ``control.should_training_stop`` / ``should_save`` / ``should_log``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from grpokit.data import given_rows
 from grpokit.resolve import load_model_and_tokenizer
 from grpokit.trl.config import GRPOConfig
 from grpokit.trl.convert import lora_settings, prompt_format, reward_functions, trl_metrics, window_mean
+from grpokit.trl.evaluation import evaluate_rewards
 
 __all__ = ["GRPOTrainer"]
 
@@ -55,8 +56,10 @@ class GRPOTrainer:
         reward_processing_classes: Any = None,
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
         peft_config: Any = None,
         tools: list[Callable] | None = None,
+        rollout_func: Callable | None = None,
         environment_factory: Callable[[], Any] | None = None,
     ):
         if args is None:  # TRL's default: output_dir named after the model
@@ -68,12 +71,20 @@ class GRPOTrainer:
         if optimizers != (None, None):
             raise ConfigError("optimizers: a custom optimizer or scheduler is not supported; grpokit builds AdamW and "
                               "its schedule from args (optim, learning_rate, lr_scheduler_type, warmup_steps)")
+        if quantization_config is not None:
+            raise ConfigError("quantization_config is not supported: grpokit trains full-precision or bf16 weights "
+                              "(LoRA through peft_config); load the model without quantization")
+        if rollout_func is not None:
+            raise ConfigError("rollout_func is not supported: grpokit samples with its own engine; multi-turn "
+                              "rollouts go through tools or environment_factory (docs/environments.md)")
         if reward_processing_classes is not None:
             raise ConfigError("reward_processing_classes is not supported: a reward model given by path loads its own "
                               "tokenizer")
         if train_dataset is None:
             raise ConfigError("train_dataset is required")
-        self.args, self.eval_dataset = args, eval_dataset  # eval_strategy 'no' (the only one accepted): unused
+        if args.eval_strategy != "no" and eval_dataset is None:
+            raise ConfigError(f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset")
+        self.args, self.eval_dataset = args, eval_dataset
         self.train_dataset = train_dataset
         rows = given_rows(train_dataset, "train_dataset")
         keys: dict[str, Any] = {"chat_template": prompt_format(rows), **lora_settings(peft_config)}
@@ -109,8 +120,8 @@ class GRPOTrainer:
     def _run_state(self, state: TrainerState) -> TrainerState:
         """``state`` with this run's totals and intervals (a resumed state keeps only its progress and history)."""
         state.max_steps = self.grpokit_config.max_steps * self.updates
-        state.logging_steps, state.save_steps, state.eval_steps = int(self.args.logging_steps), int(
-            self.args.save_steps), 0
+        state.logging_steps, state.save_steps = int(self.args.logging_steps), int(self.args.save_steps)
+        state.eval_steps = int(self.args.eval_steps or self.args.logging_steps)
         state.num_train_epochs = max(1, -(-state.max_steps // max(1, self.steps_per_epoch)))
         state.train_batch_size = self.args.per_device_train_batch_size
         return state
@@ -133,6 +144,16 @@ class GRPOTrainer:
     def is_world_process_zero(self) -> bool:
         return self.grpokit_trainer.world.main
 
+    @property
+    def accelerator(self) -> Accelerator:
+        """What TRL scripts call on ``trainer.accelerator`` (``print``, ``is_main_process``, ...), from grpokit's
+        processes."""
+        return Accelerator(self.grpokit_trainer.world, self.grpokit_trainer.device)
+
+    @property
+    def hub_model_id(self) -> str:
+        return self.args.hub_model_id or Path(self.args.output_dir).name
+
     # ---- training --------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
@@ -152,6 +173,8 @@ class GRPOTrainer:
             inner.announce()
         start, window, losses = time.perf_counter(), [], []
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if args.eval_on_start and not resume_from_checkpoint:
+            self.evaluate()
         saved_at = None
         while inner.step < inner.max_steps and not self.control.should_training_stop:
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
@@ -159,17 +182,22 @@ class GRPOTrainer:
             metrics["learning_rate"] = inner.policy.scheduler.get_last_lr()[0]  # as TRL logs it: after the step
             window.append(metrics)
             losses.append(metrics["loss"])
-            should_log = should_save = False
+            should_log = should_evaluate = should_save = False
             for _ in range(self.updates):  # TRL's optimizer steps this generation batch made
                 self.state.global_step += 1
-                self.state.epoch = self.state.global_step / max(1, self.steps_per_epoch)
+                epoch, self.state.epoch = self.state.epoch or 0.0, self.state.global_step / max(1, self.steps_per_epoch)
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                if int(self.state.epoch) > int(epoch):  # an epoch ended
+                    self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
                 should_log |= self.control.should_log
+                should_evaluate |= self.control.should_evaluate
                 should_save |= self.control.should_save
-                self.control.should_log = self.control.should_save = False
+                self.control.should_log = self.control.should_evaluate = self.control.should_save = False
             if should_log:
                 self._log(window_mean(window))
                 window = []
+            if should_evaluate:
+                self.evaluate()
             if should_save:
                 saved_at = self._save_checkpoint()
         if saved_at is None or inner.step * self.updates != self.state.global_step or \
@@ -223,6 +251,41 @@ class GRPOTrainer:
                                f"{type(error).__name__}: {error}. The model is saved in {self.args.output_dir}."
                                ) from error
 
-    def evaluate(self, *args: Any, **kwargs: Any) -> Iterable[Any]:
-        raise ConfigError("evaluate() is not supported: use grpokit's held-out evaluation (grpokit.GRPOConfig "
-                          "eval_dataset, eval_every; `grpokit eval`)")
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """TRL's evaluation: ``num_generations_eval`` (default ``num_generations``) completions of each prompt of
+        ``eval_dataset`` (default: the trainer's), sampled by the policy as it is now and scored by the reward
+        functions; the rewards and lengths under TRL's names with ``eval_`` before them, logged and returned. It
+        changes nothing the training run draws."""
+        rows = self.eval_dataset if eval_dataset is None else eval_dataset
+        if rows is None:
+            raise ConfigError("evaluate() needs an eval_dataset (give one to GRPOTrainer or to evaluate)")
+        if isinstance(rows, dict):  # TRL takes several named eval sets: each reported under its own prefix
+            return {k: v for name, part in rows.items()
+                    for k, v in self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}").items()}
+        args = self.args
+        metrics = evaluate_rewards(self.grpokit_trainer, rows, args.num_generations_eval or args.num_generations,
+                                   max(1, args.per_device_eval_batch_size * args.world_size // (
+                                       args.num_generations_eval or args.num_generations)), metric_key_prefix)
+        self._log(metrics)
+        self.control = self.callback_handler.on_evaluate(args, self.state, self.control, metrics=metrics)
+        return metrics
+
+
+class Accelerator:
+    """The part of ``accelerate.Accelerator`` that TRL scripts use on ``trainer.accelerator``."""
+
+    def __init__(self, world: Any, device: torch.device):
+        self.is_main_process = self.is_local_main_process = world.main
+        self.process_index, self.num_processes, self.device = world.rank, world.size, device
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+    def end_training(self) -> None:
+        """Nothing to end: grpokit's trackers finish with the run."""
