@@ -152,8 +152,7 @@ def test_epochs_count_whole_generation_batches_as_trl(tmp_path):
     (dict(fp16=True, bf16=False), "fp16"),
     (dict(report_to="mlflow"), "report_to 'mlflow'"),
     (dict(use_vllm=True, vllm_mode="server"), "vllm_mode='server'"),
-    (dict(eval_strategy="steps", eval_steps=5), "eval_strategy"),
-    (dict(shuffle_dataset=False), "shuffle_dataset"),
+    (dict(eval_strategy="steps", eval_steps=0.5), "eval_steps below 1"),
     (dict(max_steps=3, num_iterations=2), "max_steps=3"),
     (dict(model_init_kwargs={"attn_implementation": "sdpa"}), "model_init_kwargs"),
     (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
@@ -170,8 +169,9 @@ def test_accepted_values_map_through(tmp_path):
                       lr_scheduler_type="constant_with_warmup", warmup_steps=0.1, max_steps=50,
                       model_init_kwargs={"dtype": "bfloat16"}, gradient_checkpointing_kwargs={"use_reentrant": False},
                       save_total_limit=3, save_steps=5, disable_tqdm=True, log_completions=True,
-                      num_completions_to_print=2, dataloader_num_workers=4)
+                      num_completions_to_print=2, dataloader_num_workers=4, shuffle_dataset=False)
     config = args.to_grpokit()
+    assert config.prompt_sampling == "in_order"
     assert (config.beta, config.optimizer, config.lr_schedule, config.warmup_steps) == (0.1, "adamw", "constant", 5)
     assert (config.dtype, config.keep_checkpoints, config.save_every, config.progress_bar) == ("bfloat16", 3, 5, False)
     assert config.log_completions == 2
