@@ -13,8 +13,8 @@ from grpokit import GRPOConfig as GrpokitConfig
 from grpokit.config import ConfigError
 from grpokit.core.objective import grpo_loss
 from grpokit.trl import GRPOConfig
-from grpokit.trl.config import LOSS_TYPES
 from grpokit.trl.keys import INSTEAD, MAPPED, NO_EFFECT, key_kind
+from grpokit.trl.settings import LOSS_TYPES
 
 try:  # (tests/, on sys.path, holds a folder named trl: an installed TRL is the module with a GRPOConfig)
     import trl
@@ -154,7 +154,8 @@ def test_epochs_count_whole_generation_batches_as_trl(tmp_path):
     (dict(use_vllm=True, vllm_mode="server"), "vllm_mode='server'"),
     (dict(eval_strategy="steps", eval_steps=0.5), "eval_steps below 1"),
     (dict(max_steps=3, num_iterations=2), "max_steps=3"),
-    (dict(model_init_kwargs={"attn_implementation": "sdpa"}), "model_init_kwargs"),
+    (dict(model_init_kwargs={"quantization_config": {}}), "model_init_kwargs {'quantization_config'"),
+    (dict(model_init_kwargs={"revision": "v2", "attn_implementation": "sdpa"}), "model_init_kwargs {'revision': 'v2'}"),
     (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
     (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type='polynomial'"),
 ])
@@ -167,7 +168,8 @@ def test_values_grpokit_cannot_honour_are_refused_by_name(settings, named, tmp_p
 def test_accepted_values_map_through(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), **CPU, beta=0.1, use_bias_correction_kl=False, optim="adamw_torch",
                       lr_scheduler_type="constant_with_warmup", warmup_steps=0.1, max_steps=50,
-                      model_init_kwargs={"dtype": "bfloat16"}, gradient_checkpointing_kwargs={"use_reentrant": False},
+                      model_init_kwargs={"dtype": "bfloat16", "attn_implementation": "sdpa", "revision": "main"},
+                      gradient_checkpointing_kwargs={"use_reentrant": False},
                       save_total_limit=3, save_steps=5, disable_tqdm=True, log_completions=True,
                       num_completions_to_print=2, dataloader_num_workers=4, shuffle_dataset=False)
     config = args.to_grpokit()

@@ -372,13 +372,13 @@ class GRPOTrainer(Trainer):
         self.sampler.draws = data.get("draws", 0)  # checkpoints from before prompt_sampling have neither
         self.sampler.spread = {int(index): value for index, value in data.get("spread", [])}
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, adapter: str | Path | None = None) -> None:
         """The policy and tokenizer (:func:`~grpokit.models.loading.save_pretrained`: safetensors, full weights; LoRA:
-        merged, the adapter in ``adapter`` beside it), and PPO's value model in ``value_model`` beside it. Every
-        process calls it: a sharded model is gathered first."""
+        merged, the adapter in ``adapter`` beside it, or at ``adapter``), and PPO's value model in ``value_model`` beside
+        it. Every process calls it: a sharded model is gathered first."""
         path = Path(path)
         state = full_state_dict(self.model, self.world.main)
         if self.world.main:
-            save_pretrained(self.model, self.tokenizer, path, state)
+            save_pretrained(self.model, self.tokenizer, path, state, adapter)
         if self.critic is not None:
             self.critic.save(path.parent / "value_model")

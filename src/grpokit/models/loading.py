@@ -53,15 +53,15 @@ def ensure_pad_token(tokenizer: Any, model: str = "the model") -> int:
 
 
 def save_pretrained(model: torch.nn.Module, tokenizer: Any, path: str | Path,
-                    state_dict: dict[str, torch.Tensor] | None = None) -> None:
+                    state_dict: dict[str, torch.Tensor] | None = None, adapter: str | Path | None = None) -> None:
     """The trained model at ``path`` with ``save_pretrained`` (safetensors) and its tokenizer: full weights,
     loadable by plain transformers (``AutoModelForCausalLM.from_pretrained(path)``) and as a run's ``model``. A LoRA
     model's adapter is merged into those weights, and the adapter alone (adapter_model.safetensors +
-    adapter_config.json, for peft) is written to ``adapter`` beside ``path``. ``state_dict``: the model's full
-    weights when its own parameters are shards."""
+    adapter_config.json, for peft) is written to ``adapter`` beside ``path`` (or to ``adapter``, given). ``state_dict``:
+    the model's full weights when its own parameters are shards."""
     path = Path(path)
     if is_lora(model):
-        adapter = path.parent / "adapter"
+        adapter = path.parent / "adapter" if adapter is None else Path(adapter)
         model.save_pretrained(adapter, safe_serialization=True)
         tokenizer.save_pretrained(adapter)
         model = copy.deepcopy(model).merge_and_unload()

@@ -24,16 +24,10 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from grpokit.config import TRACKERS, ConfigError
+from grpokit.config import ConfigError
 from grpokit.config import GRPOConfig as GrpokitConfig
+from grpokit.trl import settings as values
 from grpokit.trl.keys import MAPPED, NO_EFFECT, refusal
-
-LOSS_TYPES = {"grpo": "sequence", "dapo": "token", "dr_grpo": "constant", "bnpo": "token"}
-SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
-OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_8bit": "adamw_8bit",
-              "adamw_bnb_8bit": "adamw_8bit"}
-KEEP_ALL = 1_000_000  # save_total_limit=None: keep every checkpoint
-_DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 @dataclass
@@ -137,21 +131,28 @@ class GRPOConfig(TrainingArguments):
     vllm_importance_sampling_cap: float | None = None
 
     def __post_init__(self) -> None:
-        _precision(self)  # fp16: refused before transformers checks the hardware for it
-        if self.bf16 is None and not self.fp16 and not self.use_cpu and not _accelerator():
+        values.precision(self)  # fp16: refused before transformers checks the hardware for it
+        if self.bf16 is None and not self.fp16 and not self.use_cpu and not values.accelerator():
             # TRL's default bf16 stops a machine without a GPU ("use_cpu"); grpokit runs there: on the CPU, in fp32
             self.use_cpu, self.bf16 = True, False
         self.bf16 = not self.fp16 if self.bf16 is None else self.bf16
-        for name, value in self._given.items():
-            if name not in MAPPED and name not in NO_EFFECT and value != _default(name):
+        # Refused keys away from their defaults, before transformers acts on them; an empty value (an argument parser
+        # gives debug=None for the default '') is compared after transformers has normalised both, below.
+        refused = {name: value for name, value in self._given.items()
+                   if name not in MAPPED and name not in NO_EFFECT and value != _default(name)}
+        for name, value in refused.items():
+            if value not in (None, "", [], {}):
                 raise ConfigError(refusal(name, value, _default(name)))
         if self.activation_checkpointing is None:  # transformers' newer name: TRL's default, without its warning
             self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
+        for name, value in refused.items():
+            if getattr(self, name) != getattr(_defaults(), name):
+                raise ConfigError(refusal(name, value, _default(name)))
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)  # type: ignore
         if self.vllm_importance_sampling_cap is not None:
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
-        _batch_arithmetic(self)
+        values.batch_arithmetic(self)
         self.grpokit_settings()  # every mapped key's value checked now, before any model is loaded
 
     @property
@@ -190,27 +191,30 @@ class GRPOConfig(TrainingArguments):
             "micro_batch_size": self.per_device_train_batch_size, "num_iterations": self.num_iterations,
             "num_minibatches": self.steps_per_generation // self.gradient_accumulation_steps,
             "max_completion_length": self.max_completion_length, "temperature": self.temperature, "top_p": self.top_p,
-            "aggregation": _loss_type(self), "beta": self.beta, "kl_kind": "k3",
+            "aggregation": values.loss_type(self), "beta": self.beta, "kl_kind": "k3",
             "kl_ratio_weighted": self.use_bias_correction_kl and self.beta != 0, "epsilon": self.epsilon,
-            "epsilon_high": self.epsilon_high, "scale_rewards": _choice("scale_rewards", self.scale_rewards,
-                                                                        ("group", "batch", "none")),
-            "ratio_level": _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence")),
+            "epsilon_high": self.epsilon_high,
+            "scale_rewards": values.choice("scale_rewards", self.scale_rewards, ("group", "batch", "none")),
+            "ratio_level": values.choice("importance_sampling_level", self.importance_sampling_level,
+                                         ("token", "sequence")),
             "mask_truncated_completions": self.mask_truncated_completions, "reward_weights": self.reward_weights,
             "prompt_sampling": "uniform" if self.shuffle_dataset is not False else "in_order",
-            "learning_rate": self.learning_rate, "lr_schedule": _schedule(self),
-            "warmup_steps": _warmup(self, num_rows), "weight_decay": self.weight_decay, "adam_beta1": self.adam_beta1,
-            "adam_beta2": self.adam_beta2, "optimizer": _optimizer(self), "max_grad_norm": self.max_grad_norm,
-            "mixed_precision": _precision(self), "gradient_checkpointing": bool(self.gradient_checkpointing),
-            "dtype": _dtype(self), "report_to": _trackers(self), "run_name": self.run_name, "project": self.project,
+            "learning_rate": self.learning_rate, "lr_schedule": values.schedule(self),
+            "warmup_steps": values.warmup(self, num_rows), "weight_decay": self.weight_decay,
+            "adam_beta1": self.adam_beta1,
+            "adam_beta2": self.adam_beta2, "optimizer": values.optimizer(self), "max_grad_norm": self.max_grad_norm,
+            "mixed_precision": values.precision(self), "gradient_checkpointing": bool(self.gradient_checkpointing),
+            "dtype": values.dtype(self), "report_to": values.trackers(self), "run_name": self.run_name,
+            "project": self.project,
             "progress_bar": not self.disable_tqdm,
             "log_completions": (self.num_completions_to_print or self.generation_batch_size)
             if self.log_completions else 0,
             # checkpoints: TRL's every save_steps optimizer steps, grpokit's every save_every generation batches
-            "save_every": 0 if _save_strategy(self) == "no" else max(1, math.ceil(self.save_steps / k)),
-            "keep_checkpoints": KEEP_ALL if self.save_total_limit is None else max(1, self.save_total_limit),
-            **_vllm(self),
+            "save_every": 0 if values.save_strategy(self) == "no" else max(1, math.ceil(self.save_steps / k)),
+            "keep_checkpoints": values.KEEP_ALL if self.save_total_limit is None else max(1, self.save_total_limit),
+            **values.vllm(self),
         }
-        _refuse_values(self)
+        values.refuse_values(self)
         if self.max_steps > 0 or num_rows is not None:
             settings["max_steps"] = self.grpokit_steps(num_rows)
         return settings
@@ -232,6 +236,16 @@ def _default(name: str) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
+_DEFAULTS: list[GRPOConfig] = []
+
+
+def _defaults() -> GRPOConfig:
+    """A config of TRL's defaults, as transformers normalises them (made once)."""
+    if not _DEFAULTS:
+        _DEFAULTS.append(GRPOConfig(output_dir="defaults"))
+    return _DEFAULTS[0]
+
+
 _dataclass_init = GRPOConfig.__init__
 
 
@@ -246,167 +260,3 @@ def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
 
 
 GRPOConfig.__init__ = _init  # type: ignore[method-assign]
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> Any:
-    if value not in choices:
-        raise ConfigError(f"grpokit.trl.GRPOConfig: {name}={value!r} is not supported; choose one of "
-                          f"{', '.join(map(repr, choices))}")
-    return value
-
-
-def _batch_arithmetic(c: GRPOConfig) -> None:
-    """TRL's: the generation batch from the per-device batch, processes and steps per generation."""
-    world = c.world_size
-    if c.generation_batch_size is None and c.steps_per_generation is None:
-        c.steps_per_generation = c.gradient_accumulation_steps
-        c.generation_batch_size = c.per_device_train_batch_size * world * c.steps_per_generation
-    elif c.generation_batch_size is not None and c.steps_per_generation is None:
-        if c.generation_batch_size % (c.per_device_train_batch_size * world):
-            raise ConfigError(f"generation_batch_size ({c.generation_batch_size}) must be divisible by the global "
-                              f"batch size ({c.per_device_train_batch_size * world}).")
-        c.steps_per_generation = c.generation_batch_size // (c.per_device_train_batch_size * world)
-    elif c.generation_batch_size is None:
-        c.generation_batch_size = c.per_device_train_batch_size * world * c.steps_per_generation
-    else:
-        raise ConfigError("'generation_batch_size' and 'steps_per_generation' can not be both configured at the same "
-                          "time")
-    if c.num_generations is None or c.num_generations < 2:
-        raise ConfigError(f"GRPO requires at least 2 generations per prompt; num_generations={c.num_generations}")
-    if c.generation_batch_size % c.num_generations:
-        raise ConfigError(f"generation_batch_size ({c.generation_batch_size}) must be divisible by num_generations "
-                          f"({c.num_generations}).")
-    if c.steps_per_generation % c.gradient_accumulation_steps:
-        raise ConfigError(f"steps_per_generation={c.steps_per_generation} must be a multiple of "
-                          f"gradient_accumulation_steps={c.gradient_accumulation_steps} in grpokit: an optimizer step "
-                          "within one generation batch (grpokit's num_minibatches)")
-
-
-def _loss_type(c: GRPOConfig) -> str:
-    if c.loss_type == "bnpo" and (c.gradient_accumulation_steps > 1 or c.world_size > 1):
-        raise ConfigError("loss_type='bnpo' normalises by each micro-batch's tokens, which grpokit does not; it equals "
-                          "'dapo' only with gradient_accumulation_steps=1 on one process: use loss_type='dapo'")
-    if c.loss_type not in LOSS_TYPES:
-        raise ConfigError(f"grpokit.trl.GRPOConfig: loss_type={c.loss_type!r} is not supported; grpokit has "
-                          f"{', '.join(map(repr, LOSS_TYPES))} (docs/math.md)")
-    return LOSS_TYPES[c.loss_type]
-
-
-def _schedule(c: GRPOConfig) -> str:
-    name = getattr(c.lr_scheduler_type, "value", c.lr_scheduler_type)
-    if name not in SCHEDULES or (name == "constant" and c.warmup_steps):
-        raise ConfigError(f"grpokit.trl.GRPOConfig: lr_scheduler_type={name!r} is not supported (with these warmup "
-                          "steps); use 'linear', 'cosine', 'constant' (no warmup) or 'constant_with_warmup'")
-    if c.lr_scheduler_kwargs:
-        raise ConfigError(f"grpokit.trl.GRPOConfig: lr_scheduler_kwargs={c.lr_scheduler_kwargs!r} is not supported; "
-                          "leave it None")
-    return SCHEDULES[name]
-
-
-def _warmup(c: GRPOConfig, num_rows: int | None) -> int:
-    """transformers' rule: ``warmup_steps`` below 1 is a share of the run's optimizer steps (rounded up)."""
-    if c.warmup_steps >= 1 or not c.warmup_steps:
-        return int(c.warmup_steps)
-    if c.max_steps <= 0 and num_rows is None:
-        return 0  # decided when the dataset's size is known
-    return math.ceil(c.warmup_steps * c.grpokit_steps(num_rows) * c.updates_per_generation)
-
-
-def _optimizer(c: GRPOConfig) -> str:
-    name = getattr(c.optim, "value", c.optim)
-    if name not in OPTIMIZERS or c.optim_args:
-        raise ConfigError(f"grpokit.trl.GRPOConfig: optim={name!r} is not supported; use one of "
-                          f"{', '.join(map(repr, OPTIMIZERS))}")
-    if c.adam_epsilon != 1e-8:
-        raise ConfigError(f"grpokit.trl.GRPOConfig: adam_epsilon={c.adam_epsilon!r} is not supported (grpokit's AdamW "
-                          "uses 1e-8, TRL's default)")
-    return OPTIMIZERS[name]
-
-
-def _precision(c: GRPOConfig) -> str:
-    if c.fp16:
-        raise ConfigError("grpokit.trl.GRPOConfig: fp16=True is not supported; use bf16=True (grpokit's "
-                          "mixed_precision: bf16) or bf16=False")
-    return "bf16" if c.bf16 else "no"
-
-
-def _dtype(c: GRPOConfig) -> str:
-    kwargs = dict(c.model_init_kwargs or {})
-    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "auto"))
-    dtype = str(dtype).removeprefix("torch.")
-    if kwargs or dtype not in _DTYPES:
-        raise ConfigError(f"grpokit.trl.GRPOConfig: model_init_kwargs={c.model_init_kwargs!r}: only dtype is "
-                          "supported ('auto', 'float32', 'bfloat16', 'float16'); load the model yourself and pass it")
-    return _DTYPES[dtype]
-
-
-def _trackers(c: GRPOConfig) -> list[str]:
-    for name in c.report_to:
-        if name not in TRACKERS:
-            raise ConfigError(f"grpokit.trl.GRPOConfig: report_to {name!r} is not supported; grpokit reports to "
-                              f"{', '.join(TRACKERS)} (metrics.jsonl is always written)")
-    return list(c.report_to)
-
-
-def _strategy(value: Any) -> str:
-    return getattr(value, "value", value)
-
-
-def _save_strategy(c: GRPOConfig) -> str:
-    return _strategy(c.save_strategy)
-
-
-def _accelerator() -> bool:
-    """Whether transformers would find a GPU (CUDA, XPU, MPS, ...) for TRL's default bf16."""
-    import torch
-
-    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) or \
-        torch.backends.mps.is_available()
-
-
-def _vllm(c: GRPOConfig) -> dict[str, Any]:
-    if not c.use_vllm:
-        return {}
-    if c.vllm_mode != "colocate":
-        raise ConfigError(f"grpokit.trl.GRPOConfig: vllm_mode={c.vllm_mode!r} is not supported; grpokit runs vLLM in "
-                          "the training process: vllm_mode='colocate'")
-    if not c.vllm_importance_sampling_correction or c.vllm_importance_sampling_clip_max is None or \
-            c.vllm_importance_sampling_clip_min is not None:
-        raise ConfigError("grpokit.trl.GRPOConfig: with use_vllm, grpokit always corrects by importance sampling with "
-                          "an upper cap only: vllm_importance_sampling_correction=True, "
-                          "vllm_importance_sampling_clip_max "
-                          "set, vllm_importance_sampling_clip_min=None")
-    return {"generation_engine": "vllm", "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization,
-            "vllm_enable_sleep_mode": c.vllm_enable_sleep_mode,
-            "vllm_tensor_parallel_size": c.vllm_tensor_parallel_size,
-            "rollout_is_mode": c.vllm_importance_sampling_mode, "rollout_is_cap": c.vllm_importance_sampling_clip_max,
-            "rollout_precision": "bf16" if c.bf16 else "fp32"}
-
-
-def _refuse_values(c: GRPOConfig) -> None:
-    """Mapped keys whose value grpokit cannot honour (each refusal names the key and what to use)."""
-    refusals = (
-        (c.top_k != 0, f"top_k={c.top_k}: grpokit samples with temperature and top_p only; use top_k=0"),
-        (c.min_p is not None, f"min_p={c.min_p}: grpokit samples with temperature and top_p only; use min_p=None"),
-        (c.repetition_penalty != 1.0, f"repetition_penalty={c.repetition_penalty}: not supported; use 1.0"),
-        (c.max_completion_length is None, "max_completion_length=None: grpokit needs a length limit"),
-        (c.multi_objective_aggregation != "sum_then_normalize", f"multi_objective_aggregation="
-         f"{c.multi_objective_aggregation!r}: grpokit sums the weighted rewards, then normalises "
-         "('sum_then_normalize')"),
-        (c.save_steps < 1 or c.logging_steps < 1, "save_steps or logging_steps below 1 (a share of the run): give "
-         "a number of steps"),
-        (_save_strategy(c) not in ("steps", "no"), f"save_strategy={_save_strategy(c)!r}: use 'steps' or 'no'"),
-        (getattr(c.logging_strategy, "value", c.logging_strategy) == "epoch", "logging_strategy='epoch': use 'steps'"),
-        (_strategy(c.eval_strategy) not in ("no", "steps", "epoch"), f"eval_strategy={_strategy(c.eval_strategy)!r}"
-         ": use 'no', 'steps' or 'epoch'"),
-        (c.eval_steps is not None and c.eval_steps < 1, "eval_steps below 1 (a share of the run): give a number of "
-         "steps"),
-        (bool(c.remove_unused_columns), "remove_unused_columns=True: grpokit gives reward functions every column; use "
-         "False (TRL's GRPO default)"),
-        (bool(c.gradient_checkpointing_kwargs) and set(c.gradient_checkpointing_kwargs) - {"use_reentrant"},
-         f"gradient_checkpointing_kwargs={c.gradient_checkpointing_kwargs!r}: only use_reentrant is accepted (and has "
-         "no effect: grpokit checkpoints its own layers)"),
-    )
-    for refused, why in refusals:
-        if refused:
-            raise ConfigError(f"grpokit.trl.GRPOConfig: {why}")

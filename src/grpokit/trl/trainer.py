@@ -215,6 +215,11 @@ class GRPOTrainer:
             self.push_to_hub()
         return TrainOutput(self.state.global_step, summary["train_loss"], summary)
 
+    def end(self) -> None:
+        """End the trackers' runs (``train`` ends them too; transformers' ``Trainer.end``)."""
+        if self.grpokit_trainer.run_log is not None:
+            self.grpokit_trainer.run_log.finish()
+
     def _log(self, logs: dict[str, float]) -> None:
         logs = {**logs, "epoch": self.state.epoch}
         self.state.log_history.append({**logs, "step": self.state.global_step})
@@ -232,8 +237,9 @@ class GRPOTrainer:
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The policy and tokenizer in ``output_dir`` (``args.output_dir`` by default), as ``save_pretrained`` writes
-        them (LoRA: the merged weights, the adapter alone in ``adapter`` beside them)."""
-        self.grpokit_trainer.save(Path(output_dir or self.args.output_dir))
+        them (LoRA: the merged weights, and the adapter alone in ``output_dir/adapter``)."""
+        path = Path(output_dir or self.args.output_dir)
+        self.grpokit_trainer.save(path, adapter=path / "adapter")
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     **kwargs: Any) -> Any:
