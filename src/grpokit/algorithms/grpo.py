@@ -374,8 +374,8 @@ class GRPOTrainer(Trainer):
 
     def save(self, path: str | Path, adapter: str | Path | None = None) -> None:
         """The policy and tokenizer (:func:`~grpokit.models.loading.save_pretrained`: safetensors, full weights; LoRA:
-        merged, the adapter in ``adapter`` beside it, or at ``adapter``), and PPO's value model in ``value_model`` beside
-        it. Every process calls it: a sharded model is gathered first."""
+        merged, the adapter in ``adapter`` beside it, or at ``adapter``), and PPO's value model in ``value_model``
+        beside it. Every process calls it: a sharded model is gathered first."""
         path = Path(path)
         state = full_state_dict(self.model, self.world.main)
         if self.world.main:
