@@ -5,7 +5,14 @@ import torch
 
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout import generate as rollout_module
-from grpokit.rollout.generate import generate, sample_tokens, top_p_filter
+from grpokit.rollout.generate import (
+    generate,
+    min_p_filter,
+    penalize_repeats,
+    sample_tokens,
+    top_k_filter,
+    top_p_filter,
+)
 
 
 class ScriptedLM(torch.nn.Module):
@@ -113,8 +120,67 @@ def test_sample_tokens_follows_the_probabilities_and_never_picks_a_zero(monkeypa
     assert sample_tokens(probs).tolist() == [4, 0]
 
 
+def test_top_k_min_p_and_the_repetition_penalty_hand_computed():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 2.0]])
+    assert torch.isinf(top_k_filter(logits, 2)).tolist() == [[False, True, True, False]]
+    assert torch.isinf(top_k_filter(logits, 3)).tolist() == [[False, True, False, False]]
+    assert torch.equal(top_k_filter(logits, 0), logits) and torch.equal(top_k_filter(logits, 9), logits)
+    # probabilities relative to the top: e^(x - 2) = 1, 0.0498, 0.2231, 1 → min_p 0.2 drops only the second
+    assert torch.isinf(min_p_filter(logits, 0.2)).tolist() == [[False, True, False, False]]
+    assert torch.isinf(min_p_filter(logits, 0.25)).tolist() == [[False, True, True, False]]
+    assert torch.isinf(min_p_filter(logits, 1.0)).tolist() == [[False, True, True, False]]  # the top ones stay
+    assert torch.equal(min_p_filter(logits, 0.0), logits)
+    seen = torch.tensor([[True, True, False, False]])
+    assert penalize_repeats(logits, seen, 2.0).tolist() == [[1.0, -2.0, 0.5, 2.0]]  # positive ÷ 2, negative × 2
+
+
+def test_the_filters_are_transformers_own():
+    from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(top_k_filter(logits, 5), TopKLogitsWarper(5)(ids, logits.clone()))
+    assert torch.equal(torch.isinf(min_p_filter(logits, 0.1)), torch.isinf(MinPLogitsWarper(0.1)(ids, logits.clone())))
+    seen = torch.zeros(3, 50, dtype=torch.bool).scatter_(1, ids, True)
+    torch.testing.assert_close(penalize_repeats(logits, seen, 1.3),
+                               RepetitionPenaltyLogitsProcessor(1.3)(ids, logits.clone()))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_greedy_with_a_repetition_penalty_is_transformers_generate(tiny_model, tokenizer, fast):
+    enc = tokenizer(["Count 1:", "What is 12?"], return_tensors="pt", padding=True, padding_side="left")
+    ours = generate(tiny_model, enc["input_ids"], enc["attention_mask"], num_generations=1, max_new_tokens=12,
+                    greedy=True, repetition_penalty=3.0, eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id, fast=fast)
+    plain = generate(tiny_model, enc["input_ids"], enc["attention_mask"], num_generations=1, max_new_tokens=12,
+                     greedy=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, fast=fast)
+    theirs = tiny_model.generate(**enc, max_new_tokens=12, do_sample=False, repetition_penalty=3.0,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    width = ours.completion_ids.shape[1]
+    assert torch.equal(ours.completion_ids * ours.completion_mask,
+                       theirs[:, enc["input_ids"].shape[1]:][:, :width] * ours.completion_mask)
+    assert not torch.equal(ours.completion_ids, plain.completion_ids)  # the penalty changed something
+    # the log-probs stay the policy's own (at the temperature, before the penalty), as the loss recomputes them
+    with torch.no_grad():
+        policy, _ = sequence_logprobs(tiny_model, ours.prompt_ids, ours.prompt_mask, ours.completion_ids,
+                                      ours.completion_mask)
+    torch.testing.assert_close(ours.logp * ours.completion_mask, policy, atol=1e-4, rtol=0)
+
+
+def test_top_k_of_one_and_min_p_of_one_sample_the_argmax(tiny_model, tokenizer):
+    enc = tokenizer(["What is 1 + 2?"], return_tensors="pt")
+    kw = dict(num_generations=4, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id)
+    greedy = generate(tiny_model, enc["input_ids"], enc["attention_mask"], greedy=True, **kw).completion_ids
+    for options in (dict(top_k=1), dict(min_p=1.0)):
+        sampled = generate(tiny_model, enc["input_ids"], enc["attention_mask"], temperature=2.0,
+                           generator=torch.Generator().manual_seed(0), **options, **kw).completion_ids
+        assert torch.equal(sampled, greedy), options
+
+
 @pytest.mark.parametrize("kwargs, match", [(dict(temperature=0), "temperature"), (dict(top_p=0), "top_p"),
-                                           (dict(max_new_tokens=0), "max_new_tokens")])
+                                           (dict(max_new_tokens=0), "max_new_tokens"), (dict(top_k=-1), "top_k"),
+                                           (dict(min_p=1.5), "min_p"), (dict(repetition_penalty=0), "repetition")])
 def test_generate_rejects_bad_options(tiny_model, kwargs, match):
     ids = torch.ones(1, 2, dtype=torch.long)
     options = {**dict(num_generations=1, max_new_tokens=2, eos_token_id=1, pad_token_id=0), **kwargs}

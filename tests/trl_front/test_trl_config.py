@@ -145,9 +145,7 @@ def test_epochs_count_whole_generation_batches_as_trl(tmp_path):
 @pytest.mark.parametrize(("settings", "named"), [
     (dict(loss_type="cispo"), "loss_type='cispo'"),
     (dict(loss_type="bnpo", gradient_accumulation_steps=2), "bnpo"),
-    (dict(top_k=50), "top_k"),
-    (dict(min_p=0.1), "min_p"),
-    (dict(repetition_penalty=1.1), "repetition_penalty"),
+    (dict(use_vllm=True, top_k=50), "top_k, min_p, repetition_penalty or top_p < 1 with use_vllm"),
     (dict(optim="sgd"), "optim='sgd'"),
     (dict(fp16=True, bf16=False), "fp16"),
     (dict(report_to="mlflow"), "report_to 'mlflow'"),
@@ -171,9 +169,11 @@ def test_accepted_values_map_through(tmp_path):
                       model_init_kwargs={"dtype": "bfloat16", "attn_implementation": "sdpa", "revision": "main"},
                       gradient_checkpointing_kwargs={"use_reentrant": False},
                       save_total_limit=3, save_steps=5, disable_tqdm=True, log_completions=True,
-                      num_completions_to_print=2, dataloader_num_workers=4, shuffle_dataset=False)
+                      num_completions_to_print=2, dataloader_num_workers=4, shuffle_dataset=False, top_k=50,
+                      min_p=0.05, repetition_penalty=1.1)
     config = args.to_grpokit()
     assert config.prompt_sampling == "in_order"
+    assert (config.top_k, config.min_p, config.repetition_penalty) == (50, 0.05, 1.1)
     assert (config.beta, config.optimizer, config.lr_schedule, config.warmup_steps) == (0.1, "adamw", "constant", 5)
     assert (config.dtype, config.keep_checkpoints, config.save_every, config.progress_bar) == ("bfloat16", 3, 5, False)
     assert config.log_completions == 2

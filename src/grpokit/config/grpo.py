@@ -82,6 +82,12 @@ class GRPOConfig(_TaskKeys):
         64, "Maximum tokens per completion (with tools, the inserted tool results count too).", min=1)
     temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
     top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
+    top_k: int = _field(0, "Sample from the k most likely tokens only (0 = off).", min=0)
+    min_p: float = _field(
+        0.0, "Drop the tokens less likely than min_p times the most likely one (0.0 = off).", min=0, max=1)
+    repetition_penalty: float = _field(
+        1.0, "Divide the positive logits (multiply the negative ones) of tokens already in the prompt or the "
+        "completion by this, before the temperature, as transformers does (1.0 = off).", gt=0)
     rollout_precision: str = _field(
         "fp32", "Completions sampled with 'fp32', the policy; 'bf16', its copy refreshed before each sampling; "
         "'bf16_autocast', the policy under bfloat16 autocast (prompts read in float32); 'int8' (CPU, fast path), its "

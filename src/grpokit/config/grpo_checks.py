@@ -51,6 +51,9 @@ def check_grpo_config(config: Any) -> None:
          "generation_engine: vllm captures its own CUDA graphs"),
         (config.generation_engine == "vllm" and config.top_p < 1, "top_p < 1 with generation_engine: vllm: vLLM "
          "reports its log-probs after the top-p cut, which the loss's correction does not expect yet; use top_p: 1"),
+        (config.generation_engine == "vllm" and (config.top_k or config.min_p or config.repetition_penalty != 1),
+         "top_k, min_p or repetition_penalty with generation_engine: vllm: vLLM reports its log-probs after them, "
+         "which the loss's correction does not expect yet; leave them off (0, 0.0, 1.0)"),
         (config.generation_engine == "vllm" and config.vllm_tensor_parallel_size > 1, "vllm_tensor_parallel_size > 1 "
          "is not supported yet (the processes sharing an engine would have to sample one another's prompts); each "
          "process holds a whole engine: use 1"),

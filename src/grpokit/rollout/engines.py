@@ -85,6 +85,7 @@ class NativeEngine:
                 return generate(
                     model, prompt_ids, prompt_mask, num_generations=num_generations, max_new_tokens=max_new_tokens,
                     eos_token_id=self.stop_ids, pad_token_id=self.pad_id, temperature=temperature, top_p=top_p,
+                    top_k=options.top_k, min_p=options.min_p, repetition_penalty=options.repetition_penalty,
                     greedy=greedy, generator=generator, stop_early=not self.sharded, fast=options.fast_path,
                     tools=tools, int8=self.weights.int8, exact_prefill=autocast_bf16,
                     graph=options.cuda_graphs and self.device.type == "cuda" and not self.sharded,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -109,6 +110,29 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def top_k_filter(logits: Tensor, top_k: int) -> Tensor:
+    """Set to -inf the logits (…, V) below each row's ``top_k``-th largest (0: none; ties at the k-th stay)."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
+    """Set to -inf the logits (…, V) of tokens less likely than ``min_p`` times the row's most likely one."""
+    if min_p <= 0:
+        return logits
+    # p_i < min_p · p_max  ⇔  logit_i < logit_max + log(min_p): no softmax needed
+    cut = logits.max(dim=-1, keepdim=True).values + math.log(min_p)
+    return logits.masked_fill(logits < cut, float("-inf"))
+
+
+def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """transformers' repetition penalty: the logits (A, V) of tokens ``seen`` (A, V bool: in the prompt or the
+    completion so far) divided by ``penalty`` where positive, multiplied by it where negative."""
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
 def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, u: Tensor | None = None) -> Tensor:
     """One token per row of ``probs`` (A, V), drawn by inverse transform: a uniform draw per row, found
     in the row's cumulative distribution. The distribution of ``torch.multinomial(probs, 1)`` at a sixth
@@ -163,6 +187,9 @@ def generate(
     pad_token_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
     stop_early: bool = True,
@@ -176,7 +203,9 @@ def generate(
 
     Each group of G completions of one prompt is contiguous in the output. A completion stops at the
     first token in ``eos_token_id`` (one id or several, as chat models often have). With ``greedy=True`` the
-    argmax is taken (and ``logp`` is still reported at ``temperature``). ``stop_early=False`` runs all
+    argmax is taken (and ``logp`` is still reported at ``temperature``). As transformers' ``generate``: the repetition
+    penalty on the raw logits, then the temperature, ``top_k``, ``top_p``, ``min_p`` (each off at its default); ``logp``
+    is the policy's at the temperature, before them all, as the loss recomputes it. ``stop_early=False`` runs all
     ``max_new_tokens`` decode steps even when every completion has stopped (sharded models need every
     process to run the same passes); the result is the same. With ``fast`` and a model
     :mod:`grpokit.models.fast.llama_family` supports, decoding uses a preallocated cache and drops finished
@@ -194,6 +223,9 @@ def generate(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0 or not 0 <= min_p <= 1 or not repetition_penalty > 0:
+        raise ValueError(f"top_k must be >= 0, min_p in [0, 1], repetition_penalty > 0; got {top_k}, {min_p}, "
+                         f"{repetition_penalty}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     fast_only = "int8" if int8 else "graph" if graph else None  # what only the fast path decodes
@@ -207,6 +239,11 @@ def generate(
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
 
     calling = bool(tools)  # asked once: an inert session costs nothing per decode step
+    seen = None  # with a repetition penalty: (N, V) which tokens each row's prompt and completion hold so far
+    if repetition_penalty != 1.0:
+        vocabulary = model.get_output_embeddings().weight.shape[0]
+        seen = torch.zeros(n, vocabulary, dtype=torch.bool, device=device)
+        seen.scatter_(1, prompt_ids.masked_fill(prompt_mask == 0, 0), prompt_mask.bool())
     # per decode step: rows, their columns (the step t, or each row's own with tools), tokens, log-probs, stopped
     picks: list[tuple[Tensor, int | Tensor, Tensor, Tensor, Tensor]] = []
     why = unsupported(model) if fast else None
@@ -224,23 +261,30 @@ def generate(
         """Pick the next tokens of the still-running ``rows`` from their logits (A, V); record them. Returns the
         picks, which rows leave the batch (stopped, or at the token budget) and which picks are holes (None: none)."""
         columns = filled[rows] if calling else None
-        logits = logits / temperature if temperature != 1.0 else logits  # x / 1 is x: skip the operator
+        policy = logits = logits / temperature if temperature != 1.0 else logits  # x / 1 is x: skip the operator
+        if seen is not None:  # (x / T) / p is transformers' (x / p) / T
+            logits = penalize_repeats(logits, seen[rows], repetition_penalty)
         if greedy:
             chosen = logits.argmax(dim=-1)
         else:
-            probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
+            kept = min_p_filter(top_p_filter(top_k_filter(logits, top_k), top_p), min_p)
+            probs = torch.softmax(kept, dim=-1)
             chosen = sample_tokens(probs, generator, None if not calling else uniforms[rows, columns].unsqueeze(1))
         stopped = chosen == stop_ids[0] if len(stop_ids) == 1 else torch.isin(chosen, stop_ids)  # == is cheaper
         # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5). log_softmax
         # is one operator; token_logprobs' logsumexp (kept for training: a smaller autograd graph) is
         # several, which shows at decoding's few rows.
-        logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
+        logp = torch.log_softmax(policy, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1)
         if not calling:  # every row's column is t; the loops end at the budget
             picks.append((rows, t, chosen, logp, stopped))
+            if seen is not None:
+                seen[rows, chosen] = True
             return chosen, stopped, None
         # queued tool-result tokens replace the picks of the rows that called; rows waiting for a call hold
         chosen, stopped, logp, hold = tools.intervene(columns, rows, chosen, stopped, logp)
         kept = ~hold
+        if seen is not None:
+            seen[rows[kept], chosen[kept]] = True
         picks.append((rows[kept], columns[kept], chosen[kept], logp[kept], stopped[kept]))
         filled[rows[kept]] += 1
         waiting = hold & ~stopped  # rows whose environment ended the episode hold and leave: not a hole

@@ -20,6 +20,9 @@ class SamplingOptions:
     vllm_enable_sleep_mode: bool = False
     vllm_tensor_parallel_size: int = 1
     vllm_sync_check: float = 1e-3
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0.0: off
+    repetition_penalty: float = 1.0  # 1.0: off
 
     @classmethod
     def from_config(cls, config: Any, mixed_precision: str) -> SamplingOptions:
@@ -28,4 +31,5 @@ class SamplingOptions:
                    mixed_precision=mixed_precision, fast_path=config.fast_path, cuda_graphs=config.cuda_graphs,
                    vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                    vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
-                   vllm_tensor_parallel_size=config.vllm_tensor_parallel_size, vllm_sync_check=config.vllm_sync_check)
+                   vllm_tensor_parallel_size=config.vllm_tensor_parallel_size, vllm_sync_check=config.vllm_sync_check,
+                   top_k=config.top_k, min_p=config.min_p, repetition_penalty=config.repetition_penalty)

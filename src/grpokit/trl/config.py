@@ -191,6 +191,7 @@ class GRPOConfig(TrainingArguments):
             "micro_batch_size": self.per_device_train_batch_size, "num_iterations": self.num_iterations,
             "num_minibatches": self.steps_per_generation // self.gradient_accumulation_steps,
             "max_completion_length": self.max_completion_length, "temperature": self.temperature, "top_p": self.top_p,
+            "top_k": self.top_k or 0, "min_p": self.min_p or 0.0, "repetition_penalty": self.repetition_penalty,
             "aggregation": values.loss_type(self), "beta": self.beta, "kl_kind": "k3",
             "kl_ratio_weighted": self.use_bias_correction_kl and self.beta != 0, "epsilon": self.epsilon,
             "epsilon_high": self.epsilon_high,

@@ -86,7 +86,7 @@ INSTEAD: dict[str, str] = {
     "save_only_model": "grpokit's checkpoints always hold the optimizer and random states (exact resume)",
     "trust_remote_code": "load the model yourself and pass it as model=",
     "auto_find_batch_size": "per_device_train_batch_size (grpokit's micro_batch_size)",
-    "generation_kwargs": "temperature and top_p (grpokit samples with these only)",
+    "generation_kwargs": "temperature, top_p, top_k, min_p, repetition_penalty (grpokit samples with these only)",
     "chat_template_kwargs": "render the prompts yourself, or use grpokit's system_prompt",
     "max_tool_calling_iterations": "grpokit's GRPOConfig max_tool_calls / max_turns (docs/tools.md)",
     "log_completions_hub_repo": "log_completions (written to output_dir/completions.jsonl)",

@@ -4,13 +4,11 @@ cannot honour, each refused with a :class:`~grpokit.config.ConfigError` naming t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpokit.config import TRACKERS, ConfigError
 
-if TYPE_CHECKING:
-    from grpokit.trl.config import GRPOConfig
-
+GRPOConfig = Any  # grpokit.trl.GRPOConfig (not imported: it imports this module)
 LOSS_TYPES = {"grpo": "sequence", "dapo": "token", "dr_grpo": "constant", "bnpo": "token"}
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_8bit": "adamw_8bit",
@@ -149,6 +147,10 @@ def accelerator() -> bool:
 def vllm(c: GRPOConfig) -> dict[str, Any]:
     if not c.use_vllm:
         return {}
+    if c.top_k or c.min_p or c.repetition_penalty != 1.0 or c.top_p < 1.0:
+        raise ConfigError("grpokit.trl.GRPOConfig: top_k, min_p, repetition_penalty or top_p < 1 with use_vllm: vLLM "
+                          "reports its log-probs after them, which grpokit's correction does not expect yet; leave them "
+                          "off with use_vllm (or sample with grpokit's engine: use_vllm=False)")
     if c.vllm_mode != "colocate":
         raise ConfigError(f"grpokit.trl.GRPOConfig: vllm_mode={c.vllm_mode!r} is not supported; grpokit runs vLLM in "
                           "the training process: vllm_mode='colocate'")
@@ -168,9 +170,6 @@ def vllm(c: GRPOConfig) -> dict[str, Any]:
 def refuse_values(c: GRPOConfig) -> None:
     """Mapped keys whose value grpokit cannot honour (each refusal names the key and what to use)."""
     refusals = (
-        (c.top_k != 0, f"top_k={c.top_k}: grpokit samples with temperature and top_p only; use top_k=0"),
-        (c.min_p is not None, f"min_p={c.min_p}: grpokit samples with temperature and top_p only; use min_p=None"),
-        (c.repetition_penalty != 1.0, f"repetition_penalty={c.repetition_penalty}: not supported; use 1.0"),
         (c.max_completion_length is None, "max_completion_length=None: grpokit needs a length limit"),
         (c.multi_objective_aggregation != "sum_then_normalize", f"multi_objective_aggregation="
          f"{c.multi_objective_aggregation!r}: grpokit sums the weighted rewards, then normalises "
