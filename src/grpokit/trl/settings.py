@@ -149,8 +149,8 @@ def vllm(c: GRPOConfig) -> dict[str, Any]:
         return {}
     if c.top_k or c.min_p or c.repetition_penalty != 1.0 or c.top_p < 1.0:
         raise ConfigError("grpokit.trl.GRPOConfig: top_k, min_p, repetition_penalty or top_p < 1 with use_vllm: vLLM "
-                          "reports its log-probs after them, which grpokit's correction does not expect yet; leave them "
-                          "off with use_vllm (or sample with grpokit's engine: use_vllm=False)")
+                          "reports its log-probs after them, which grpokit's correction does not expect yet; leave "
+                          "them off with use_vllm (or sample with grpokit's engine: use_vllm=False)")
     if c.vllm_mode != "colocate":
         raise ConfigError(f"grpokit.trl.GRPOConfig: vllm_mode={c.vllm_mode!r} is not supported; grpokit runs vLLM in "
                           "the training process: vllm_mode='colocate'")
