@@ -88,14 +88,18 @@ def grpokit_order(rows: list[dict], seed: int = 0) -> list[dict]:
     return [rows[i] for i in reversed(order)]
 
 
-def trl_worker(job: dict) -> dict:
+def trl_script(job: dict, front: str) -> tuple:
+    """A TRL script's trainer for ``job``, from ``front`` ('trl': TRL's GRPOConfig and GRPOTrainer; 'grpokit.trl':
+    grpokit's TRL front door, the same script with its import changed), and a callback list of its step clock."""
+    import importlib
+
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     from grpokit.rewards.builtin import accuracy_reward, format_reward
 
+    door = importlib.import_module(front)
     torch.set_num_threads(job["threads"])
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
@@ -109,9 +113,24 @@ def trl_worker(job: dict) -> dict:
         use_cpu=True, bf16=bf16, gradient_checkpointing=bf16, loss_type="dapo", seed=0,
         dataloader_num_workers=0, disable_tqdm=True, log_completions=False, shuffle_dataset=False,
     )
-    args = GRPOConfig(**{**settings, **job.get("overrides", {})})  # --trl-variant's overrides win
-    trainer = GRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=args,
-                          train_dataset=Dataset.from_list(grpokit_order(rows())), processing_class=tokenizer)
+    args = door.GRPOConfig(**{**settings, **job.get("overrides", {})})  # --trl-variant's overrides win
+    trainer = door.GRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=args,
+                               train_dataset=Dataset.from_list(grpokit_order(rows())), processing_class=tokenizer)
+    starts, ends = [], []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            starts.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            ends.append(time.perf_counter())
+
+    trainer.add_callback(Clock())
+    return trainer, starts, ends
+
+
+def trl_worker(job: dict) -> dict:
+    trainer, starts, ends = trl_script(job, "trl")
     phases = {"generate": [], "prepare": []}
     real_generate = trainer.model.generate
 
@@ -134,16 +153,7 @@ def trl_worker(job: dict) -> dict:
         return result
 
     trainer._generate_and_score_completions = timed_prepare
-    starts, ends, lengths, prompt_lengths, prompts = [], [], [], [], []
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            starts.append(time.perf_counter())
-
-        def on_step_end(self, *a, **k):
-            ends.append(time.perf_counter())
-
-    trainer.add_callback(Clock())
+    lengths, prompt_lengths, prompts = [], [], []
     trainer.train()
     w = job["warmup"]
     step = [e - s for s, e in zip(starts, ends)][w:]
@@ -171,37 +181,58 @@ def grpokit_worker(job: dict) -> dict:
         job.get("overrides"),  # --variant's
     ))
     trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, train_dataset=rows())
-    lengths, prompt_lengths = [], []
-    real_sample = trainer.sampler.sample
+    seen = recorded(trainer)
+    walls = []
+    for _ in range(config.max_steps):  # the whole call: metrics and the run log included
+        start = time.perf_counter()
+        trainer.training_step()
+        walls.append(time.perf_counter() - start)
+    return grpokit_result(job, walls, seen)
+
+
+def front_door_worker(job: dict) -> dict:
+    """TRL's script with its import changed (grpokit.trl), timed as TRL's: from on_step_begin to on_step_end."""
+    trainer, starts, ends = trl_script(job, "grpokit.trl")
+    seen = recorded(trainer.grpokit_trainer)
+    trainer.train()
+    return grpokit_result(job, [e - s for s, e in zip(starts, ends)], seen)
+
+
+def recorded(trainer) -> dict:
+    """What each step of grpokit's ``trainer`` samples (completion and prompt lengths, prompts) and reports."""
+    seen = {"lengths": [], "prompt_lengths": [], "prompts": [], "records": []}
+    real_sample, real_next, real_step = trainer.sampler.sample, trainer.sampler.next_indices, trainer.training_step
 
     def recorded_sample(*a, **k):
         batch, sampled, sampling = real_sample(*a, **k)
-        lengths.append(batch.rollout.completion_mask.sum(dim=1).tolist())
-        prompt_lengths.append(batch.rollout.prompt_mask.sum(dim=1).tolist())
+        seen["lengths"].append(batch.rollout.completion_mask.sum(dim=1).tolist())
+        seen["prompt_lengths"].append(batch.rollout.prompt_mask.sum(dim=1).tolist())
         return batch, sampled, sampling
-
-    trainer.sampler.sample = recorded_sample
-    prompts, real_next = [], trainer.sampler.next_indices
 
     def recorded_indices():
         indices = real_next()
-        prompts.extend(trainer.sampler.rows[i]["prompt"] for i in indices)
+        seen["prompts"].extend(trainer.sampler.rows[i]["prompt"] for i in indices)
         return indices
 
-    trainer.sampler.next_indices = recorded_indices
-    records, walls = [], []
-    for _ in range(config.max_steps):  # the whole call: metrics and the run log included
-        start = time.perf_counter()
-        records.append(trainer.training_step())
-        walls.append(time.perf_counter() - start)
+    def recorded_step():
+        seen["records"].append(real_step())
+        return seen["records"][-1]
+
+    trainer.sampler.sample, trainer.sampler.next_indices, trainer.training_step = (
+        recorded_sample, recorded_indices, recorded_step)
+    return seen
+
+
+def grpokit_result(job: dict, walls: list[float], seen: dict) -> dict:
     w = job["warmup"]
-    records, walls, lengths, prompt_lengths = records[w:], walls[w:], lengths[w:], prompt_lengths[w:]
+    records, walls, lengths, prompt_lengths = (seen["records"][w:], walls[w:], seen["lengths"][w:],
+                                               seen["prompt_lengths"][w:])
     return {
         "step": walls, "generate": [m["time_generate"] for m in records],
         "score_and_reference": [m["time_score"] + m["time_frozen_logprobs"] for m in records],
         "update": [wall - m["time_generate"] - m["time_score"] - m["time_frozen_logprobs"]
                    for wall, m in zip(walls, records)],
-        "completion_lengths": lengths, "prompt_lengths": prompt_lengths, "prompts": prompts,
+        "completion_lengths": lengths, "prompt_lengths": prompt_lengths, "prompts": seen["prompts"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -290,14 +321,15 @@ def work(job: dict) -> dict:
     kind = job["kind"].split(":")[0]
     if kind == "peak":
         return matmul_peak(job.get("smoke", False))
-    return {"trl": trl_worker, "grpokit": grpokit_worker}[kind](job)
+    return {"trl": trl_worker, "grpokit": grpokit_worker, "grpokit.trl": front_door_worker}[kind](job)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["small", "large", "smollm2"], choices=list(CONFIGS))
     parser.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit"])
+    parser.add_argument("--trainers", nargs="+", default=["trl", "grpokit"], choices=["trl", "grpokit", "grpokit.trl"],
+                        help="grpokit.trl: TRL's script with its import changed to grpokit's TRL front door")
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME KEY=VALUE",
                         help="also run grpokit with these config overrides (YAML values), as trainer grpokit:NAME; "
                         "repeatable, e.g. --variant ckpt gradient_checkpointing=true")

@@ -152,9 +152,11 @@ class Sampler:
             indices += torch.multinomial(left, take, replacement=False, generator=generator).tolist()
         while len(indices) < self.config.prompts_per_step:
             if not self.order:
-                order = list(range(len(self.rows)))[::-1]  # popped from the end: the first row first
+                order = list(range(len(self.rows)))
                 if self.config.prompt_sampling == "uniform":
                     random.Random(self.config.seed + self.epoch * 7919).shuffle(order)
+                else:  # in_order: popped from the end, the first row first
+                    order.reverse()
                 self.order, self.epoch = order, self.epoch + 1
             indices.append(self.order.pop())
         start = self.world.rank * self.groups_per_process
