@@ -238,3 +238,15 @@ def test_the_same_loss_and_gradient_as_trl(settings, tmp_path):
         grads.append(logp.grad * mask)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_the_docs_table_lists_every_key_as_the_code_treats_it():
+    from pathlib import Path
+
+    from grpokit.trl.key_table import MEANING, markdown
+    from grpokit.trl.keys import MAPPED
+
+    assert set(MEANING) == set(MAPPED)  # every mapped key says what it becomes, and nothing else is listed as mapped
+    table = Path(__file__).resolve().parents[2] / "docs" / "trl_keys.md"
+    assert table.read_text() == markdown(), "regenerate: python -m grpokit.trl.key_table > docs/trl_keys.md"
+    assert all(f"| `{name}` |" in markdown() for name in fields(trl.GRPOConfig))
