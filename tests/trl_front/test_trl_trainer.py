@@ -222,3 +222,21 @@ def test_shuffle_dataset_false_takes_the_prompts_in_the_datasets_order(tiny_mode
     GRPOTrainer(model=str(tiny_model_dir), reward_funcs=prompts_seen, train_dataset=rows,
                 args=script_args(tmp_path / "out", shuffle_dataset=False)).train()
     assert seen == [rows[0]["prompt"], rows[1]["prompt"], rows[2]["prompt"], rows[0]["prompt"]]
+
+
+def test_chat_template_kwargs_reach_the_chat_template(tiny_model_dir, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}{% if enable_thinking is false %}!{% else %}?"
+                               "{% endif %}{% endif %}")
+    rows = [{"prompt": [{"role": "user", "content": row["prompt"]}]} for row in ROWS]
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=ones, processing_class=tokenizer, train_dataset=rows,
+                          args=script_args(tmp_path / "out", chat_template_kwargs={"enable_thinking": False}))
+    assert trainer.grpokit_trainer.sampler.prompts[0] == ROWS[0]["prompt"] + "!"
+    assert tokenizer.apply_chat_template(rows[0]["prompt"], tokenize=False, add_generation_prompt=True).endswith("?")

@@ -67,6 +67,7 @@ MEANING: dict[str, str] = {
     "num_completions_to_print": "`log_completions` (how many)",
     "push_to_hub": _HUB, "hub_model_id": _HUB, "hub_token": _HUB, "hub_private_repo": _HUB, "hub_revision": _HUB,
     "hub_strategy": _HUB, "hub_always_push": _HUB,
+    "chat_template_kwargs": "passed to every `apply_chat_template` call (prompts, tool turns, reward models' chats)",
     "shuffle_dataset": "`prompt_sampling`: True → uniform (seeded passes), False → in_order",
     "remove_unused_columns": "only False: reward functions get every column",
     "eval_strategy": "`GRPOTrainer.evaluate()` every `eval_steps` (steps) or epoch", "eval_steps": "the same",

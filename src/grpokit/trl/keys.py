@@ -34,7 +34,8 @@ MAPPED: frozenset[str] = frozenset({
     # run directory, logging, saving, trackers, the Hub (read by grpokit.trl.GRPOTrainer)
     "output_dir", "logging_steps", "logging_strategy", "logging_first_step", "save_steps", "save_strategy",
     "save_total_limit", "report_to", "run_name", "project", "disable_tqdm", "log_completions",
-    "num_completions_to_print", "push_to_hub", "hub_model_id", "hub_token", "hub_private_repo", "hub_revision",
+    "num_completions_to_print", "chat_template_kwargs", "push_to_hub", "hub_model_id", "hub_token", "hub_private_repo",
+    "hub_revision",
     "hub_strategy", "hub_always_push", "shuffle_dataset", "remove_unused_columns",
     # evaluation (grpokit.trl.GRPOTrainer.evaluate: rewards of eval_dataset's prompts)
     "eval_strategy", "eval_steps", "eval_on_start", "num_generations_eval", "per_device_eval_batch_size",
@@ -87,7 +88,6 @@ INSTEAD: dict[str, str] = {
     "trust_remote_code": "load the model yourself and pass it as model=",
     "auto_find_batch_size": "per_device_train_batch_size (grpokit's micro_batch_size)",
     "generation_kwargs": "temperature, top_p, top_k, min_p, repetition_penalty (grpokit samples with these only)",
-    "chat_template_kwargs": "render the prompts yourself, or use grpokit's system_prompt",
     "max_tool_calling_iterations": "grpokit's GRPOConfig max_tool_calls / max_turns (docs/tools.md)",
     "log_completions_hub_repo": "log_completions (written to output_dir/completions.jsonl)",
 }

@@ -18,6 +18,8 @@ a callback's ``control.should_training_stop`` / ``should_save`` / ``should_log``
 
 from __future__ import annotations
 
+import copy
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +102,7 @@ class GRPOTrainer:
 
                 processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         self.grpokit_config = args.to_grpokit(len(rows), **keys)
+        processing_class = with_template_kwargs(processing_class, args.chat_template_kwargs)
         self.grpokit_trainer = GrpokitTrainer(self.grpokit_config, model=model, tokenizer=processing_class,
                                       train_dataset=rows, reward_funcs=reward_functions(reward_funcs),
                                       tools=tools, environment_factory=environment_factory)
@@ -276,6 +279,16 @@ class GRPOTrainer:
         self._log(metrics)
         self.control = self.callback_handler.on_evaluate(args, self.state, self.control, metrics=metrics)
         return metrics
+
+
+def with_template_kwargs(tokenizer: Any, kwargs: dict | None) -> Any:
+    """``tokenizer``, or with ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) passed to every
+    ``apply_chat_template`` call (prompts, tool turns, reward models' chats): a copy, the caller's left as it is."""
+    if not kwargs:
+        return tokenizer
+    bound = copy.copy(tokenizer)
+    bound.apply_chat_template = functools.partial(type(tokenizer).apply_chat_template, bound, **kwargs)
+    return bound
 
 
 class Accelerator:
