@@ -47,7 +47,9 @@ def test_keywords_columns_ids_and_state_reach_the_function():
     (call,) = calls
     assert call["prompts"] == ["p0", "p1"] and call["completions"] == ["c0", "c1"]
     assert call["completion_ids"] == [[7, 8], [9]] and call["trainer_state"] is state
+    hooks = {name: call["kwargs"].pop(name) for name in ("log_metric", "log_extra")}  # TRL's logging hooks
     assert call["solution"] == ["4", "5"] and call["kwargs"] == {"level": [1, 2]}
+    assert all(callable(hook) for hook in hooks.values())
 
 
 def test_a_function_without_kwargs_gets_only_what_it_names():
@@ -121,7 +123,7 @@ def old_style(p, c, **kwargs):
     (positional_only, None, "reward function 'positional_only' takes 'prompts' by position only; reward functions "
                             "are called by keyword"),
     (typo, None, "reward function 'typo' needs 'soluton', which is neither a reward argument (prompts, completions, "
-                 "completion_ids, trainer_state) nor a column of train_dataset"),
+                 "completion_ids, trainer_state, log_extra, log_metric) nor a column of train_dataset"),
     (typo, None, "did you mean 'solution'?"),
     (old_style, None, "reward function 'old_style' needs 'p'"),
     (format_reward, [{"prompt": "q", "completions": "x"}], "train_dataset: column 'completions' has the name of an "
@@ -218,10 +220,10 @@ def test_what_a_function_takes_and_which_columns_it_requires():
     assert accepted_keywords(strict) == {"prompts", "solution", "hint", "tag"}
     assert check_reward_functions([loose, strict, max], ["solution", "hint", "level"], "d") == ["solution", "hint"]
     with pytest.raises(ValueError, match=r"d: column 'prompts' has the name of an argument every reward function is "
-                                         r"passed \(prompts, completions, completion_ids, trainer_state\); rename"):
+                                         r"passed \(prompts, completions, completion_ids, trainer_state, log_extra, log_metric\); rename"):
         check_reward_functions([loose], ["solution", "prompts"], "d")
     with pytest.raises(ValueError, match=r"reward function 'strict' needs 'hint', which is neither a reward argument "
-                                         r"\(prompts, completions, completion_ids, trainer_state\) nor a column of d "
+                                         r"\(prompts, completions, completion_ids, trainer_state, log_extra, log_metric\) nor a column of d "
                                          r"\(its columns: \['solution'\]\)$"):
         check_reward_functions([strict], ["solution"], "d")
 

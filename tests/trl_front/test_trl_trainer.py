@@ -240,3 +240,41 @@ def test_chat_template_kwargs_reach_the_chat_template(tiny_model_dir, tmp_path):
                           args=script_args(tmp_path / "out", chat_template_kwargs={"enable_thinking": False}))
     assert trainer.grpokit_trainer.sampler.prompts[0] == ROWS[0]["prompt"] + "!"
     assert tokenizer.apply_chat_template(rows[0]["prompt"], tokenize=False, add_generation_prompt=True).endswith("?")
+
+
+def test_reward_functions_log_through_trls_log_metric_and_log_extra(tiny_model_dir, tmp_path):
+    import json
+    import re
+
+    # TRL's "Example 6: Logging extra columns and metrics" (docs/source/grpo_trainer.md), as published
+    def reward_func(completions, ground_truth, log_extra=None, log_metric=None, **kwargs):
+        extracted = [re.search(r"\\boxed\{(.*?)\}", c) for c in completions]
+        extracted = [m.group(1) if m else None for m in extracted]
+        rewards = [1.0 if e == gt else 0.0 for e, gt in zip(extracted, ground_truth)]
+
+        if log_extra:
+            log_extra("golden_answer", list(ground_truth))
+            log_extra("extracted_answer", [e or "[none]" for e in extracted])
+
+        if log_metric:
+            log_metric("accuracy", sum(rewards) / len(rewards))
+
+        return rewards
+
+    rows = [{"prompt": row["prompt"], "ground_truth": row["answer"]} for row in ROWS]
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=reward_func, train_dataset=rows,
+                          args=script_args(tmp_path / "out", max_steps=1, log_completions=True))
+    trainer.train()
+    logged = [entry for entry in trainer.log_history if "loss" in entry][0]
+    assert logged["accuracy"] == logged["rewards/reward_func/mean"]  # its own name, as TRL logs it
+    records = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
+    assert records and all(r["extra"]["golden_answer"] == "1" and r["extra"]["extracted_answer"] == "[none]"
+                           for r in records)
+
+    def uneven(completions, log_extra, **kwargs):
+        log_extra("short", [1])
+        return [0.0] * len(completions)
+
+    with pytest.raises(Exception, match=r"log_extra\('short', \.\.\.\): 1 values for 8 completions"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=uneven, train_dataset=ROWS,
+                    args=script_args(tmp_path / "uneven", max_steps=1)).train()

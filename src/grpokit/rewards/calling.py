@@ -22,7 +22,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,8 +32,33 @@ from grpokit.user_code import Overran, call_with_timeout
 
 RewardFunction = Callable[..., list]
 Step = tuple[int, float]  # (character offset where a step ends, reward)
-# What every reward function may take besides the dataset's columns.
-REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+# What every reward function may take besides the dataset's columns (log_extra, log_metric: TRL's, below).
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+@dataclass
+class RewardLog:
+    """What reward functions log through TRL's ``log_metric(name, value)`` (scalars: a step's metric is their mean)
+    and ``log_extra(column, values)`` (one value per completion: columns of completions.jsonl)."""
+
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        self.extra.setdefault(str(column), []).extend(values)
+
+    @staticmethod
+    def merge(logs: Sequence[RewardLog | None]) -> RewardLog:
+        merged = RewardLog()
+        for log in (log for log in logs if log is not None):
+            for name, values in log.metrics.items():
+                merged.metrics.setdefault(name, []).extend(values)
+            for column, values in log.extra.items():
+                merged.extra.setdefault(column, []).extend(values)
+        return merged
 
 
 @dataclass(frozen=True)
@@ -276,7 +301,9 @@ def _score(reward_funcs, weights, prompts, completions, columns, completion_ids,
     arguments = {**columns, "prompts": list(prompts), "completions": as_passed}
     if completion_ids is not None:
         arguments["completion_ids"] = completion_ids
-    shared = {} if trainer_state is None else {"trainer_state": trainer_state}
+    shared: dict[str, Any] = {} if trainer_state is None else {"trainer_state": trainer_state}
+    log = options.pop("log", None) or RewardLog()  # TRL's logging hooks; without a log, what they get is dropped
+    shared.update(log_metric=log.log_metric, log_extra=log.log_extra)
     per_function: dict[str, torch.Tensor] = {}
     total = torch.zeros(n)
     steps: list[dict[int, float]] = [{} for _ in range(n)]

@@ -52,6 +52,8 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
         calls = [len(c) for c in sampled.tool_calls]
         metrics.update(tool_call_rate=sum(n > 0 for n in calls) / len(calls), tool_calls_mean=sum(calls) / len(calls),
                        tool_result_tokens_mean=float(rollout.tool_mask.sum(dim=1).float().mean()))
+    for name, values in (sampled.log.metrics.items() if sampled.log else ()):  # reward functions' log_metric
+        metrics[name if name not in metrics else f"logged/{name}"] = sum(values) / len(values)
     for key in ("sampler_kl", "is_weight_mean", "is_capped_frac"):  # rollout_precision's correction, if any
         if key in first_update:
             metrics[key] = first_update[key]
@@ -90,6 +92,8 @@ def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt
             # (token that ends the step, weighted reward); outcome supervision: one, at the last token
             "steps": [[end, reward] for end, reward in batch.steps[i]],
         }
+        if batch.log is not None and batch.log.extra:  # reward functions' log_extra columns
+            record["extra"] = {column: values[i] for column, values in batch.log.extra.items()}
         if batch.tool_calls is not None:
             record["tool_calls"] = [{"name": c.name, "arguments": c.arguments, "result": c.result, "failed": c.failed}
                                     for c in batch.tool_calls[i]]

@@ -27,7 +27,7 @@ from grpokit.config import GRPOConfig
 from grpokit.core.objective import process_advantages
 from grpokit.core.offsets import step_token_ends
 from grpokit.data import reward_columns
-from grpokit.rewards.calling import TrainerState, reward_name, score_completions, score_steps
+from grpokit.rewards.calling import RewardError, RewardLog, TrainerState, reward_name, score_completions, score_steps
 from grpokit.rewards.code import code_counts
 from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.engines import Engine
@@ -47,6 +47,7 @@ class Batch:
     per_function: dict[str, torch.Tensor]  # name → (N,) raw scores, NaN where the function returned None
     steps: list[list[tuple[int, float]]]  # per completion: (token that ends a step, its weighted reward)
     tool_calls: list[list[ToolUse]] | None = None  # per completion, its tool calls in order (None: without tools)
+    log: RewardLog | None = None  # what the reward functions logged (TRL's log_metric, log_extra)
 
     def groups(self, index: torch.Tensor, group_size: int) -> Batch:
         """The groups at ``index`` (a bool mask or indices over B)."""
@@ -60,6 +61,9 @@ class Batch:
             per_function={name: scores[rows] for name, scores in self.per_function.items()},
             steps=[self.steps[i] for i in rows.tolist()],
             tool_calls=None if self.tool_calls is None else [self.tool_calls[i] for i in rows.tolist()],
+            log=None if self.log is None else RewardLog(self.log.metrics, {
+                column: [values[i] for i in rows.tolist() if i < len(values)] for column, values in
+                self.log.extra.items()}),
         )
 
     @staticmethod
@@ -72,6 +76,7 @@ class Batch:
             per_function={name: torch.cat([b.per_function[name] for b in batches]) for name in batches[0].per_function},
             steps=[s for b in batches for s in b.steps],
             tool_calls=None if batches[0].tool_calls is None else [c for b in batches for c in b.tool_calls],
+            log=RewardLog.merge([b.log for b in batches]),
         )
 
 
@@ -240,7 +245,8 @@ class Sampler:
                 global_step=step, max_steps=config.max_steps, epoch=self.epoch),
         )
         errors: list[dict[str, Any]] = []
-        options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors)
+        log = RewardLog()
+        options = dict(timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors, log=log)
         # Reward models count the texts they cut to their context (cumulative): this round's share is the growth.
         models = [fn for fn in self.reward_funcs if isinstance(fn, (OutcomeRewardModel, ProcessRewardModel))]
         cut_before = [fn.truncated for fn in models]
@@ -253,6 +259,10 @@ class Sampler:
             rewards, per_function, char_steps = score_steps(self.reward_funcs, self.reward_weights, **arguments,
                                                             **options)
             steps = [self.token_steps(rollout, i, completions[i], s) for i, s in enumerate(char_steps)]
+        for column, values in log.extra.items():
+            if len(values) != len(completions):
+                raise RewardError(f"log_extra({column!r}, ...): {len(values)} values for {len(completions)} "
+                                  "completions; give one value per completion")
         steps = tools.own_steps(steps, rollout)  # rewards on the policy's own tokens
         code = {} if code_before is None else (code_counts(self.reward_funcs) - code_before).stats()
         for key, value in (("time_generate", generated - start), ("time_score", time.perf_counter() - generated),
@@ -260,7 +270,7 @@ class Sampler:
                            *((f"reward_truncated/{reward_name(fn)}", fn.truncated - before)
                              for fn, before in zip(models, cut_before)), *code.items()):
             stats[key] = stats.get(key, 0) + value
-        return Batch(rows, rollout, completions, rewards, per_function, steps, tools.calls)
+        return Batch(rows, rollout, completions, rewards, per_function, steps, tools.calls, log)
 
     def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
         """(character offset, reward) steps → (token index, reward), summing steps that share a token."""

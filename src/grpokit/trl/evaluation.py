@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from grpokit.data import given_rows, render_prompt
+from grpokit.rewards.calling import RewardLog
 from grpokit.trl.convert import trl_metrics
 
 EVAL_SEED = 1_000_003  # the eval generator's seed: seed × this + step (apart from every training stream)
@@ -65,4 +66,6 @@ def reward_metrics(batches: list[Any], num_generations: int) -> dict[str, float]
         applied = ~torch.isnan(scores)
         metrics[f"rewards/{name}"] = scores[applied].mean().item() if applied.any() else None
         metrics[f"rewards/{name}/std"] = scores[applied].std().item() if applied.sum() > 1 else None
+    for name, values in RewardLog.merge([b.log for b in batches]).metrics.items():  # reward functions' log_metric
+        metrics[name if name not in metrics else f"logged/{name}"] = sum(values) / len(values)
     return {key: value for key, value in trl_metrics(metrics).items() if value is not None}
