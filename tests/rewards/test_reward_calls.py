@@ -220,10 +220,12 @@ def test_what_a_function_takes_and_which_columns_it_requires():
     assert accepted_keywords(strict) == {"prompts", "solution", "hint", "tag"}
     assert check_reward_functions([loose, strict, max], ["solution", "hint", "level"], "d") == ["solution", "hint"]
     with pytest.raises(ValueError, match=r"d: column 'prompts' has the name of an argument every reward function is "
-                                         r"passed \(prompts, completions, completion_ids, trainer_state, log_extra, log_metric\); rename"):
+                                         r"passed \(prompts, completions, completion_ids, trainer_state, log_extra, "
+                                         r"log_metric\); rename"):
         check_reward_functions([loose], ["solution", "prompts"], "d")
     with pytest.raises(ValueError, match=r"reward function 'strict' needs 'hint', which is neither a reward argument "
-                                         r"\(prompts, completions, completion_ids, trainer_state, log_extra, log_metric\) nor a column of d "
+                                         r"\(prompts, completions, completion_ids, trainer_state, log_extra, "
+                                         r"log_metric\) nor a column of d "
                                          r"\(its columns: \['solution'\]\)$"):
         check_reward_functions([strict], ["solution"], "d")
 
