@@ -76,6 +76,7 @@ def test_a_sharded_reference_computes_the_whole_copys_logprobs_holding_half(tmp_
     script = tmp_path / "reference.py"
     script.write_text(SCRIPT)
     results = json.loads(torchrun_processes(script, []).strip().splitlines()[-1])
+    assert sorted(results) == ["cpu_offload-bf16", "cpu_offload-no", "shard-bf16", "shard-no"]
     for name, result in results.items():
         assert result["max_difference"] == 0.0, name  # the same layers on the same (gathered) weights
         assert result["all_sharded"], name
