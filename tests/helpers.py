@@ -311,3 +311,35 @@ def sandbox_or_skip(isolation: str, limits, workers: int | None = None):
         return Sandbox(isolation, limits, workers=workers, python=sandbox_python(isolation))
     except SandboxUnavailable as error:
         no_sandbox(f"the {isolation} sandbox cannot start here: {error}")
+
+
+# ---- several processes under torchrun -------------------------------------------------------------
+
+
+def torchrun_processes(script, args, processes: int = 2, timeout: float = 300, env: dict | None = None) -> str:
+    """Run ``script args`` in ``processes`` processes under torchrun (gloo on this machine, a free port, one thread
+    each) and return its stdout; a failure fails the test with the processes' stderr. The launch is a process group
+    of its own, killed whole at ``timeout``: a rank stuck in a collective must not outlive its test."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
+               "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", str(script), *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    env.pop("WORLD_SIZE", None)
+    launch = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        out, err = launch.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        out, err = launch.communicate()
+        pytest.fail(f"{processes} processes still running after {timeout} s (killed):\n{err[-4000:]}")
+    assert launch.returncode == 0, err[-4000:]
+    return out

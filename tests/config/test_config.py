@@ -85,7 +85,7 @@ RESUMABLE_ANYWHERE = {"max_steps", "output_dir", "progress_bar", "save_every", "
 @pytest.mark.parametrize("config_class, also", [
     (GRPOConfig, {"log_completions", "logprob_chunk_mb", "gradient_checkpointing", "reward_timeout", "on_reward_error",
                   "report_to", "project", "run_name", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
-                  "vllm_sync_check", "eval_every", "eval_samples", "eval_alarm_drop"}),
+                  "vllm_sync_check", "eval_every", "eval_samples", "eval_alarm_drop", "reference_placement"}),
     (SFTConfig, {"gradient_checkpointing"}),
     (RewardConfig, set()),
 ])

@@ -87,7 +87,7 @@ def test_a_model_samples_as_the_native_engines_defaults(tokenizer, tiny_model):
     ({"rollout_precision": "int8"}, "rollout_precision: int8 is the native engine's"),
     ({"rollout_precision": "bf16_autocast"}, "rollout_precision: bf16_autocast"),
     ({"top_p": 0.9}, "top_p < 1 with generation_engine: vllm"),
-    ({"parallelism": "fsdp"}, "generation_engine: vllm with parallelism: fsdp"),
+    ({"parallelism": "fsdp", "lora_rank": 4}, "generation_engine: vllm with parallelism: fsdp and lora_rank"),
     ({"cuda_graphs": True}, "cuda_graphs is the native engine's"),
     ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size > 1 is not supported yet"),
 ])
@@ -95,6 +95,7 @@ def test_what_the_vllm_engine_cannot_run_yet_is_refused_by_name(overrides, words
     with pytest.raises(ConfigError, match=words):
         GRPOConfig(generation_engine="vllm", reward_funcs=[ones], **overrides)
     GRPOConfig(generation_engine="vllm", reward_funcs=[ones], rollout_precision="bf16")  # these run
+    GRPOConfig(generation_engine="vllm", reward_funcs=[ones], parallelism="fsdp")
 
 
 def test_without_vllm_the_engine_says_how_to_install_it(tokenizer, tiny_model, monkeypatch):

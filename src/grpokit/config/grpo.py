@@ -313,6 +313,14 @@ class GRPOConfig(_TaskKeys):
         "(FSDP2 fully_shard per decoder layer: parameters, gradients and optimizer states sharded).",
         choices=("ddp", "fsdp"),
     )
+    reference_placement: str = _field(
+        "auto", "Where the reference model lives with parallelism: fsdp (docs/distributed.md): 'shard', sharded like "
+        "the policy (each process holds 1/W of it; a layer is gathered for its pass); 'cpu_offload', sharded with its "
+        "shards in CPU memory (copied to the device layer by layer); 'replicate', a whole copy on every process (no "
+        "gathers); 'auto': 'shard' under fsdp. Under ddp or in one process the reference is a whole copy. The same "
+        "log-probs whatever the placement: a resumed run may change it.",
+        choices=("auto", "replicate", "shard", "cpu_offload"), resumable=True,
+    )
 
     # ---- reliability -----------------------------------------------------------------------------
     save_every: int = _field(

@@ -57,8 +57,12 @@ def check_grpo_config(config: Any) -> None:
         (config.generation_engine == "vllm" and config.vllm_tensor_parallel_size > 1, "vllm_tensor_parallel_size > 1 "
          "is not supported yet (the processes sharing an engine would have to sample one another's prompts); each "
          "process holds a whole engine: use 1"),
-        (config.generation_engine == "vllm" and config.parallelism == "fsdp", "generation_engine: vllm with "
-         "parallelism: fsdp is not supported yet (each process would gather the whole policy to push it); use ddp"),
+        (config.generation_engine == "vllm" and config.parallelism == "fsdp" and config.lora_rank,
+         "generation_engine: vllm with parallelism: fsdp and lora_rank: the sharded weights are pushed without a LoRA "
+         "adapter's merge; use lora_rank: 0, or parallelism: ddp"),
+        (config.reference_placement in ("shard", "cpu_offload") and config.parallelism != "fsdp",
+         f"reference_placement: {config.reference_placement} shards the reference like the policy, which only "
+         "parallelism: fsdp shards; with ddp every process holds a whole reference: use auto or replicate"),
         (config.parallelism == "fsdp" and config.dynamic_sampling, "dynamic_sampling with parallelism: fsdp: "
          "processes would run different numbers of sharded passes; use ddp"),
         (config.eval_dataset is not None and config.eval_fraction > 0, "eval_dataset and eval_fraction both choose "
@@ -102,5 +106,6 @@ def _check_iterations(config: Any) -> None:
         raise ConfigError("rl_iterations > 1 with lora_rank: the reference is the base model with the adapter "
                           "off, which cannot be reset to the current policy; use lora_rank: 0")
     if config.parallelism == "fsdp":
-        raise ConfigError("rl_iterations > 1 with parallelism: fsdp is not supported (the reference reset needs "
-                          "the whole policy on every process); use ddp")
+        raise ConfigError("rl_iterations > 1 with parallelism: fsdp is not supported (the first process samples "
+                          "and retrains the reward model alone, which a sharded policy cannot: its passes need every "
+                          "process); use ddp")

@@ -4,6 +4,8 @@ the model's own forward for the log-probs) and calls these functions for the res
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -12,15 +14,56 @@ def is_sharded(module: torch.nn.Module) -> bool:
     return hasattr(module, "set_requires_gradient_sync")
 
 
-def shard(module: torch.nn.Module) -> torch.nn.Module:
+def shard(module: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
     """``fully_shard`` on every decoder layer, then the root: each process keeps a shard of the parameters,
-    gradients and optimizer states, and gathers a layer's parameters for its passes. In place."""
-    from torch.distributed.fsdp import fully_shard
+    gradients and optimizer states, and gathers a layer's parameters for its passes. In place. ``offload``: the
+    shards stay in CPU memory and each layer's are copied to the device for its passes (FSDP2's CPUOffloadPolicy)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+    # pinned memory speeds the copies to a GPU, and needs one (a CPU-only torch refuses to pin)
+    options = {"offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())} if offload else {}
     for layer in [m for m in module.modules() if type(m).__name__.endswith("DecoderLayer")]:
-        fully_shard(layer)
-    fully_shard(module)
+        fully_shard(layer, **options)
+    fully_shard(module, **options)
     return module
+
+
+def skeleton(module: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``module`` whose parameters are on the meta device (no memory) and whose buffers are real
+    copies: the frame of a copy that :func:`fill_shards` shards and fills without the whole of it ever existing on a
+    process. Tied parameters stay tied."""
+    memo: dict[int, object] = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+                               for p in module.parameters()}
+    return copy.deepcopy(module, memo).eval().requires_grad_(False)
+
+
+def fill_shards(frame: torch.nn.Module, source: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
+    """Shard ``frame`` (a :func:`skeleton` of ``source`` before ``source`` was sharded) as ``source`` is, and fill
+    each process's shards from its own shards of ``source``'s parameters (cast to ``frame``'s dtypes): no gather,
+    no process holds more than its shards. ``offload``: as :func:`shard`'s. In place."""
+    shard(frame, offload)
+    # to_empty allocates the shards, and would empty the buffers (the rotary frequencies, computed at init) too
+    buffers = [(m, name, b) for m in frame.modules() for name, b in m._buffers.items() if b is not None]
+    theirs = next(source.parameters())
+    frame.to_empty(device="cpu" if offload else local(theirs).device)
+    for module, name, buffer in buffers:
+        module._buffers[name] = buffer
+    copy_parameters(frame, source)
+    return frame
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a sharded parameter (a DTensor); the tensor itself otherwise."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+@torch.no_grad()
+def copy_parameters(target: torch.nn.Module, source: torch.nn.Module) -> None:
+    """``source``'s parameter values into ``target``'s (the same architecture, sharded alike or both whole), shard by
+    shard where sharded, cast to ``target``'s dtypes."""
+    # parameters() lists a tied weight once, in the same order in both
+    for mine, theirs in zip(target.parameters(), source.parameters(), strict=True):
+        local(mine).copy_(local(theirs))
 
 
 def sharded_part(module: torch.nn.Module) -> torch.nn.Module | None:

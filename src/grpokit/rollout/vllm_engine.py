@@ -8,6 +8,10 @@ one per torchrun process (as TRL's colocate mode), sampling from token ids and r
   vLLM's in-place reload, which re-packs them as its kernels need (the CPU build packs its linear layers once loaded,
   so a plain ``load_weights`` no longer finds their loaders), then checks them: the engine's log-probs of a fixed
   probe sequence must equal the policy's, or the run stops naming the step (:class:`WeightSyncError`).
+- A policy sharded by FSDP2 (``parallelism: fsdp``) is pushed one parameter at a time (:func:`gathered_weights`):
+  every process gathers each parameter whole, in the same order, and its engine loads it before the next is gathered,
+  so no process holds the whole policy beside its engine's copy; the engine starts empty (vLLM's dummy weights) and
+  takes its first weights by the same push.
 - Tools: a completion is sampled until it stops or writes a token that may close a call; the session reads the
   call, its result goes in as token ids, and decoding goes on from the exact ids (:meth:`VLLMEngine._with_tools`).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,6 +28,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from grpokit.models.lora import is_lora
+from grpokit.models.sharding import sharded_part
 from grpokit.rollout.episodes import InertSession, ToolSession
 from grpokit.rollout.generate import Rollout, padding_id, stop_token_ids
 from grpokit.rollout.sampling_options import SamplingOptions
@@ -59,6 +65,20 @@ def hf_weights(model: torch.nn.Module) -> dict[str, Tensor]:
     return weights
 
 
+def gathered_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """The weights of a policy sharded by FSDP2 as its checkpoint names them, each gathered whole (``full_tensor``)
+    only when the consumer asks for it: a collective per parameter, which every process runs in the same order (the
+    state dict's), holding one whole parameter at a time. A tied weight is sent once, under its first name (vLLM ties
+    it again)."""
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        tensor = tensor.detach()
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 class VLLMEngine:
     """A vLLM engine in this process holding a copy of ``model``'s weights (``rank``, ``world_size``: this torchrun
     process's place; ``seed``: the engine's own, offset by the rank)."""
@@ -87,15 +107,19 @@ class VLLMEngine:
                              "CPU (set it false)")
         config = model.get_base_model().config if is_lora(model) else model.config
         self.sleeping = False
+        self.sharded = sharded_part(model) is not None  # (without LoRA: refused by the config's checks)
         self._dir = tempfile.TemporaryDirectory(prefix="grpokit-vllm-")
-        weights = {k: v.contiguous() for k, v in hf_weights(model).items()}
-        if getattr(config, "tie_word_embeddings", False):
-            weights.pop("lm_head.weight", None)  # one tensor: vLLM ties it again
         config.save_pretrained(self._dir.name)
-        save_file({k: v.to(torch.float32).cpu() for k, v in weights.items()},
-                  os.path.join(self._dir.name, "model.safetensors"))
+        if not self.sharded:  # the whole policy is here: vLLM's own loader reads it from a file
+            weights = {k: v.contiguous() for k, v in hf_weights(model).items()}
+            if getattr(config, "tie_word_embeddings", False):
+                weights.pop("lm_head.weight", None)  # one tensor: vLLM ties it again
+            save_file({k: v.to(torch.float32).cpu() for k, v in weights.items()},
+                      os.path.join(self._dir.name, "model.safetensors"))
         self.llm = vllm.LLM(
             model=self._dir.name, dtype=self.dtype, seed=seed + rank, skip_tokenizer_init=True,
+            # sharded: random weights for now (no file holds the policy), replaced by the first push below
+            load_format="dummy" if self.sharded else "auto",
             max_model_len=getattr(config, "max_position_embeddings", None),
             gpu_memory_utilization=options.vllm_gpu_memory_utilization,
             # On the CPU vLLM sizes its KV cache as the share of the machine's memory less this process's: the
@@ -110,6 +134,8 @@ class VLLMEngine:
         probe = torch.Generator().manual_seed(0)
         self.probe = torch.randint(0, min(config.vocab_size, len(tokenizer)), (PROBE_TOKENS,), generator=probe).tolist()
         self.last_check: float | None = None  # the last check's max |Δ log-prob|
+        if self.sharded:
+            self._push()
         # The engine as vLLM's own loader built it from the policy's weights: what remains is its rounding (tiny in
         # float32, large in bfloat16), which the check allows twice over.
         self.floor = self.difference()
@@ -120,12 +146,16 @@ class VLLMEngine:
     def update_weights(self, step: int = 0) -> None:
         """Push the policy's weights (LoRA merged) and check that the engine now computes what the policy does."""
         self.wake_up()
-        weights = list(hf_weights(self.policy).items())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
-                                                          "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()  # cached prompts' keys and values were computed with the old weights
+        self._push()
         if self.options.vllm_sync_check > 0:
             self.check(step)
+
+    def _push(self) -> None:
+        """The policy's weights into the engine: whole (:func:`hf_weights`), or sharded, gathered one parameter at a
+        time as vLLM's reload consumes them (:func:`gathered_weights`)."""
+        weights = gathered_weights(self.policy) if self.sharded else iter(list(hf_weights(self.policy).items()))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached prompts' keys and values were computed with the old weights
 
     def difference(self) -> float:
         """The max |Δ log-prob| between the engine and the policy (float32) on the probe sequence."""
