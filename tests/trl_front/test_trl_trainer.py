@@ -136,6 +136,20 @@ def test_trl_inputs_translate():
                                    "lora_target_modules": ["q_proj", "v_proj"]}
     with pytest.raises(ConfigError, match="use_dora"):
         lora_settings(peft.LoraConfig(r=4, use_dora=True))
+    assert lora_settings(peft.LoraConfig(r=4, target_modules="all-linear"))["lora_target_modules"] == ["all-linear"]
+    with pytest.raises(ConfigError, match="a pattern"):
+        lora_settings(peft.LoraConfig(r=4, target_modules=".*proj"))
+
+
+def test_all_linear_adapts_every_linear_layer_but_the_head(tiny_model_dir):
+    import types
+
+    from grpokit.models.lora import with_lora
+
+    model = with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), types.SimpleNamespace(
+        lora_rank=2, lora_alpha=4.0, lora_dropout=0.0, lora_target_modules=["all-linear"]))
+    adapted = {name.split(".")[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
 def test_a_conversational_dataset_is_rendered_with_the_chat_template(tiny_model_dir, tmp_path):

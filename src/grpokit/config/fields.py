@@ -63,7 +63,8 @@ _COMMON: dict[str, tuple[Any, str, dict[str, Any]]] = {
     "max_grad_norm": (1.0, "Clip the gradient's global norm to this (0 disables).", {"min": 0}),
     "lora_alpha": (16.0, "LoRA scaling α (the update is scaled by α / r).", {"gt": 0}),
     "lora_dropout": (0.0, "Dropout on the LoRA branch.", {"min": 0, "lt": 1}),
-    "lora_target_modules": (None, "Module names to adapt (e.g. [q_proj, v_proj]); None: peft's default for the "
+    "lora_target_modules": (None, "Module names to adapt (e.g. [q_proj, v_proj]); [all-linear]: every linear "
+                            "layer but the output head (peft's 'all-linear'); None: peft's default for the "
                             "architecture.", {}),
     "keep_checkpoints": (2, "Keep this many most recent checkpoints in output_dir/checkpoints.",
                          {"min": 1, "resumable": True}),

@@ -23,8 +23,9 @@ def with_lora(model: torch.nn.Module, config: Any) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ConfigError("lora_rank needs peft: pip install 'grpokit[lora]'") from None
+    targets = config.lora_target_modules
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
+                      target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM")
     try:
         return get_peft_model(model, lora)
     except ValueError as error:  # e.g. no default target modules for this architecture

@@ -78,9 +78,11 @@ def lora_settings(peft_config: Any) -> dict[str, Any]:
         if value != default:
             raise ConfigError(f"peft_config: {key}={value!r} is not supported by grpokit's LoRA; leave it {default!r}")
     targets = peft_config.target_modules
-    if isinstance(targets, str):
-        raise ConfigError(f"peft_config: target_modules={targets!r} is not supported; list the module names (e.g. "
-                          "['q_proj', 'v_proj']) or leave it None (peft's default for the architecture)")
+    if targets == "all-linear":
+        targets = ["all-linear"]  # grpokit's lora_target_modules: [all-linear]
+    elif isinstance(targets, str):
+        raise ConfigError(f"peft_config: target_modules={targets!r} (a pattern) is not supported; list the module "
+                          "names (e.g. ['q_proj', 'v_proj']), 'all-linear', or None (peft's default)")
     return {"lora_rank": int(peft_config.r), "lora_alpha": float(peft_config.lora_alpha),
             "lora_dropout": float(peft_config.lora_dropout),
             "lora_target_modules": sorted(targets) if targets is not None else None}
