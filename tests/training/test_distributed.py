@@ -4,8 +4,6 @@ early with a clear error."""
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +14,7 @@ from safetensors.torch import load_file
 
 from grpokit.config import ConfigError
 from grpokit.training.distributed import init_world
-from helpers import approx_scores
+from helpers import approx_scores, run_to_success, torchrun
 
 TESTS = Path(__file__).parents[1]
 STEPS = 3
@@ -123,15 +121,6 @@ SCRIPT = textwrap.dedent(f"""
 """)
 
 
-def torchrun(processes: int) -> list[str]:
-    """torchrun on a free port of its own (back-to-back launches on a fixed port can collide)."""
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}"]
-
-
 def launch(tmp_path: Path, out: Path, processes: int) -> None:
     script = tmp_path / "dp.py"
     script.write_text(SCRIPT)
@@ -141,15 +130,6 @@ def launch(tmp_path: Path, out: Path, processes: int) -> None:
     if processes > 1:
         command = [*torchrun(processes), *command[1:]]
     run_to_success(command, env)
-
-
-def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600) -> None:
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
-        # A gloo thread aborting at interpreter exit, after the work (seen twice in ~10 suite runs before the
-        # process group was destroyed at exit): launch once more rather than fail on teardown.
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")

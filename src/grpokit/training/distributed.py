@@ -150,6 +150,15 @@ def broadcast_from_main(module: torch.nn.Module, value: Any, world: World) -> An
     return box[0]
 
 
+def broadcast_object(value: Any, world: World) -> Any:
+    """The first process's ``value`` (picklable), on every process."""
+    if not world.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()

@@ -1,0 +1,123 @@
+"""Scaling out without losing work, with 2 gloo CPU processes under torchrun: FSDP2 checkpoints resume bit-exact; a
+checkpoint is resumed only by as many processes as wrote it; a rank SIGKILLed mid-run under ``torchrun
+--max-restarts 1`` is restarted and the run ends bit-identical to one never interrupted (DDP and FSDP2), never
+reading a checkpoint that was half-written; two torchrun "nodes" end where one process ends.
+
+Every launch runs in a process group of its own, killed whole on timeout (helpers.run_group)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpokit.training.checkpoint import CheckpointError, verify
+from helpers import free_port, run_group, run_to_success, torchrun
+
+TESTS = Path(__file__).parents[1]
+STEPS = 4
+
+# Each leg (a JSON list of [output_dir, max_steps, resume, parallelism]) trains a fresh trainer in this process. KILL
+# (rank 1, first attempt only: torchrun counts restarts in TORCHELASTIC_RESTART_COUNT) is "after:K": SIGKILL once
+# checkpoint K is published; "write:K": once this process has written its shards of checkpoint K, before it is
+# published.
+SCRIPT = textwrap.dedent(f"""
+    import json, os, signal, sys
+    sys.path.insert(0, {str(TESTS)!r})
+    import torch
+    torch.set_num_threads(1)
+    import grpokit.training.sharded_checkpoint as shards
+    from helpers import TINY, ROWS, ones
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.tasks.tiny_model import build_model, build_tokenizer
+
+    rank = int(os.environ.get("RANK", 0))
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    kind, _, at = os.environ.get("KILL", "").partition(":")
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    for out, steps, resume, parallelism in json.loads(sys.argv[1]):
+        tokenizer = build_tokenizer()
+        config = GRPOConfig(output_dir=out, prompts_per_step=4, num_generations=4, max_completion_length=6,
+                            max_steps=steps, learning_rate=1e-2, progress_bar=False, save_every=1, resume=resume or None,
+                            lr_schedule="constant", parallelism=parallelism, mixed_precision="no")
+        trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
+                              train_dataset=ROWS, reward_funcs=[ones])
+        if rank == 1 and first_attempt and kind == "after":
+            save = trainer.save_checkpoint
+            trainer.save_checkpoint = lambda: (save(), trainer.step == int(at) and die())[0]
+        if rank == 1 and first_attempt and kind == "write":
+            write = shards.write_shards
+            shards.write_shards = lambda state, staging: (write(state, staging), state["step"] == int(at) and die())[0]
+        trainer.train()
+""")
+
+
+def environment() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def legs(tmp_path: Path, *runs: tuple[Path, int, str, str]) -> list[str]:
+    script = tmp_path / "legs.py"
+    script.write_text(SCRIPT)
+    return [str(script), json.dumps([[str(out), steps, resume, parallelism] for out, steps, resume, parallelism in runs])]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "model" / "model.safetensors"))
+
+
+def assert_bit_identical(expected: Path, got: Path) -> None:
+    """The same final weights, bit for bit, and the same metrics, each step logged once."""
+    a, b = weights(expected), weights(got)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ours, theirs = ([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+                    for run in (got, expected))
+    assert [m["step"] for m in ours] == list(range(1, STEPS + 1))
+    for a, b in zip(ours, theirs):
+        assert {k: v for k, v in a.items() if not k.startswith("time_") and k != "tokens_per_sec"} == \
+               {k: v for k, v in b.items() if not k.startswith("time_") and k != "tokens_per_sec"}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """One launch of 2 processes: DDP and FSDP2 runs of STEPS steps, and an FSDP2 run stopped after 2."""
+    tmp = tmp_path_factory.mktemp("straight")
+    runs = {"ddp": tmp / "ddp", "fsdp": tmp / "fsdp", "fsdp-2": tmp / "fsdp-2"}
+    run_to_success([*torchrun(2), *legs(tmp, (runs["ddp"], STEPS, "", "ddp"), (runs["fsdp"], STEPS, "", "fsdp"),
+                                        (runs["fsdp-2"], 2, "", "fsdp"))], environment(), timeout=400)
+    return runs
+
+
+def test_fsdp_resume_is_bit_exact(straight, tmp_path):
+    """2 FSDP2 steps, then resumed (new processes, `--resume latest`) to 4: bit-identical to 4 straight steps. The
+    checkpoint holds both processes' shards, the whole policy as a transformers directory, and a manifest."""
+    path = straight["fsdp-2"] / "checkpoints" / "step-000002"
+    verify(path)
+    assert sorted(p.name for p in (path / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    state = json.loads((path / "state.json").read_text())
+    assert (state["layout"], state["world_size"]) == ("sharded", 2)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(path / "model")  # the exported policy stays a save_pretrained directory
+    resumed = tmp_path / "resumed"
+    subprocess.run(["cp", "-r", str(straight["fsdp-2"]), str(resumed)], check=True)
+    run_to_success([*torchrun(2), *legs(tmp_path, (resumed, STEPS, "latest", "fsdp"))], environment(), timeout=300)
+    assert_bit_identical(straight["fsdp"], resumed)
+
+
+def test_another_number_of_processes_is_refused(straight, tokenizer, tiny_model, tmp_path):
+    """A 2-process FSDP2 checkpoint resumed by 1 process: refused, naming both counts (each process's sampling stream
+    is in it, seeded by its rank: another layout could not continue the run exactly)."""
+    from helpers import make_trainer
+
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, parallelism="fsdp")
+    with pytest.raises(CheckpointError, match=r"written by 2 processes; resume it with the same number \(now 1\)"):
+        trainer.resume(str(straight["fsdp-2"] / "checkpoints" / "step-000002"))
