@@ -7,9 +7,7 @@ Every launch runs in a process group of its own, killed whole on timeout (helper
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.training.checkpoint import CheckpointError, verify
-from helpers import free_port, run_group, run_to_success, torchrun
+from helpers import run_to_success, torchrun
 
 TESTS = Path(__file__).parents[1]
 STEPS = 4
@@ -44,8 +42,9 @@ SCRIPT = textwrap.dedent(f"""
     for out, steps, resume, parallelism in json.loads(sys.argv[1]):
         tokenizer = build_tokenizer()
         config = GRPOConfig(output_dir=out, prompts_per_step=4, num_generations=4, max_completion_length=6,
-                            max_steps=steps, learning_rate=1e-2, progress_bar=False, save_every=1, resume=resume or None,
-                            lr_schedule="constant", parallelism=parallelism, mixed_precision="no")
+                            max_steps=steps, learning_rate=1e-2, progress_bar=False, save_every=1,
+                            resume=resume or None, lr_schedule="constant", parallelism=parallelism,
+                            mixed_precision="no")
         trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
                               train_dataset=ROWS, reward_funcs=[ones])
         if rank == 1 and first_attempt and kind == "after":
@@ -67,7 +66,7 @@ def environment() -> dict[str, str]:
 def legs(tmp_path: Path, *runs: tuple[Path, int, str, str]) -> list[str]:
     script = tmp_path / "legs.py"
     script.write_text(SCRIPT)
-    return [str(script), json.dumps([[str(out), steps, resume, parallelism] for out, steps, resume, parallelism in runs])]
+    return [str(script), json.dumps([[str(out), *rest] for out, *rest in runs])]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:

@@ -4,8 +4,9 @@ A trainer (:class:`Trainer`'s subclass) writes what is its own: the step (:meth:
 its checkpoint holds beyond the common part (:meth:`Trainer.modules`, :meth:`Trainer.data_state`,
 :meth:`Trainer.generators`) and how it saves its model. Everything around the step is written here once:
 
-    resume (config.resume: a path, latest, auto) → run directory → for each step: step, progress bar, checkpoint every save_every
-    steps or on SIGINT/SIGTERM (then TrainingInterrupted) → final checkpoint → save(output_dir/model) → trackers
+    resume (config.resume: a path, latest, auto) → run directory → for each step: step, progress bar, checkpoint every
+    save_every steps or on SIGINT/SIGTERM (then TrainingInterrupted) → final checkpoint → save(output_dir/model)
+    → trackers
 
 and a checkpoint's common part: the step, each learner's optimizer and schedule, every random stream, the
 non-finite streak and the metrics so far (:mod:`grpokit.training.checkpoint` writes and verifies it).
