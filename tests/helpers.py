@@ -358,3 +358,29 @@ def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600):
         done = run_group(command, env, timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
+
+
+def run_groups(commands: list[list[str]], env: dict[str, str], out: Path, timeout: int = 600) -> list[int]:
+    """Run ``commands`` at once, each in a process group of its own, its output in ``out/<i>.log``; past ``timeout``
+    every group is killed and the test fails. Their exit statuses."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    processes = []
+    for i, command in enumerate(commands):
+        with (out / f"{i}.log").open("w") as log:
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if any(p.poll() is None for p in processes):
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        pytest.fail(f"{len(commands)} launches ran past {timeout} s (killed with their process groups); "
+                    f"logs in {out}")
+    return [p.returncode for p in processes]

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.training.checkpoint import CheckpointError, verify
-from helpers import run_to_success, torchrun
+from helpers import run_group, run_to_success, torchrun
 
 TESTS = Path(__file__).parents[1]
 STEPS = 4
@@ -87,12 +87,19 @@ def assert_bit_identical(expected: Path, got: Path) -> None:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """One launch of 2 processes: DDP and FSDP2 runs of STEPS steps, and an FSDP2 run stopped after 2."""
+    """One launch of 2 processes: an FSDP2 run of STEPS steps, and one stopped after 2."""
     tmp = tmp_path_factory.mktemp("straight")
-    runs = {"ddp": tmp / "ddp", "fsdp": tmp / "fsdp", "fsdp-2": tmp / "fsdp-2"}
-    run_to_success([*torchrun(2), *legs(tmp, (runs["ddp"], STEPS, "", "ddp"), (runs["fsdp"], STEPS, "", "fsdp"),
-                                        (runs["fsdp-2"], 2, "", "fsdp"))], environment(), timeout=400)
+    runs = {"fsdp": tmp / "fsdp", "fsdp-2": tmp / "fsdp-2"}
+    run_to_success([*torchrun(2), *legs(tmp, (runs["fsdp"], STEPS, "", "fsdp"), (runs["fsdp-2"], 2, "", "fsdp"))],
+                   environment(), timeout=400)
     return runs
+
+
+@pytest.fixture(scope="module")
+def straight_ddp(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("straight-ddp")
+    run_to_success([*torchrun(2), *legs(tmp, (tmp / "ddp", STEPS, "", "ddp"))], environment(), timeout=400)
+    return tmp / "ddp"
 
 
 def test_fsdp_resume_is_bit_exact(straight, tmp_path):
@@ -120,3 +127,26 @@ def test_another_number_of_processes_is_refused(straight, tokenizer, tiny_model,
     trainer = make_trainer(tokenizer, tiny_model, tmp_path, parallelism="fsdp")
     with pytest.raises(CheckpointError, match=r"written by 2 processes; resume it with the same number \(now 1\)"):
         trainer.resume(str(straight["fsdp-2"] / "checkpoints" / "step-000002"))
+
+
+@pytest.mark.elastic
+@pytest.mark.parametrize("parallelism, kill", [("ddp", "after:2"), ("fsdp", "write:3")],
+                         ids=["ddp-killed-after-a-checkpoint", "fsdp-killed-while-a-checkpoint-is-written"])
+def test_a_killed_worker_is_restarted_and_ends_bit_identical(request, tmp_path, parallelism, kill):
+    """Rank 1 SIGKILLed mid-run (DDP: once checkpoint 2 is published; FSDP2: once it has written its shards of
+    checkpoint 3, which is never published) under torchrun --max-restarts 1 with resume: auto. torchrun restarts
+    both processes; they resume from step 2, the newest complete checkpoint (the half-written one is not read, and the
+    next save removes it), and end bit-identical to the run never interrupted."""
+    out = tmp_path / "run"
+    done = run_group([*torchrun(2, "--max-restarts=1"), *legs(tmp_path, (out, STEPS, "auto", parallelism))],
+                     {**environment(), "KILL": kill}, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "resume: auto: no checkpoint under" in done.stderr  # the first attempt started afresh
+    assert f"resume: auto: from {out / 'checkpoints' / 'step-000002'} (step 2)" in done.stderr  # the restart
+    expected = request.getfixturevalue("straight")["fsdp"] if parallelism == "fsdp" else \
+        request.getfixturevalue("straight_ddp")
+    assert_bit_identical(expected, out)
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert checkpoints == ["step-000003", "step-000004"]  # (keep_checkpoints: 2) and no .tmp-* left
+    for name in checkpoints:
+        verify(out / "checkpoints" / name)
