@@ -8,6 +8,7 @@ Every launch runs in a process group of its own, killed whole on timeout (helper
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def test_another_number_of_processes_is_refused(straight, tokenizer, tiny_model,
         trainer.resume(str(straight["fsdp-2"] / "checkpoints" / "step-000002"))
 
 
-@pytest.mark.elastic
+@pytest.mark.slow_distributed
 @pytest.mark.parametrize("parallelism, kill", [("ddp", "after:2"), ("fsdp", "write:3")],
                          ids=["ddp-killed-after-a-checkpoint", "fsdp-killed-while-a-checkpoint-is-written"])
 def test_a_killed_worker_is_restarted_and_ends_bit_identical(request, tmp_path, parallelism, kill):
@@ -150,3 +151,25 @@ def test_a_killed_worker_is_restarted_and_ends_bit_identical(request, tmp_path, 
     assert checkpoints == ["step-000003", "step-000004"]  # (keep_checkpoints: 2) and no .tmp-* left
     for name in checkpoints:
         verify(out / "checkpoints" / name)
+
+
+CHECK = Path(__file__).parents[2] / "scripts" / "distributed_check.py"
+
+
+def test_the_gpu_check_plans_its_launches(tmp_path):
+    """scripts/gpu_check.sh's distributed check (scripts/distributed_check.py) on a machine without GPUs: its plan."""
+    done = subprocess.run([sys.executable, str(CHECK), "--dry-run", "--cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("2 process(es), backend gloo, device cpu, model tiny, 4 steps (resumed after 2)")
+    assert done.stdout.count("torchrun --nproc_per_node 2") == 2
+
+
+@pytest.mark.slow_distributed
+def test_the_gpu_check_passes_with_gloo_on_the_cpu(tmp_path):
+    """The check itself, with 2 gloo processes: DDP and FSDP2 resumed bit-exact, a PASS table."""
+    done = run_group([sys.executable, str(CHECK), "--cpu", "--processes", "2", "--steps", "2", "--out", str(tmp_path)],
+                     environment(), timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:]
+    for parallelism in ("ddp", "fsdp"):
+        assert f"| {parallelism} | gloo | 2 | PASS | bit-exact |" in done.stdout
