@@ -7,6 +7,7 @@ Every launch runs in a process group of its own, killed whole on timeout (helper
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -40,12 +41,13 @@ SCRIPT = textwrap.dedent(f"""
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     kind, _, at = os.environ.get("KILL", "").partition(":")
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
-    for out, steps, resume, parallelism in json.loads(sys.argv[1]):
+    for out, steps, resume, layout in json.loads(sys.argv[1]):
+        algorithm, _, parallelism = layout.rpartition("-")  # "ppo-fsdp": PPO, its value model sharded too
         tokenizer = build_tokenizer()
         config = GRPOConfig(output_dir=out, prompts_per_step=4, num_generations=4, max_completion_length=6,
                             max_steps=steps, learning_rate=1e-2, progress_bar=False, save_every=1,
                             resume=resume or None, lr_schedule="constant", parallelism=parallelism,
-                            mixed_precision="no")
+                            algorithm=algorithm or "grpo", mixed_precision="no")
         trainer = GRPOTrainer(config, model=build_model(tokenizer, TINY, seed=0), tokenizer=tokenizer,
                               train_dataset=ROWS, reward_funcs=[ones])
         if rank == 1 and first_attempt and kind == "after":
@@ -88,10 +90,12 @@ def assert_bit_identical(expected: Path, got: Path) -> None:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """One launch of 2 processes: an FSDP2 run of STEPS steps, and one stopped after 2."""
+    """One launch of 2 processes: FSDP2 runs (GRPO, and PPO with its value model) of STEPS steps, and ones stopped
+    after 2."""
     tmp = tmp_path_factory.mktemp("straight")
-    runs = {"fsdp": tmp / "fsdp", "fsdp-2": tmp / "fsdp-2"}
-    run_to_success([*torchrun(2), *legs(tmp, (runs["fsdp"], STEPS, "", "fsdp"), (runs["fsdp-2"], 2, "", "fsdp"))],
+    runs = {f"{layout}{leg}": tmp / f"{layout}{leg}" for layout in ("fsdp", "ppo-fsdp") for leg in ("", "-2")}
+    run_to_success([*torchrun(2), *legs(tmp, *((runs[layout], STEPS, "", layout) for layout in ("fsdp", "ppo-fsdp")),
+                                        *((runs[f"{layout}-2"], 2, "", layout) for layout in ("fsdp", "ppo-fsdp")))],
                    environment(), timeout=400)
     return runs
 
@@ -104,8 +108,9 @@ def straight_ddp(tmp_path_factory):
 
 
 def test_fsdp_resume_is_bit_exact(straight, tmp_path):
-    """2 FSDP2 steps, then resumed (new processes, `--resume latest`) to 4: bit-identical to 4 straight steps. The
-    checkpoint holds both processes' shards, the whole policy as a transformers directory, and a manifest."""
+    """2 FSDP2 steps, then resumed (new processes, `--resume latest`) to 4: bit-identical to 4 straight steps, for GRPO
+    and PPO (its value model and optimizer sharded too). The checkpoint holds both processes' shards, the whole policy
+    as a transformers directory, and a manifest."""
     path = straight["fsdp-2"] / "checkpoints" / "step-000002"
     verify(path)
     assert sorted(p.name for p in (path / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -114,10 +119,15 @@ def test_fsdp_resume_is_bit_exact(straight, tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(path / "model")  # the exported policy stays a save_pretrained directory
-    resumed = tmp_path / "resumed"
-    subprocess.run(["cp", "-r", str(straight["fsdp-2"]), str(resumed)], check=True)
-    run_to_success([*torchrun(2), *legs(tmp_path, (resumed, STEPS, "latest", "fsdp"))], environment(), timeout=300)
-    assert_bit_identical(straight["fsdp"], resumed)
+    for layout in ("fsdp", "ppo-fsdp"):
+        shutil.copytree(straight[f"{layout}-2"], tmp_path / layout)
+    run_to_success([*torchrun(2), *legs(tmp_path, *((tmp_path / layout, STEPS, "latest", layout)
+                                                     for layout in ("fsdp", "ppo-fsdp")))], environment(), timeout=300)
+    for layout in ("fsdp", "ppo-fsdp"):
+        assert_bit_identical(straight[layout], tmp_path / layout)
+    for part in ("model.safetensors", "value_head.safetensors"):  # the value model, exported beside the policy
+        a, b = (load_file(str(run / "value_model" / part)) for run in (straight["ppo-fsdp"], tmp_path / "ppo-fsdp"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_another_number_of_processes_is_refused(straight, tokenizer, tiny_model, tmp_path):

@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_model
 from grpokit.config import config_class_of
 from grpokit.models.loading import save_pretrained
 from grpokit.models.lora import is_lora
-from grpokit.models.sharding import full_state_dict
+from grpokit.models.sharding import full_state_dict, is_sharded
 from grpokit.training import sharded_checkpoint
 from grpokit.training.distributed import SINGLE, World, barrier, broadcast_object, gather
 
@@ -99,7 +99,7 @@ def save_checkpoint(state: dict[str, Any], output_dir: str | Path, keep: int, wo
     root = checkpoints_dir(output_dir)
     final = root / f"step-{state['step']:06d}"
     rng = gather(state["rng"], world)
-    if not state.get("sharded"):
+    if not _sharded(state):
         if world.main:
             _write(state, _staging(root, final, os.getpid()), final, rng, keep)
         barrier(world)
@@ -112,6 +112,10 @@ def save_checkpoint(state: dict[str, Any], output_dir: str | Path, keep: int, wo
         _write(state, staging, final, rng, keep, sharded=(groups, full))
     barrier(world)
     return final
+
+
+def _sharded(state: dict[str, Any]) -> bool:
+    return any(is_sharded(module) for module in state["modules"].values())
 
 
 def _staging(root: Path, final: Path, pid: int) -> Path:
@@ -229,7 +233,7 @@ def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SING
     checking every file, the config and the world size; returns the rest of the state (this process's random
     streams) for the trainer's ``load_state_dict``. Every process calls it."""
     path = Path(path)
-    sharded = bool(state.get("sharded"))
+    sharded = _sharded(state)
     if sharded:  # the first process reads every file against the manifest, the others hear its verdict
         error = None
         if world.main:

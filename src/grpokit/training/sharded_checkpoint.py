@@ -43,7 +43,7 @@ def write_shards(state: dict[str, Any], staging: Path) -> dict[str, Any]:
     yet, whose state is not written: initialising it here would count a step the run did not take)."""
     tensors: dict[str, Any] = {name: get_model_state_dict(module) for name, module in state["modules"].items()}
     groups: dict[str, Any] = {}
-    for name, (module, optimizer) in state["sharded"].items():
+    for name, (module, optimizer) in state.get("sharded", {}).items():
         if not optimizer.state:
             groups[name] = None
             continue
@@ -59,7 +59,7 @@ def read_shards(path: Path, state: dict[str, Any], groups: dict[str, Any]) -> No
     read back from ``trainer_state.pt``."""
     modules = {name: get_model_state_dict(module) for name, module in state["modules"].items()}
     optimizers = {}
-    for name, (module, optimizer) in state["sharded"].items():
+    for name, (module, optimizer) in state.get("sharded", {}).items():
         if groups.get(name) is not None:  # the target's tensors: DCP loads in place (a fresh optimizer is initialised)
             optimizers[name] = get_optimizer_state_dict(module, optimizer)
     dcp_load({**modules, **{name: saved["state"] for name, saved in optimizers.items()}},
