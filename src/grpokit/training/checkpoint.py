@@ -9,7 +9,6 @@ A checkpoint is a directory ``output_dir/checkpoints/step-NNNNNN/`` holding:
   tensors and plain containers only, read back with ``torch.load(weights_only=True)``;
 - ``state.json``: step, data position, each process's Python and NumPy RNG states, the config and
   every metric so far;
-
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
 
 With FSDP2 (``parallelism: fsdp``) every process writes its shards of the models and optimizers to ``shards/``
@@ -21,9 +20,9 @@ trainer's ``load_state_dict`` takes it back: this module reads nothing else of t
 
 It is written into a temporary directory beside its final place (with FSDP2, one that every process writes into)
 and renamed into place by the first process once everything is written, so a crash mid-write never leaves a
-directory that looks complete; a directory without a manifest, or whose
-files do not match it, is refused. The last ``keep_checkpoints`` are kept. Nothing is unpickled
-beyond what ``weights_only=True`` allows.
+directory that looks complete; a directory without a manifest, or whose files do not match it, is refused. The
+last ``keep_checkpoints`` are kept. Nothing is unpickled beyond what ``weights_only=True`` allows (and, for FSDP2's
+shards, DCP's own metadata classes).
 
 The reference model is not saved: it is the starting policy, rebuilt from ``config.model`` on resume;
 except in iterative RL (``rl_iterations``), where ``reference.safetensors`` and ``reward_model.safetensors``
