@@ -59,8 +59,7 @@ def worker(legs: list[list]) -> None:
 
 
 def launch(processes: int, legs: list[list], env: dict[str, str], timeout: int) -> tuple[int, str]:
-    """torchrun (a free port) in a process group of its own, killed whole past ``timeout``."""
-    import signal
+    """torchrun (a free port); past ``timeout`` it is killed with every process it started."""
     import socket
 
     with socket.socket() as probe:
@@ -69,15 +68,38 @@ def launch(processes: int, legs: list[list], env: dict[str, str], timeout: int) 
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", str(Path(__file__).resolve()),
                "--worker", json.dumps(legs)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        _kill_tree(process.pid)
         output, _ = process.communicate()
         return -1, f"{output}\n(killed after {timeout} s)"
     return process.returncode, output
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it, found by their parents in /proc (they stay in our process group,
+    so that whatever pauses or stops the group reaches them too); stopped first, so that it starts nothing more."""
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                children.setdefault(int(stat.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, stack = [pid], [pid]
+    while stack:
+        below = children.get(stack.pop(), [])
+        tree, stack = tree + below, stack + below
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def compare(straight: Path, resumed: Path) -> str:

@@ -332,21 +332,46 @@ def torchrun(processes: int, *options: str, port: int | None = None) -> list[str
             "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port or free_port()}", *options]
 
 
-def run_group(command: list[str], env: dict[str, str], timeout: int = 600):
-    """Run ``command`` in a process group of its own; past ``timeout`` the whole group is killed (torchrun's workers
-    too, which a plain subprocess timeout would leave running), and the test fails saying so."""
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (torchrun's agent and its workers): stopped first, so that it starts
+    nothing more. The processes stay in the caller's process group, where whoever pauses the test suite's group (to time
+    something alone on the machine) pauses them too; so they are found by their parents, in /proc."""
     import os
     import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    tree, stack = [pid], [pid]
+    while stack:
+        below = children.get(stack.pop(), [])
+        tree += below
+        stack += below
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_group(command: list[str], env: dict[str, str], timeout: int = 600):
+    """Run ``command``; past ``timeout`` it is killed with every process it started (torchrun's workers too, which a
+    plain subprocess timeout would leave running), and the test fails saying so."""
     import subprocess
 
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         stdout, stderr = process.communicate()
-        pytest.fail(f"{command[:6]} ran past {timeout} s (killed with its process group): {stderr[-3000:]}")
+        pytest.fail(f"{command[:6]} ran past {timeout} s (killed with every process it started): {stderr[-3000:]}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
@@ -361,26 +386,23 @@ def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600):
 
 
 def run_groups(commands: list[list[str]], env: dict[str, str], out: Path, timeout: int = 600) -> list[int]:
-    """Run ``commands`` at once, each in a process group of its own, its output in ``out/<i>.log``; past ``timeout``
-    every group is killed and the test fails. Their exit statuses."""
-    import os
-    import signal
+    """Run ``commands`` at once, the output of each in ``out/<i>.log``; past ``timeout`` each is killed with every
+    process it started, and the test fails. Their exit statuses."""
     import subprocess
     import time
 
     processes = []
     for i, command in enumerate(commands):
         with (out / f"{i}.log").open("w") as log:
-            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
         time.sleep(0.5)
     if any(p.poll() is None for p in processes):
         for p in processes:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_tree(p.pid)
                 p.wait()
-        pytest.fail(f"{len(commands)} launches ran past {timeout} s (killed with their process groups); "
+        pytest.fail(f"{len(commands)} launches ran past {timeout} s (killed with every process they started); "
                     f"logs in {out}")
     return [p.returncode for p in processes]

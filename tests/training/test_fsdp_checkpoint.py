@@ -163,6 +163,27 @@ def test_a_killed_worker_is_restarted_and_ends_bit_identical(request, tmp_path, 
         verify(out / "checkpoints" / name)
 
 
+def test_shard_metadata_that_would_run_code_is_refused(straight, tmp_path):
+    """DCP's .metadata is a pickle: a crafted one (here calling os.system) is refused by the unpickler before anything
+    runs, and the real one reads back."""
+    import pickle
+
+    from grpokit.training.sharded_checkpoint import SafeReader
+
+    shards = straight["fsdp-2"] / "checkpoints" / "step-000002" / "shards"
+    assert SafeReader(str(shards)).read_metadata().state_dict_metadata
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    with pytest.raises(pickle.UnpicklingError, match=r"posix.system is not part of a checkpoint's shard metadata"):
+        SafeReader(str(tmp_path)).read_metadata()
+    assert not marker.exists()
+
+
 CHECK = Path(__file__).parents[2] / "scripts" / "distributed_check.py"
 
 

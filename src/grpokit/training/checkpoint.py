@@ -265,7 +265,10 @@ def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SING
         raise CheckpointError(f"checkpoint {path}: no {missing[0]} state in trainer_state.pt")
 
     if sharded:
-        sharded_checkpoint.read_shards(path, state, tensors["param_groups"])
+        try:
+            sharded_checkpoint.read_shards(path, state, tensors["param_groups"])
+        except Exception as error:  # DCP gathers every process's failure (a refused pickle too): each raises it
+            raise CheckpointError(f"checkpoint {path}: shards/ cannot be read ({error})") from None
     else:
         _load_modules(path, state["modules"])
     numpy_state = saved["numpy_rng"][world.rank]
