@@ -23,7 +23,7 @@ from helpers import run_group, run_to_success, torchrun
 TESTS = Path(__file__).parents[1]
 STEPS = 4
 
-# Each leg (a JSON list of [output_dir, max_steps, resume, parallelism]) trains a fresh trainer in this process. KILL
+# Each leg ([output_dir, max_steps, resume, layout]: ddp, fsdp or ppo-fsdp) trains a fresh trainer in this process. KILL
 # (rank 1, first attempt only: torchrun counts restarts in TORCHELASTIC_RESTART_COUNT) is "after:K": SIGKILL once
 # checkpoint K is published; "write:K": once this process has written its shards of checkpoint K, before it is
 # published.
