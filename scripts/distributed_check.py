@@ -83,9 +83,12 @@ def _kill_tree(pid: int) -> None:
     so that whatever pauses or stops the group reaches them too); stopped first, so that it starts nothing more."""
     import signal
 
-    os.kill(pid, signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:  # it ended meanwhile; what it started may not have
+        pass
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as stat:
                 children.setdefault(int(stat.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))

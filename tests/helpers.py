@@ -339,9 +339,12 @@ def kill_tree(pid: int) -> None:
     import os
     import signal
 
-    os.kill(pid, signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:  # it ended meanwhile; what it started may not have
+        pass
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as stat:
                 parent = int(stat.read().rsplit(")", 1)[1].split()[1])

@@ -8,6 +8,7 @@ Every launch runs in a process group of its own, killed whole on timeout (helper
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -182,6 +183,32 @@ def test_shard_metadata_that_would_run_code_is_refused(straight, tmp_path):
     with pytest.raises(pickle.UnpicklingError, match=r"posix.system is not part of a checkpoint's shard metadata"):
         SafeReader(str(tmp_path)).read_metadata()
     assert not marker.exists()
+
+
+def test_a_timed_out_launch_is_killed_with_what_it_started(tmp_path):
+    """helpers.kill_tree (run_group's timeout): the launch and the process it started (as torchrun starts its
+    workers) are both killed."""
+    import time
+
+    from helpers import kill_tree
+
+    child = tmp_path / "child"
+    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(300)']); open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(300)")
+    launch = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not (child.exists() and child.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kill_tree(launch.pid)
+    assert launch.wait(timeout=10) == -signal.SIGKILL
+    pid, deadline = int(child.read_text()), time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # killed; gone once reaped
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.1)
+    else:
+        assert not Path(f"/proc/{pid}").exists()
 
 
 CHECK = Path(__file__).parents[2] / "scripts" / "distributed_check.py"
