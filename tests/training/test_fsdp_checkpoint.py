@@ -164,6 +164,16 @@ def test_a_killed_worker_is_restarted_and_ends_bit_identical(request, tmp_path, 
         verify(out / "checkpoints" / name)
 
 
+def test_lora_with_fsdp_is_refused_before_any_work():
+    """peft can neither save nor merge a sharded adapter: no checkpoint or model could be written, so the config is
+    refused."""
+    from grpokit import GRPOConfig
+    from grpokit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="lora_rank with parallelism: fsdp is not supported yet"):
+        GRPOConfig(lora_rank=4, parallelism="fsdp")
+
+
 def test_shard_metadata_that_would_run_code_is_refused(straight, tmp_path):
     """DCP's .metadata is a pickle: a crafted one (here calling os.system) is refused by the unpickler before anything
     runs, and the real one reads back."""

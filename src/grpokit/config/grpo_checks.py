@@ -40,6 +40,9 @@ def check_grpo_config(config: Any) -> None:
         (config.parallelism == "fsdp" and config.rollout_precision != "fp32", "rollout_precision with parallelism: "
          "fsdp is not supported (the bf16 copy and int8 products need the whole policy on every process; "
          "bf16_autocast is untested there); use ddp, or rollout_precision: fp32"),
+        (config.parallelism == "fsdp" and config.lora_rank, "lora_rank with parallelism: fsdp is not supported yet "
+         "(peft can neither save nor merge an adapter whose weights are shards, so no checkpoint or model could be "
+         "written); use ddp, or lora_rank: 0"),
         (config.cuda_graphs and not config.fast_path, "cuda_graphs captures the fast path's decode step: fast_path: "
          "true"),
         (config.rollout_precision == "int8" and not config.fast_path,
