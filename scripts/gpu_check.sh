@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, in one go (CI has none): the CUDA tests, a GRPO step of a real
-# architecture and decoding against the GPU's bounds (with and without CUDA graphs), then (unless
-# GPU_CHECK_QUICK=1) GRPO vs PPO memory and speed at sizes too large for a CPU and the whole suite on
-# the machine's own torch/transformers versions. Run from the repository root on a GPU machine with
+# The checks that need a CUDA GPU, in one go (CI has none): the CUDA tests, DDP and FSDP2 with NCCL checkpointed and
+# resumed on every GPU, a GRPO step of a real architecture and decoding against the GPU's bounds (with and without
+# CUDA graphs), then (unless GPU_CHECK_QUICK=1) GRPO vs PPO memory and speed at sizes too large for a CPU and the
+# whole suite on the machine's own torch/transformers versions. Run from the repository root on a GPU machine with
 # torch, transformers, tokenizers, safetensors, tqdm, pyyaml, pytest, hypothesis, numpy and matplotlib
 # installed (no install step: nothing is fetched).
 # Results go to ${OUT:-gpu-check}/.
@@ -14,6 +14,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider tests/algorithms/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+# DDP and FSDP2 with NCCL on every GPU listed (1 GPU: the one-process paths), a checkpoint and a resume in new processes
+# that must end bit-identical to a straight run; a pass/fail table with tokens/s (scripts/distributed_check.py)
+python3 scripts/distributed_check.py --out "$out/distributed" 2>&1 | tee "$out/distributed.log"
 # a GRPO step of SmolLM2-135M's architecture in bf16: generation and update tokens/s against the GPU's bounds
 python3 benchmarks/step_throughput.py --device cuda --prompts 16 64 \
   --out "$out/step_throughput_cuda.json" 2>&1 | tee "$out/step_throughput_cuda.log"

@@ -87,7 +87,8 @@ def test_a_model_samples_as_the_native_engines_defaults(tokenizer, tiny_model):
     ({"rollout_precision": "int8"}, "rollout_precision: int8 is the native engine's"),
     ({"rollout_precision": "bf16_autocast"}, "rollout_precision: bf16_autocast"),
     ({"top_p": 0.9}, "top_p < 1 with generation_engine: vllm"),
-    ({"parallelism": "fsdp", "lora_rank": 4}, "generation_engine: vllm with parallelism: fsdp and lora_rank"),
+    ({"top_k": 5}, "top_k, min_p or repetition_penalty with generation_engine: vllm"),
+    ({"repetition_penalty": 1.2}, "top_k, min_p or repetition_penalty with generation_engine: vllm"),
     ({"cuda_graphs": True}, "cuda_graphs is the native engine's"),
     ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size > 1 is not supported yet"),
 ])

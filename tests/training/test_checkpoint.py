@@ -241,6 +241,25 @@ def test_latest_without_checkpoints_is_a_clear_error(tokenizer, tiny_model, tmp_
         trainer.train()
 
 
+def test_auto_resumes_the_newest_checkpoint_or_starts(tokenizer, checkpoint, tmp_path, capsys):
+    """resume: auto (for torchrun --max-restarts): the newest complete checkpoint where there is one, a half-written
+    one (no manifest) skipped; step 0 where there is none."""
+    (checkpoint.parent / "step-000003").mkdir()  # interrupted before its manifest
+    trainer = fresh_trainer(tokenizer, tmp_path)
+    assert trainer.resume("auto") == checkpoint and trainer.step == 2
+    empty = fresh_trainer(tokenizer, tmp_path / "empty")
+    assert empty.resume("auto") is None and empty.step == 0
+    assert "resume: auto: no checkpoint under" in capsys.readouterr().err
+
+
+def test_a_restart_without_resume_says_how_to_continue(tokenizer, tiny_model, tmp_path, monkeypatch, capsys):
+    """Restarted by torchrun (TORCHELASTIC_RESTART_COUNT > 0) with no resume set: the run starts at step 0, not from
+    whatever checkpoints output_dir holds, and says how to continue instead."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    make_trainer(tokenizer, tiny_model, tmp_path, max_steps=1).train()
+    assert "launch with --resume auto to continue from the newest checkpoint" in capsys.readouterr().err
+
+
 def test_resume_continues_with_a_larger_max_steps(tokenizer, checkpoint, tmp_path):
     trainer = fresh_trainer(tokenizer, tmp_path, max_steps=4, resume="latest")
     history = trainer.train()

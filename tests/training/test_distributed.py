@@ -4,8 +4,6 @@ early with a clear error."""
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +14,7 @@ from safetensors.torch import load_file
 
 from grpokit.config import ConfigError
 from grpokit.training.distributed import init_world
-from helpers import approx_scores
+from helpers import approx_scores, free_port, run_groups, run_to_success, torchrun
 
 TESTS = Path(__file__).parents[1]
 STEPS = 3
@@ -104,7 +102,10 @@ SCRIPT = textwrap.dedent(f"""
         grpokit.training.runlog.RunLog.__init__ = refuse
 
     variants = {VARIANTS!r}
+    only = os.environ.get("VARIANTS")  # (a subset, for the two-node launch)
     for name, overrides in variants.items():
+        if only and name not in only.split(","):
+            continue
         tokenizer = build_tokenizer()
         specs = [spec.format(reward_models=sys.argv[2]) for spec in overrides.pop("reward_funcs", [])]
         config = GRPOConfig(output_dir=os.path.join(sys.argv[1], name), prompts_per_step=4, num_generations=4,
@@ -125,15 +126,6 @@ SCRIPT = textwrap.dedent(f"""
 """)
 
 
-def torchrun(processes: int) -> list[str]:
-    """torchrun on a free port of its own (back-to-back launches on a fixed port can collide)."""
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}"]
-
-
 def launch(tmp_path: Path, out: Path, processes: int) -> None:
     script = tmp_path / "dp.py"
     script.write_text(SCRIPT)
@@ -143,15 +135,6 @@ def launch(tmp_path: Path, out: Path, processes: int) -> None:
     if processes > 1:
         command = [*torchrun(processes), *command[1:]]
     run_to_success(command, env)
-
-
-def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600) -> None:
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
-        # A gloo thread aborting at interpreter exit, after the work (seen twice in ~10 suite runs before the
-        # process group was destroyed at exit): launch once more rather than fail on teardown.
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +154,14 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_and_two_processes_end_with_the_same_parameters(runs, variant):
+    assert_same_parameters(*runs, variant)
+
+
+def assert_same_parameters(one: Path, two: Path, variant: str) -> None:
     from grpokit.tasks.tiny_model import build_model, build_tokenizer
     from helpers import TINY
 
+    runs = one, two
     one, two = (load_file(str(run / variant / "model" / "model.safetensors")) for run in runs)
     start = build_model(build_tokenizer(), TINY, seed=0).state_dict()
     assert one.keys() == two.keys()
@@ -189,6 +177,10 @@ def test_one_and_two_processes_end_with_the_same_parameters(runs, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_metrics_equal_the_single_process_ones(runs, variant):
+    assert_same_metrics(*runs, variant=variant)
+
+
+def assert_same_metrics(*runs: Path, variant: str) -> None:
     one, two = ([json.loads(line) for line in (run / variant / "metrics.jsonl").read_text().splitlines()]
                 for run in runs)
     assert [m["step"] for m in one] == [m["step"] for m in two] == list(range(1, STEPS + 1))
@@ -264,6 +256,26 @@ def test_rank_zero_alone_writes(runs):
     state = json.loads((two / "sequence" / "checkpoints" / f"step-{STEPS:06d}" / "state.json").read_text())
     assert state["world_size"] == 2 and len(state["python_rng"]) == 2  # every process's streams, one writer
     assert len((two / "sequence" / "metrics.jsonl").read_text().splitlines()) == STEPS
+
+
+def test_two_nodes_end_where_one_process_ends(runs, tmp_path):
+    """Two torchrun launches, each a "node" of one process (--nnodes 2, c10d rendezvous on localhost, gloo), as on
+    two machines (docs/distributed.md): DDP and FSDP2 end with the one process's parameters and metrics."""
+    script = tmp_path / "dp.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VARIANTS": "sequence,fsdp"}
+    env.pop("WORLD_SIZE", None)
+    port, out = free_port(), tmp_path / "nodes"
+    nodes = [[sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
+              "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", str(script), str(out), str(tmp_path)]
+             for rank in (0, 1)]
+    codes = run_groups(nodes, env, tmp_path, timeout=400)
+    assert codes == [0, 0], [(tmp_path / f"{i}.log").read_text()[-3000:] for i in (0, 1)]
+    for variant in ("sequence", "fsdp"):
+        assert_same_parameters(runs[0], out, variant)
+        assert_same_metrics(runs[0], out, variant=variant)
+    state = json.loads((out / "fsdp" / "checkpoints" / f"step-{STEPS:06d}" / "state.json").read_text())
+    assert (state["world_size"], state["layout"]) == (2, "sharded")
 
 
 def test_missing_rendezvous_variables_are_named():

@@ -32,11 +32,12 @@ from grpokit.tasks.demo import DEMO_CONFIG, OUTPUT_DIRS
 from grpokit.training.update import TrainingError
 
 RAW = argparse.RawDescriptionHelpFormatter
-CONFIG_USAGE = "[CONFIG.yaml | recipe:NAME] [--resume [PATH|latest]] [--key value ...]"
+CONFIG_USAGE = "[CONFIG.yaml | recipe:NAME] [--resume [PATH|latest|auto]] [--key value ...]"
 CONFIG_HELP = ("CONFIG.yaml: a YAML config file, or recipe:NAME, a recipe packaged with grpokit (`grpokit recipes` "
                "lists them); omit it to use the defaults. Every config key below is also a flag, --key value, "
                "which overrides the file: --max_steps 10 or --max-steps 10; a list as --key \"[a, b]\" or "
                "--key a b. --resume: continue from the newest checkpoint under output_dir/checkpoints; "
+               "--resume auto: from it if there is one, else from the start (under torchrun --max-restarts); "
                "--resume PATH: from that one.")
 SAMPLING_HELP = ("MODEL: a model directory, gguf:FILE or builtin:arithmetic (or --model). CONFIG.yaml or recipe:NAME: "
                  "a training config, whose keys below are read, so that this samples as that run trains; --key value "

@@ -68,7 +68,8 @@ _COMMON: dict[str, tuple[Any, str, dict[str, Any]]] = {
                             "architecture.", {}),
     "keep_checkpoints": (2, "Keep this many most recent checkpoints in output_dir/checkpoints.",
                          {"min": 1, "resumable": True}),
-    "resume": (None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints) or its path.",
+    "resume": (None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints), 'auto' (the "
+               "newest if there is one, else start: for torchrun --max-restarts) or its path.",
                {"resumable": True}),
     "max_nonfinite_updates": (3, "A non-finite loss or gradient norm skips the update; this many in a row stop "
                               "training.", {"min": 1, "resumable": True}),

@@ -40,6 +40,9 @@ def check_grpo_config(config: Any) -> None:
         (config.parallelism == "fsdp" and config.rollout_precision != "fp32", "rollout_precision with parallelism: "
          "fsdp is not supported (the bf16 copy and int8 products need the whole policy on every process; "
          "bf16_autocast is untested there); use ddp, or rollout_precision: fp32"),
+        (config.parallelism == "fsdp" and config.lora_rank, "lora_rank with parallelism: fsdp is not supported yet "
+         "(peft can neither save nor merge an adapter whose weights are shards, so no checkpoint or model could be "
+         "written); use ddp, or lora_rank: 0"),
         (config.cuda_graphs and not config.fast_path, "cuda_graphs captures the fast path's decode step: fast_path: "
          "true"),
         (config.rollout_precision == "int8" and not config.fast_path,
@@ -57,9 +60,6 @@ def check_grpo_config(config: Any) -> None:
         (config.generation_engine == "vllm" and config.vllm_tensor_parallel_size > 1, "vllm_tensor_parallel_size > 1 "
          "is not supported yet (the processes sharing an engine would have to sample one another's prompts); each "
          "process holds a whole engine: use 1"),
-        (config.generation_engine == "vllm" and config.parallelism == "fsdp" and config.lora_rank,
-         "generation_engine: vllm with parallelism: fsdp and lora_rank: the sharded weights are pushed without a LoRA "
-         "adapter's merge; use lora_rank: 0, or parallelism: ddp"),
         (config.reference_placement in ("shard", "cpu_offload") and config.parallelism != "fsdp",
          f"reference_placement: {config.reference_placement} shards the reference like the policy, which only "
          "parallelism: fsdp shards; with ddp every process holds a whole reference: use auto or replicate"),

@@ -9,15 +9,20 @@ A checkpoint is a directory ``output_dir/checkpoints/step-NNNNNN/`` holding:
   tensors and plain containers only, read back with ``torch.load(weights_only=True)``;
 - ``state.json``: step, data position, each process's Python and NumPy RNG states, the config and
   every metric so far;
+- ``manifest.json``, written last: the size and SHA-256 of every other file.
+
+With FSDP2 (``parallelism: fsdp``) every process writes its shards of the models and optimizers to ``shards/``
+(:mod:`grpokit.training.sharded_checkpoint`); ``model/`` is still the whole policy, gathered to the first process,
+and ``trainer_state.pt`` holds the schedules, the optimizers' ``param_groups`` and every process's torch RNG states.
 
 What it holds is the trainer's :meth:`~grpokit.algorithms.grpo.GRPOTrainer.state_dict`, and on resume the
 trainer's ``load_state_dict`` takes it back: this module reads nothing else of the trainer.
-- ``manifest.json``, written last: the size and SHA-256 of every other file.
 
-It is written into a temporary directory beside its final place and renamed into place, so a crash
-mid-write never leaves a directory that looks complete; a directory without a manifest, or whose
-files do not match it, is refused. The last ``keep_checkpoints`` are kept. Nothing is unpickled
-beyond what ``weights_only=True`` allows.
+It is written into a temporary directory beside its final place (with FSDP2, one that every process writes into)
+and renamed into place by the first process once everything is written, so a crash mid-write never leaves a
+directory that looks complete; a directory without a manifest, or whose files do not match it, is refused. The
+last ``keep_checkpoints`` are kept. Nothing is unpickled beyond what ``weights_only=True`` allows (and, for FSDP2's
+shards, DCP's own metadata classes).
 
 The reference model is not saved: it is the starting policy, rebuilt from ``config.model`` on resume;
 except in iterative RL (``rl_iterations``), where ``reference.safetensors`` and ``reward_model.safetensors``
@@ -32,7 +37,6 @@ import os
 import shutil
 import signal
 import threading
-import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -45,10 +49,12 @@ from safetensors.torch import load_file, save_model
 from grpokit.config import config_class_of
 from grpokit.models.loading import save_pretrained
 from grpokit.models.lora import is_lora
-from grpokit.models.sharding import is_sharded
-from grpokit.training.distributed import SINGLE, World, barrier, gather
+from grpokit.models.sharding import full_state_dict, is_sharded
+from grpokit.training import sharded_checkpoint
+from grpokit.training.distributed import SINGLE, World, barrier, broadcast_object, gather
 
 FORMAT = 1
+FULL, SHARDED = "full", "sharded"  # state.json's layout: every weight in model/ (and *.safetensors), or FSDP2 shards
 JSON_RNG = ("python", "numpy")  # random streams kept in state.json; the torch ones are tensors
 
 
@@ -87,39 +93,57 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
 def save_checkpoint(state: dict[str, Any], output_dir: str | Path, keep: int, world: World = SINGLE) -> Path:
     """Write ``state`` (a trainer's :meth:`~grpokit.algorithms.grpo.GRPOTrainer.state_dict`) as
     ``output_dir/checkpoints/step-NNNNNN`` (atomically) and keep the last ``keep`` checkpoints. With
-    several processes every one calls this (each one's random streams are saved) and the first writes."""
+    several processes every one calls this (each one's random streams are saved) and the first writes; with FSDP2
+    each also writes its shards."""
     root = checkpoints_dir(output_dir)
     final = root / f"step-{state['step']:06d}"
-    if any(is_sharded(module) for module in state["modules"].values()):
-        if world.main:
-            warnings.warn("parallelism: fsdp writes no checkpoints yet (the final model is saved); see "
-                          "docs/distributed.md", stacklevel=2)
-        return final
     rng = gather(state["rng"], world)
+    if not _sharded(state):
+        if world.main:
+            _write(state, _staging(root, final, os.getpid()), final, rng, keep)
+        barrier(world)
+        return final
+    # Every process writes into the first one's staging directory; it is published once all have written.
+    staging = broadcast_object(_staging(root, final, os.getpid()) if world.main else None, world)
+    groups = sharded_checkpoint.write_shards(state, staging)
+    full = full_state_dict(state["modules"]["model"], world.main)  # the exported model/ (a collective)
     if world.main:
-        _write(state, root, final, rng, keep)
+        _write(state, staging, final, rng, keep, sharded=(groups, full))
     barrier(world)
     return final
 
 
-def _write(state: dict[str, Any], root: Path, final: Path, rng: list[dict[str, Any]], keep: int) -> None:
+def _sharded(state: dict[str, Any]) -> bool:
+    return any(is_sharded(module) for module in state["modules"].values())
+
+
+def _staging(root: Path, final: Path, pid: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".tmp-{final.name}-{os.getpid()}"
+    staging = root / f".tmp-{final.name}-{pid}"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
+    return staging
 
+
+def _write(state: dict[str, Any], staging: Path, final: Path, rng: list[dict[str, Any]], keep: int,
+           sharded: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None) -> None:
+    """Everything but the shards into ``staging``, then publish it as ``final``. ``sharded``: the optimizers'
+    ``param_groups`` (beside the shards) and the policy's full weights for model/."""
     modules = dict(state["modules"])
-    save_pretrained(modules.pop("model"), state["tokenizer"], staging / "model")
-    for name, module in modules.items():
-        save_model(module, str(staging / f"{name}.safetensors"))
+    save_pretrained(modules.pop("model"), state["tokenizer"], staging / "model", sharded[1] if sharded else None)
+    if not sharded:
+        for name, module in modules.items():
+            save_model(module, str(staging / f"{name}.safetensors"))
     tensors = [{k: v for k, v in per_rank.items() if k not in JSON_RNG} for per_rank in rng]
-    torch.save({**state["optimizers"], "rng": tensors}, staging / "trainer_state.pt")
+    extra = {"param_groups": sharded[0]} if sharded else {}
+    torch.save({**state["optimizers"], **extra, "rng": tensors}, staging / "trainer_state.pt")
     saved = {
         "format": FORMAT,
         "step": state["step"],
         "data": state["data"],
         "world_size": len(rng),
+        "layout": SHARDED if sharded else FULL,
         **{f"{kind}_rng": [_jsonable(per_rank[kind]) for per_rank in rng] for kind in JSON_RNG},
         "nonfinite_streak": state["nonfinite_streak"],
         "config": state["config"],
@@ -128,6 +152,7 @@ def _write(state: dict[str, Any], root: Path, final: Path, rng: list[dict[str, A
     (staging / "state.json").write_text(json.dumps(saved))
     _write_manifest(staging)
 
+    root = final.parent
     if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
         shutil.rmtree(final)
     os.replace(staging, final)
@@ -160,18 +185,20 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def find_checkpoint(output_dir: str | Path, which: str) -> Path:
-    """``which``: ``"latest"`` (the newest complete checkpoint under ``output_dir``) or a path."""
-    if which != "latest":
+def find_checkpoint(output_dir: str | Path, which: str) -> Path | None:
+    """``which``: ``"latest"`` (the newest complete checkpoint under ``output_dir``), ``"auto"`` (the same, or None
+    where there is none: a run restarted by ``torchrun --max-restarts`` continues, a first launch starts) or a
+    path. Directories still being written (``.tmp-*``, or without a manifest) are never chosen."""
+    if which not in ("latest", "auto"):
         path = Path(which)
         if not path.is_dir():
             raise CheckpointError(f"resume: {path} is not a directory")
         return path
     root = checkpoints_dir(output_dir)
     complete = sorted(p for p in root.glob("step-*") if (p / "manifest.json").is_file())
-    if not complete:
+    if not complete and which == "latest":
         raise CheckpointError(f"resume: latest: no complete checkpoint under {root}")
-    return complete[-1]
+    return complete[-1] if complete else None
 
 
 def verify(path: Path) -> dict[str, Any]:
@@ -201,22 +228,59 @@ def verify(path: Path) -> dict[str, Any]:
 
 def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SINGLE) -> dict[str, Any]:
     """Load the checkpoint at ``path`` for the run whose :meth:`~grpokit.algorithms.grpo.GRPOTrainer.state_dict`
-    is ``state``: the weights of ``state["modules"]`` in place, after checking every file, the config
-    and the world size; returns the rest of the state (this process's random streams) for the trainer's
-    ``load_state_dict``."""
+    is ``state``: the weights of ``state["modules"]`` (and, with FSDP2, the optimizers' states) in place, after
+    checking every file, the config and the world size; returns the rest of the state (this process's random
+    streams) for the trainer's ``load_state_dict``. Every process calls it."""
     path = Path(path)
-    verify(path)
+    sharded = _sharded(state)
+    if sharded:  # the first process reads every file against the manifest, the others hear its verdict
+        error = None
+        if world.main:
+            try:
+                verify(path)
+            except CheckpointError as failed:
+                error = str(failed)
+        error = broadcast_object(error, world)
+        if error:
+            raise CheckpointError(error)
+    else:
+        verify(path)
     saved = json.loads((path / "state.json").read_text())
     if saved.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: format {saved.get('format')!r}, this grpokit reads {FORMAT}")
-    _check_config(path, saved["config"], state["config"])
-    if any(is_sharded(module) for module in state["modules"].values()):
-        raise CheckpointError("resume with parallelism: fsdp is not supported yet (docs/distributed.md); use ddp")
     if saved["world_size"] != world.size:
         raise CheckpointError(f"checkpoint {path} was written by {saved['world_size']} processes; resume it with "
                               f"the same number (now {world.size}): each one's random streams are in it")
+    _check_config(path, saved["config"], state["config"])
+    layout = saved.get("layout", FULL)
+    if layout != (SHARDED if sharded else FULL):
+        raise CheckpointError(f"checkpoint {path} holds {layout} weights but this run's are "
+                              f"{SHARDED if sharded else FULL} (parallelism: fsdp shards them)")
+    try:
+        tensors = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    except Exception as error:  # an unpicklable object is refused here, never executed
+        raise CheckpointError(f"checkpoint {path}: trainer_state.pt cannot be read safely ({error})") from None
+    missing = [name for name in state["optimizers"] if name not in tensors]
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: no {missing[0]} state in trainer_state.pt")
 
-    for name, module in state["modules"].items():
+    if sharded:
+        try:
+            sharded_checkpoint.read_shards(path, state, tensors["param_groups"])
+        except Exception as error:  # DCP gathers every process's failure (a refused pickle too): each raises it
+            raise CheckpointError(f"checkpoint {path}: shards/ cannot be read ({error})") from None
+    else:
+        _load_modules(path, state["modules"])
+    numpy_state = saved["numpy_rng"][world.rank]
+    rng = {**tensors["rng"][world.rank], "python": _tuples(saved["python_rng"][world.rank]),
+           "numpy": (numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:])}
+    return {"step": saved["step"], "optimizers": {name: tensors[name] for name in state["optimizers"]},
+            "rng": rng, "data": saved["data"], "nonfinite_streak": saved["nonfinite_streak"],
+            "history": saved["history"]}
+
+
+def _load_modules(path: Path, modules: dict[str, torch.nn.Module]) -> None:
+    for name, module in modules.items():
         source = f"checkpoint {path}: {name}"
         if name != "model":
             load_weights(module, [path / f"{name}.safetensors"], source)
@@ -226,19 +290,6 @@ def load_checkpoint(path: str | Path, state: dict[str, Any], world: World = SING
             _load_adapter(module, adapter / "adapter_model.safetensors", source)
         else:
             load_weights(module, sorted((path / "model").glob("*.safetensors")), source)
-    try:
-        tensors = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-    except Exception as error:  # an unpicklable object is refused here, never executed
-        raise CheckpointError(f"checkpoint {path}: trainer_state.pt cannot be read safely ({error})") from None
-    missing = [name for name in state["optimizers"] if name not in tensors]
-    if missing:
-        raise CheckpointError(f"checkpoint {path}: no {missing[0]} state in trainer_state.pt")
-    numpy_state = saved["numpy_rng"][world.rank]
-    rng = {**tensors["rng"][world.rank], "python": _tuples(saved["python_rng"][world.rank]),
-           "numpy": (numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:])}
-    return {"step": saved["step"], "optimizers": {name: tensors[name] for name in state["optimizers"]},
-            "rng": rng, "data": saved["data"], "nonfinite_streak": saved["nonfinite_streak"],
-            "history": saved["history"]}
 
 
 def load_weights(module: torch.nn.Module, files: list[Path], source: str) -> None:

@@ -76,11 +76,26 @@ def init_world(device: str, prompts_per_step: int, environ: dict[str, str] | Non
         cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         if cuda:
             torch.cuda.set_device(world.local_rank)
-        dist.init_process_group("nccl" if cuda else "gloo", rank=world.rank, world_size=world.size)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=world.rank, world_size=world.size,
+                                store=_attempt_store(env, world))
         # Tear the group down before the interpreter does: a backend thread still running at exit
         # aborts the process ("terminate called without an active exception").
         atexit.register(_destroy)
     return world
+
+
+def _attempt_store(env: Any, world: World) -> dist.Store | None:
+    """The rendezvous store, under a prefix of this torchrun attempt's own, where torchrun shares its store with the
+    processes (its default): a restarted attempt (``--max-restarts``) reaches the store its killed predecessor used,
+    and without the prefix would read the dead processes' addresses there and fail to connect (torch issues 135712,
+    167288). None (torch's own ``env://`` store) otherwise."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    from datetime import timedelta
+
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world.size, is_master=False,
+                          timeout=timedelta(minutes=30))  # torch's default for a process group
+    return dist.PrefixStore(f"grpokit/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _destroy() -> None:
@@ -145,6 +160,15 @@ def broadcast_from_main(module: torch.nn.Module, value: Any, world: World) -> An
     with torch.no_grad():
         for tensor in module.state_dict().values():
             dist.broadcast(tensor, src=0)
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_object(value: Any, world: World) -> Any:
+    """The first process's ``value`` (picklable), on every process."""
+    if not world.distributed:
+        return value
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]

@@ -4,8 +4,9 @@ A trainer (:class:`Trainer`'s subclass) writes what is its own: the step (:meth:
 its checkpoint holds beyond the common part (:meth:`Trainer.modules`, :meth:`Trainer.data_state`,
 :meth:`Trainer.generators`) and how it saves its model. Everything around the step is written here once:
 
-    resume (config.resume) → run directory → for each step: step, progress bar, checkpoint every save_every
-    steps or on SIGINT/SIGTERM (then TrainingInterrupted) → final checkpoint → save(output_dir/model) → trackers
+    resume (config.resume: a path, latest, auto) → run directory → for each step: step, progress bar, checkpoint every
+    save_every steps or on SIGINT/SIGTERM (then TrainingInterrupted) → final checkpoint → save(output_dir/model)
+    → trackers
 
 and a checkpoint's common part: the step, each learner's optimizer and schedule, every random stream, the
 non-finite streak and the metrics so far (:mod:`grpokit.training.checkpoint` writes and verifies it).
@@ -14,6 +15,7 @@ non-finite streak and the metrics so far (:mod:`grpokit.training.checkpoint` wri
 from __future__ import annotations
 
 import copy
+import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.models.sharding import is_sharded
 from grpokit.rollout.episodes import EnvironmentFailure
 from grpokit.runtime.device import describe_precision, resolve_precision
 from grpokit.runtime.progress import follows_progress_bar
@@ -118,6 +121,10 @@ class Trainer:
         config, world = self.config, self.world
         if config.resume:
             self.resume(config.resume)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and world.main:
+            # Not resumed implicitly: output_dir may hold an earlier run's checkpoints, which a first launch ignores.
+            print("torchrun restarted this run's processes but resume is not set, so it starts again at step 0; "
+                  "launch with --resume auto to continue from the newest checkpoint", file=sys.stderr)
         if world.main:
             self.start_run_log()
             self.announce()
@@ -194,30 +201,40 @@ class Trainer:
         state), ``rng`` (this process's random streams), ``data`` (:meth:`data_state`), ``step``,
         ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
         rng = {**rng_states(), **{name: g.get_state() for name, g in self.generators().items()}}
-        optimizers = {}
+        optimizers, sharded = {}, {}
         for learner in self.learners:
-            optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
+            if is_sharded(learner.module):  # its state is shards, written and loaded in place with its module's
+                sharded[learner.prefix + "optimizer"] = (learner.module, learner.optimizer)
+            else:
+                optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
             optimizers[learner.prefix + "scheduler"] = learner.scheduler.state_dict()
         return {"step": self.step, "config": self.config.to_dict(), "modules": self.modules(),
-                "tokenizer": self.tokenizer, "optimizers": optimizers, "rng": rng, "data": self.data_state(),
-                "nonfinite_streak": self.guard.streak, "history": list(self.history)}
+                "tokenizer": self.tokenizer, "optimizers": optimizers, "sharded": sharded, "rng": rng,
+                "data": self.data_state(), "nonfinite_streak": self.guard.streak, "history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (``modules``, ``tokenizer`` and ``config`` excepted: the
         modules' weights are loaded in place, the others are the run's own)."""
         self.load_data_state(state["data"])
         for learner in self.learners:
-            learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
+            if learner.prefix + "optimizer" in state["optimizers"]:  # (a sharded one was loaded in place)
+                learner.optimizer.load_state_dict(state["optimizers"][learner.prefix + "optimizer"])
             learner.scheduler.load_state_dict(state["optimizers"][learner.prefix + "scheduler"])
         set_rng_states(state["rng"])
         for name, generator in self.generators().items():
             generator.set_state(state["rng"][name])
         self.step, self.guard.streak, self.history = state["step"], state["nonfinite_streak"], list(state["history"])
 
-    def resume(self, which: str = "latest") -> Path:
-        """Continue from a checkpoint (``"latest"`` under ``output_dir``, or a path), exactly."""
+    def resume(self, which: str = "latest") -> Path | None:
+        """Continue from a checkpoint (``"latest"`` under ``output_dir``, ``"auto"``: the latest if there is one, or
+        a path), exactly; returns it (None: ``"auto"`` found none, and the run starts from its first step)."""
         path = find_checkpoint(self.config.output_dir, which)
-        self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
+        if path is not None:
+            self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
+        if self.world.main:
+            print(f"resume: {which}: " + (f"from {path} (step {self.step})" if path else
+                                           f"no checkpoint under {self.config.output_dir}; starting at step 0"),
+                  file=sys.stderr)
         return path
 
     def save_checkpoint(self) -> Path:

@@ -168,7 +168,7 @@ class GRPOTrainer:
         inner, args = self.grpokit_trainer, self.args
         if resume_from_checkpoint:
             path = inner.resume("latest" if resume_from_checkpoint is True else str(resume_from_checkpoint))
-            if (path / STATE_FILE).is_file():
+            if path is not None and (path / STATE_FILE).is_file():  # (None: 'auto' found no checkpoint)
                 self.state = self._run_state(TrainerState.load_from_json(str(path / STATE_FILE)))
             self.state.global_step = inner.step * self.updates
         if inner.world.main:
