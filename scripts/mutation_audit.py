@@ -227,7 +227,7 @@ def judges(args: argparse.Namespace) -> None:
         print("\n".join(todo))
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
-           "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": JUDGE_TESTS})}
+           "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": args.tests or JUDGE_TESTS})}
     command = [sys.executable, "-c", SCOPED_MUTMUT, "run", "--max-children", str(args.max_children), *todo]
     if todo:  # in this script's process group, so that /work/tools/quietable pauses it with the script
         with subprocess.Popen(command, env=env) as mutmut_run:
@@ -279,6 +279,8 @@ def main() -> None:
                         f"resuming from {JUDGE_STATE} (--sample, --seed, --again, --report do not apply)")
     parser.add_argument("--survivors", action="store_true", help="--judges: rerun the state's survivors too")
     parser.add_argument("--limit", type=int, help="--judges: run at most this many of the mutants left")
+    parser.add_argument("--tests", nargs="+", help="--judges: run these tests (pytest paths) instead of JUDGE_TESTS: "
+                        "a fast first pass, whose survivors a run with JUDGE_TESTS and --survivors judges again")
     parser.add_argument("--part", nargs="+", help="--judges: only the mutants whose names match these patterns "
                         "(e.g. 'grpokit.rewards.*')")
     args = parser.parse_args()
