@@ -230,3 +230,14 @@ def test_an_empty_side_of_a_pair_is_refused_and_an_empty_completion_is_not():
         parse_rows([{"prompt": "q", "chosen": "a", "rejected": " \n"}], "pairs", config, "d")
     assert parse_rows([{"prompt": "q", "completion": "", "label": 1}], "labelled", config, "d")[0] == [
         ("q", [""], [1.0], [])]
+
+
+@pytest.mark.parametrize("batch_size, message", [(0, "batch_size must be at least 1, got 0"),
+                                                 (-1, "batch_size must be at least 1, got -1"),
+                                                 (1, "no such directory")])
+def test_a_reward_models_batch_size_from_both_sides_of_one(tmp_path, batch_size, message):
+    from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
+
+    for kind in (OutcomeRewardModel, ProcessRewardModel):
+        with pytest.raises(ValueError, match=message):
+            kind(tmp_path / "absent", batch_size=batch_size)

@@ -113,3 +113,20 @@ def test_the_file_names_a_run_takes(name, allowed):
 def test_workers_below_one_are_refused(workers):
     with pytest.raises(ValueError, match=f"^sandbox workers: must be at least 1, got {workers}$"):
         Sandbox("process", workers=workers)
+
+
+@pytest.mark.parametrize("path, directory, expected", [
+    ("/a/b", "/a/b", True), ("/a/b/c", "/a/b", True), ("/a/bc", "/a/b", False), ("/a", "/a/b", False),
+    ("/a/b/c", "/a/b/", True), ("/a/b", "/", True), ("/x", "/a", False),
+])
+def test_a_path_inside_a_directory(path, directory, expected):
+    from grpokit.sandbox.interpreter import inside
+
+    assert inside(path, directory) is expected
+
+
+@pytest.mark.parametrize("path, parents", [("/a/b/c", ["/a", "/a/b"]), ("/a", []), ("/a/b/", ["/a"]), ("/", [])])
+def test_the_parents_bwrap_makes(path, parents):
+    from grpokit.sandbox.bwrap import _parents
+
+    assert _parents(path) == parents
