@@ -144,6 +144,12 @@ def test_a_deeply_nested_call_within_the_limit_is_an_error_not_a_crash():
     assert found.name is None and found.error.startswith("the call is not valid JSON (")
 
 
+def test_the_open_tag_is_looked_for_before_the_close_tag_only():
+    # tags where the close tag holds the open tag: the open tag inside the close tag is not the call's start
+    assert parse_tool_call('<t>{"name": "f"}<t>!', "<t>", "<t>!") == ToolCall("f", {})
+    assert parse_tool_call('{"name": "f"}<t>!', "<t>", "<t>!") == ToolCall(error="<t>! without a <t> before it")
+
+
 def test_a_chat_templates_own_tags():
     text = 'x<tool_call>{"name": "f", "arguments": {}}</tool_call>'
     assert parse_tool_call(text, "<tool_call>", "</tool_call>") == ToolCall("f", {})
