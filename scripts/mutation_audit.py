@@ -63,7 +63,8 @@ JUDGE_STATE = Path("docs/mutation_audit_judges.json")
 SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
                  "os.environ['MUTATION_AUDIT_SCOPE']); cfg = c.config(); cfg.only_mutate = scope['files'] or "
                  "cfg.only_mutate; cfg.pytest_add_cli_args_test_selection = scope['tests'] or "
-                 "cfg.pytest_add_cli_args_test_selection; sys.argv[0] = 'mutmut'; import mutmut.__main__ as m; m.cli()")
+                 "cfg.pytest_add_cli_args_test_selection; cfg.timeout_multiplier = scope.get('timeout_multiplier') or "
+                 "cfg.timeout_multiplier; sys.argv[0] = 'mutmut'; import mutmut.__main__ as m; m.cli()")
 
 
 def generate(files: list[str] | None = None) -> None:
@@ -227,7 +228,8 @@ def judges(args: argparse.Namespace) -> None:
         print("\n".join(todo))
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
-           "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": args.tests or JUDGE_TESTS})}
+           "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": args.tests or JUDGE_TESTS,
+                                               "timeout_multiplier": args.timeout_multiplier})}
     command = [sys.executable, "-c", SCOPED_MUTMUT, "run", "--max-children", str(args.max_children), *todo]
     if todo:  # in this script's process group, so that /work/tools/quietable pauses it with the script
         with subprocess.Popen(command, env=env) as mutmut_run:
@@ -281,6 +283,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="--judges: run at most this many of the mutants left")
     parser.add_argument("--tests", nargs="+", help="--judges: run these tests (pytest paths) instead of JUDGE_TESTS: "
                         "a fast first pass, whose survivors a run with JUDGE_TESTS and --survivors judges again")
+    parser.add_argument("--timeout-multiplier", type=float, help="--judges: mutmut's (15: a mutant may take 15 "
+                        "times its tests' CPU time before it counts as a timeout, i.e. killed)")
     parser.add_argument("--part", nargs="+", help="--judges: only the mutants whose names match these patterns "
                         "(e.g. 'grpokit.rewards.*')")
     args = parser.parse_args()
