@@ -209,3 +209,30 @@ def test_a_failing_completion_is_named_by_the_start_of_its_text():
     with pytest.raises(RewardError, match=f"on completion 1 \\(prompt 'p', completion '{long[:120]}'… \\(203 "
                                           "characters\\)\\)$"):
         score_completions([fails], [1.0], ["p", "p"], ["good", long], {})
+
+
+def test_outcome_scoring_refuses_step_lists_and_weights_of_either_sign_count():
+    with pytest.raises(RewardError, match="^reward function 'reward' returned step rewards \\(a list\\) for completion "
+                                          "1: it is a process reward; set supervision: process to use it$"):
+        score_completions([returning(1.0, [(1, 1.0)])], [1.0], ["q", "q"], ["a", "b"], {})
+    total, _ = score_completions([returning(2.0, -1.0), returning(None, 4.0)], [-0.5, 0.0], ["q", "q"], ["a", "b"], {})
+    assert total.tolist() == [-1.0, 0.5]
+    total, per_function, steps = score_steps([returning([(1, -1.0), (2, 3.0)], -2.0)], [-2.0], ["q", "q"], ["ab", "cd"],
+                                             {})
+    assert steps == [[(1, 2.0), (2, -6.0)], [(2, 4.0)]] and per_function["reward"].tolist() == [1.0, -2.0]
+    assert total.tolist() == [-2.0, 4.0]
+
+
+def test_chat_prompts_get_the_completion_as_the_assistants_message_or_the_tools_messages():
+    seen = []
+
+    def reward(prompts, completions, **kwargs):
+        seen.append(completions)
+        return [1.0] * len(completions)
+
+    chat = [{"role": "user", "content": "q"}]
+    score_completions([reward], [1.0], [chat, "plain"], ["a", "b"], {})
+    assert seen[-1] == [[{"role": "assistant", "content": "a"}], "b"]
+    tools = [[{"role": "assistant", "content": "a1"}, {"role": "tool", "content": "r"}], [{"role": "x"}]]
+    score_completions([reward], [1.0], [chat, "plain"], ["a", "b"], {}, messages=tools)
+    assert seen[-1] == [tools[0], "b"]

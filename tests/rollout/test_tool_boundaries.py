@@ -237,3 +237,16 @@ def test_the_sandbox_limits_of_a_timeout(seconds, cpu):
 
 def test_the_default_python_tool_timeout():
     assert sandbox_limits() == Limits(wall_seconds=5.0, cpu_seconds=5)
+
+
+def test_the_limits_are_the_documented_ones():
+    """docs/tools.md and docs/sandbox.md state these numbers; the tests above use the constants, so a constant that
+    drifts from the docs would pass them."""
+    from decimal import Decimal
+
+    from grpokit.rollout.calculator import MAX_MAGNITUDE, PRECISION
+
+    assert (MAX_EXPRESSION, MAX_DIGITS, MAX_DEPTH, MAX_MAGNITUDE, PRECISION) == (200, 30, 32, Decimal(10) ** 30, 28)
+    assert (MAX_CALL, MAX_RESULT, MAX_TEXT) == (4096, 1024, 1000)
+    assert Limits() == Limits(wall_seconds=10, cpu_seconds=5, memory_mb=512, processes=32, file_size_mb=16,
+                              open_files=64, output_bytes=65_536, disk_mb=64)

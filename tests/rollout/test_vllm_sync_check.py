@@ -176,3 +176,9 @@ def test_the_weights_pushed_are_every_tensor_of_the_policy_detached():
     state = policy.state_dict(keep_vars=True)
     assert weights.keys() == state.keys() and len(weights) > 4
     assert all(torch.equal(weights[k], state[k]) and not weights[k].requires_grad for k in state)
+
+
+def test_the_probe_is_the_documented_32_tokens():
+    from grpokit.rollout.vllm_engine import PROBE_TOKENS
+
+    assert PROBE_TOKENS == 32  # docs/sampling.md: "a fixed 32-token probe"

@@ -130,3 +130,27 @@ def test_the_parents_bwrap_makes(path, parents):
     from grpokit.sandbox.bwrap import _parents
 
     assert _parents(path) == parents
+
+
+def test_a_probe_that_fails_is_told_by_the_end_of_its_error():
+    from grpokit.sandbox.limits import Result
+
+    sandbox = bare("/probe-test-bwrap")
+    sandbox.executable, sandbox.as_root = "/probe-test-python", False
+    stderr = "".join(str(i % 10) for i in range(5000)) + "\nImportError: the reason\n"
+    sandbox._run = lambda *args: Result("", stderr, 1, False, None, 0.1, False)
+    assert sandbox._cannot_run() == f"a test program gave exit 1: {stderr.strip()[-2000:]}"
+    assert sandbox._cannot_run().endswith("ImportError: the reason")
+
+
+def test_an_interpreter_that_does_not_run_is_told_by_the_end_of_its_error(tmp_path):
+    from grpokit.sandbox import SandboxUnavailable
+    from grpokit.sandbox.interpreter import installation
+
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nhead -c 5000 /dev/zero | tr '\\0' x >&2\necho ' the end' >&2\nexit 1\n")
+    script.chmod(0o755)
+    with pytest.raises(SandboxUnavailable) as caught:
+        installation(str(script))
+    told = str(caught.value)
+    assert told == f"sandbox python: {script} does not run: {('x' * 5000 + ' the end')[-2000:]}"
