@@ -58,7 +58,8 @@ def test_extract_answer_reads_only_a_single_tag(completion, expected):
 
 @pytest.mark.parametrize("completion, method, expected", [
     ("\\boxed{-3}", "boxed", "-3"), ("\\boxed{1} then \\boxed{2}", "boxed", "2"), ("\\boxed{a{b}c}", "boxed", "a{b}c"),
-    ("\\boxed{1} then \\boxed{2", "boxed", "1"), ("\\boxed{}", "boxed", None), ("\\boxed{ }", "boxed", None),
+    ("\\boxed{1} then \\boxed{2", "boxed", "1"), ("\\boxed{1} \\boxed{2} \\boxed{3", "boxed", "2"),
+    ("\\boxed{}", "boxed", None), ("\\boxed{ }", "boxed", None),
     ("\\boxed{{}", "boxed", None), ("\\boxed{x}}", "boxed", "x"), ("no box", "boxed", None),
     ("\\boxed{\\frac{1}{2}}", "boxed", "\\frac{1}{2}"), ("\\boxed {1}", "boxed", None),
     ("a\nb\n  \n", "last_line", "b"), ("a\n  c  \n\n", "last_line", "c"), ("\n\n", "last_line", None),
