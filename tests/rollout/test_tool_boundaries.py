@@ -250,3 +250,18 @@ def test_the_limits_are_the_documented_ones():
     assert (MAX_CALL, MAX_RESULT, MAX_TEXT) == (4096, 1024, 1000)
     assert Limits() == Limits(wall_seconds=10, cpu_seconds=5, memory_mb=512, processes=32, file_size_mb=16,
                               open_files=64, output_bytes=65_536, disk_mb=64)
+
+
+def test_values_json_cannot_hold_become_their_text():
+    from decimal import Decimal
+
+    tools = {"d": lambda: {"x": Decimal("-1.50"), "s": [None, True]}, "o": lambda: object}
+    assert run_tool(ToolCall("d", {}), tools) == ('{"x": "-1.50", "s": [null, true]}', False)
+    assert run_tool(ToolCall("o", {}), tools) == ('"<class \'object\'>"', False)
+
+
+def test_a_tool_under_a_timeout_runs_in_a_thread_named_after_it():
+    import threading
+
+    # an overrunning call's thread is abandoned, not killed: its name tells which tool it was
+    assert run_tool(ToolCall("f", {}), {"f": lambda: threading.current_thread().name}, timeout=30) == ("tool f", False)
