@@ -193,8 +193,9 @@ def harvest(state: dict, names: list[str], vllm: dict[str, str] | None = None) -
         entry.update(status=status, diff=digest(diff))
         if name in (vllm or {}):
             entry["judged_in"] = "vllm"
-        if status in ("killed", "timeout", "segfault"):
+        if status in KILLED:
             entry.pop("source", None)
+            entry.pop("equivalent", None)
         else:
             entry["source"] = diff
     state["mutants"] = dict(sorted(state["mutants"].items()))
@@ -218,7 +219,7 @@ def judges(args: argparse.Namespace) -> None:
     for name in names:
         entry = state["mutants"].get(name)
         if entry is None or entry["diff"] != digest(get_diff_for_mutant(name, path=every[name][0])) or (
-                args.survivors and entry["status"] not in ("killed", "timeout", "segfault")):
+                args.survivors and entry["status"] not in KILLED and "equivalent" not in entry):
             todo.append(name)
     if args.part:
         todo = [n for n in todo if any(fnmatch.fnmatchcase(n, pattern) for pattern in args.part)]
@@ -226,6 +227,9 @@ def judges(args: argparse.Namespace) -> None:
     print(f"{len(names)} mutants of the judges in {len({every[n][0] for n in names})} files; {len(todo)} to run")
     if args.list:
         print("\n".join(todo))
+        return
+    if args.table:
+        print(table(state, {n: every[n][0] for n in names}))
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
            "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": args.tests or JUDGE_TESTS,
@@ -236,8 +240,14 @@ def judges(args: argparse.Namespace) -> None:
             deadline = None if args.max_minutes is None else time.monotonic() + args.max_minutes * 60
             while mutmut_run.poll() is None:
                 if deadline is not None and time.monotonic() > deadline:
-                    mutmut_run.send_signal(signal.SIGINT)  # mutmut stops its workers and saves
+                    # (SIGINT would not do: a shell's background job, as under quietable, ignores it.) mutmut saved
+                    # each result as it came; its fork server and worker go by their ids.
+                    below = descendants(mutmut_run.pid)
+                    mutmut_run.terminate()
                     mutmut_run.wait()
+                    for pid in below:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                     break
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     mutmut_run.wait(timeout=60)
@@ -250,17 +260,30 @@ def judges(args: argparse.Namespace) -> None:
              and status_by_exit_code[every[n][1]] in ("survived", "no tests")]
     if args.vllm and alive:
         harvest(state, alive, run_vllm(alive, args.vllm, env, own_session=False))
-    counts: dict[str, Counter] = {}
-    for entry in state["mutants"].values():
-        counts.setdefault(entry["file"], Counter())[entry["status"]] += 1
-    for path in sorted({every[n][0] for n in names}):
-        total = sum(1 for n in names if every[n][0] == path)
-        print(f"{path}: {total} mutants, {dict(sorted(counts.get(path, Counter()).items()))}, "
-              f"{total - sum(counts.get(path, Counter()).values())} not judged yet")
+    print(table(state, {n: every[n][0] for n in names}))
     for name, entry in state["mutants"].items():
-        if entry["status"] not in ("killed", "timeout", "segfault"):
+        if entry["status"] not in KILLED and "equivalent" not in entry:
             print(f"# {name}: {entry['status']}\n{entry['source']}")
 
+
+KILLED = ("killed", "timeout", "segfault")
+
+
+def table(state: dict, files: dict[str, str]) -> str:
+    """The counts per file (markdown): its mutants, and of them, at their first run and now, those killed (a timeout
+    counts: the tests hung) and those alive; now, those explained as equivalent (``equivalent`` in the state: the
+    reason) apart; and those not judged yet."""
+    rows = ["| file | mutants | first run: killed / alive | now: killed / alive / equivalent | not judged yet |",
+            "|---|---|---|---|---|"]
+    for path in sorted(set(files.values())):
+        names = [n for n, f in files.items() if f == path]
+        judged = [state["mutants"][n] for n in names if n in state["mutants"]]
+        first = sum(e["first"] in KILLED for e in judged)
+        now = sum(e["status"] in KILLED for e in judged)
+        equivalent = sum(e["status"] not in KILLED and "equivalent" in e for e in judged)
+        rows.append(f"| `{path.removeprefix('src/grpokit/')}` | {len(names)} | {first} / {len(judged) - first} | "
+                    f"{now} / {len(judged) - now - equivalent} / {equivalent} | {len(names) - len(judged)} |")
+    return "\n".join(rows)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -279,6 +302,7 @@ def main() -> None:
                         help="run the vLLM engine's mutants on its tests with this Python (default .venv-vllm's)")
     parser.add_argument("--judges", action="store_true", help=f"every mutant of the layers that judge model output, "
                         f"resuming from {JUDGE_STATE} (--sample, --seed, --again, --report do not apply)")
+    parser.add_argument("--table", action="store_true", help="--judges: print the counts per file; run nothing")
     parser.add_argument("--survivors", action="store_true", help="--judges: rerun the state's survivors too")
     parser.add_argument("--limit", type=int, help="--judges: run at most this many of the mutants left")
     parser.add_argument("--tests", nargs="+", help="--judges: run these tests (pytest paths) instead of JUDGE_TESTS: "
