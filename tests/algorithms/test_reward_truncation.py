@@ -241,3 +241,47 @@ def test_a_reward_models_batch_size_from_both_sides_of_one(tmp_path, batch_size,
     for kind in (OutcomeRewardModel, ProcessRewardModel):
         with pytest.raises(ValueError, match=message):
             kind(tmp_path / "absent", batch_size=batch_size)
+
+
+def test_a_tokenizer_and_a_config_that_state_no_limit():
+    from types import SimpleNamespace
+
+    assert context_length(SimpleNamespace(), SimpleNamespace()) is None
+    assert context_length(SimpleNamespace(), SimpleNamespace(max_position_embeddings=64)) == 64
+    assert context_length(SimpleNamespace(model_max_length=32), SimpleNamespace()) == 32
+
+
+def test_a_reward_model_cuts_counts_and_warns_once_naming_the_kept_end():
+    import warnings
+
+    from grpokit.rewards.learned import OutcomeRewardModel
+
+    model = OutcomeRewardModel.__new__(OutcomeRewardModel)
+    model.tokenizer, model.context, model.truncated, model.__name__ = Characters(), 3, 0, "rm"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept, _ = model._encode(["abcdef", "a", "xyz"], keep_end=True)
+        assert kept == [ids("def", bos=False), ids("a"), ids("xyz", bos=False)] and model.truncated == 2
+        kept, _ = model._encode(["abcdef"], keep_end=False)
+        assert kept == [ids("ab")] and model.truncated == 3
+    assert [str(w.message) for w in caught] == [
+        "reward model 'rm': 2 of 3 texts are longer than its context of 3 tokens and were cut, keeping their end "
+        "(counted in .truncated; warned once)"]
+    fresh = OutcomeRewardModel.__new__(OutcomeRewardModel)
+    fresh.tokenizer, fresh.context, fresh.truncated, fresh.__name__ = Characters(), 3, 0, "rm"
+    with pytest.warns(UserWarning, match="keeping their start"):
+        fresh._encode(["abcdef"], keep_end=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fresh._encode(["ab"], keep_end=False)[0] == [ids("ab")] and fresh.truncated == 1
+
+
+def test_no_form_names_every_forms_columns_and_what_to_do():
+    from grpokit.algorithms.reward import detect_form
+
+    with pytest.raises(DataError) as caught:
+        detect_form([{"q": 1}], RewardConfig(model="m"), "d")
+    assert str(caught.value) == (
+        "d: row 0's columns ['q'] make none of the three forms (labelled: ['prompt', 'completion', 'label']; pairs: "
+        "['prompt', 'chosen', 'rejected']; steps: ['prompt', 'completion', 'steps']); rename the columns or set the "
+        "*_column keys")
