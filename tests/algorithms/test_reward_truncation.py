@@ -285,3 +285,18 @@ def test_no_form_names_every_forms_columns_and_what_to_do():
         "d: row 0's columns ['q'] make none of the three forms (labelled: ['prompt', 'completion', 'label']; pairs: "
         "['prompt', 'chosen', 'rejected']; steps: ['prompt', 'completion', 'steps']); rename the columns or set the "
         "*_column keys")
+
+
+def test_special_tokens_empty_spans_hold_no_step_wherever_they_are():
+    # a fast tokenizer gives the special tokens it adds, BOS first and EOS last, the span (0, 0)
+    assert step_tokens([(0, 0), (0, 1), (1, 2), (0, 0)], 0, [1, 2]) == [1, 2]
+    assert step_tokens([(0, 0), (0, 2), (2, 2), (2, 4), (0, 0)], 0, [2, 4]) == [1, 3]
+
+
+def test_a_slow_tokenizer_is_refused_for_steps_with_the_whole_reason():
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError) as caught:
+        tokenize_rows([], "steps", SimpleNamespace(is_fast=False), None, "d")
+    assert str(caught.value) == ("model: a process reward model needs a fast tokenizer (tokenizer.json) to map step "
+                                 "ends to tokens")

@@ -139,7 +139,8 @@ def returning(*values):
 def test_a_reward_that_is_not_finite_is_refused_of_either_sign(value):
     with pytest.raises(RewardError, match=re.escape(f"reward function 'reward' returned {value} for completion 0 (")):
         score_completions([returning(value)], [1.0], ["q"], ["c"], {})
-    with pytest.raises(RewardError, match=", step 0 "):
+    with pytest.raises(RewardError, match=re.escape(f"reward function 'reward' returned {value} for completion 0, "
+                                                    "step 0 (prompt 'q', completion 'c')")):
         score_steps([returning([(1, value)])], [1.0], ["q"], ["c"], {})
 
 
