@@ -300,3 +300,32 @@ def test_a_slow_tokenizer_is_refused_for_steps_with_the_whole_reason():
         tokenize_rows([], "steps", SimpleNamespace(is_fast=False), None, "d")
     assert str(caught.value) == ("model: a process reward model needs a fast tokenizer (tokenizer.json) to map step "
                                  "ends to tokens")
+
+
+def test_each_row_gets_its_own_ids_and_its_own_cut():
+    rows = [("P", ["abcdef"], [1.0], []), ("P", ["x"], [0.0], []), ("P", ["yz"], [1.0], [])]
+    examples, _ = tokenize_rows(rows, "labelled", Characters(), 4, "d")
+    assert [e.sequences for e in examples] == [[ids("cdef", bos=False)], [ids("Px")], [ids("Pyz")]]
+    assert [e.truncated for e in examples] == [True, False, False] and [e.targets for e in examples] == [[1.0], [0.0],
+                                                                                                        [1.0]]
+    pairs = [("p", ["a", "b"], [], []), ("p", ["cccccc", "d"], [], []), ("p", ["e", "f"], [], [])]
+    examples, _ = tokenize_rows(pairs, "pairs", Characters(), 4, "d")
+    assert [e.sequences for e in examples] == [[ids("pa"), ids("pb")], [ids("cccc", bos=False), ids("pd")],
+                                               [ids("pe"), ids("pf")]]
+    assert [e.truncated for e in examples] == [False, True, False]
+
+
+def test_steps_in_a_chat_text_are_located_after_the_template_s_prefix():
+    row = ("q", ["ab\ncd"], [0.0, 1.0], [2, 5])
+    (example,), dropped = tokenize_rows([row], "steps", Characters(chat_template="t"), None, "d")
+    start = len("<user>q</user><assistant>")  # a chat text has no BOS: token i is character i
+    assert example.positions == [start + 1, start + 4] and dropped == 0
+
+    class Rewrites(Characters):
+        def apply_chat_template(self, messages, tokenize=False):
+            return "".join(m["content"].upper() for m in messages)
+
+    with pytest.raises(DataError) as caught:
+        tokenize_rows([row], "steps", Rewrites(chat_template="t"), None, "d")
+    assert str(caught.value) == ("d: row 0: the tokenizer's chat template changes the assistant's text, so step ends "
+                                 "cannot be located in it")
