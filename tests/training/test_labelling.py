@@ -259,3 +259,14 @@ def test_a_pair_with_an_empty_side_is_counted_not_made_and_the_answer_is_kept():
     assert counts["empty_sides"] == 1
     assert made == [{"prompt": "p", "chosen": "a", "rejected": "d", "chosen_label": 3, "rejected_label": 0,
                      "answer": "4"}]
+
+
+def test_an_empty_side_skips_its_pair_only_and_every_one_is_counted():
+    from grpokit.training.labelling import _pairs
+
+    counts = {"empty_sides": 5}  # the counts so far, over earlier groups
+    made = _pairs([labelled(3, ""), labelled(2, "a"), labelled(1, "b"), labelled(0, " ")], counts)
+    assert [(p["chosen"], p["rejected"]) for p in made] == [("a", "b")] and counts["empty_sides"] == 6
+    made = _pairs([labelled(9, " "), labelled(8, "x"), labelled(7, "\t"), labelled(1, "y"), labelled(0, "z"),
+                   labelled(-1, "w")], counts)
+    assert [(p["chosen"], p["rejected"]) for p in made] == [("x", "z")] and counts["empty_sides"] == 8
