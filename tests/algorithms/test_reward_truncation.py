@@ -329,3 +329,20 @@ def test_steps_in_a_chat_text_are_located_after_the_template_s_prefix():
         tokenize_rows([row], "steps", Rewrites(chat_template="t"), None, "d")
     assert str(caught.value) == ("d: row 0: the tokenizer's chat template changes the assistant's text, so step ends "
                                  "cannot be located in it")
+
+
+def test_chat_messages_are_rendered_as_they_are():
+    chat = Characters(chat_template="t")
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    completion = [{"role": "assistant", "content": "c"}]
+    text, start = reward_text(chat, prompt, completion, locate=True)
+    assert text == "<system>s</system><user>u</user><assistant>c</assistant>"
+    assert start == len("<system>s</system><user>u</user><assistant>")
+
+
+def test_a_tokenizer_without_a_chat_template_attribute_reads_plain_text():
+    class Bare:
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("not called")
+
+    assert reward_text(Bare(), "p", "c") == ("pc", 1)
