@@ -346,3 +346,35 @@ def test_a_tokenizer_without_a_chat_template_attribute_reads_plain_text():
             raise AssertionError("not called")
 
     assert reward_text(Bare(), "p", "c") == ("pc", 1)
+
+
+def test_a_slow_tokenizer_gives_no_spans_and_a_tokenizer_without_template_attribute_gets_bos():
+    class Slow(Characters):
+        is_fast = False
+
+    kept, spans, cut = encode_texts(Slow(), ["ab", "c"], None, keep_end=True)
+    assert kept == [ids("ab"), ids("c")] and spans == [[], []] and cut == []
+
+    class NoTemplate:
+        is_fast = True
+
+        def __call__(self, texts, add_special_tokens=True, return_offsets_mapping=False):
+            return Characters()(texts, add_special_tokens, return_offsets_mapping)
+
+    assert encode_texts(NoTemplate(), ["ab"], None, keep_end=True)[0] == [ids("ab")]
+
+
+def test_the_completions_last_message_is_located_after_the_turns_before_it():
+    completion = [{"role": "assistant", "content": "a1"}, {"role": "tool", "content": "r"},
+                  {"role": "assistant", "content": "a2"}]
+    text, start = reward_text(Characters(chat_template="t"), "q", completion, locate=True)
+    assert text == "<user>q</user><assistant>a1</assistant><tool>r</tool><assistant>a2</assistant>"
+    assert start == text.index("a2")
+
+
+def test_a_completion_at_the_very_start_of_a_chat_text_is_located_at_zero():
+    class ContentsOnly(Characters):
+        def apply_chat_template(self, messages, tokenize=False):
+            return "".join(m["content"] for m in messages)
+
+    assert reward_text(ContentsOnly(chat_template="t"), "", "ans", locate=True) == ("ans", 0)
