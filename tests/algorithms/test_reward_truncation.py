@@ -378,3 +378,13 @@ def test_a_completion_at_the_very_start_of_a_chat_text_is_located_at_zero():
             return "".join(m["content"] for m in messages)
 
     assert reward_text(ContentsOnly(chat_template="t"), "", "ans", locate=True) == ("ans", 0)
+
+
+def test_the_step_refusals_whole():
+    with pytest.raises(DataError) as caught:
+        _steps([[2, 1], [2, 1]], 5, "w")
+    assert str(caught.value) == "w: step 1 ends at character 2, not after step 0 (2): offsets must increase"
+    with pytest.raises(DataError) as caught:
+        _steps([[2, 1.5]], 5, "w")
+    assert str(caught.value) == ("w: step 0's label 1.5 is out of range: binary cross-entropy takes labels in "
+                                 "[0, 1]")
