@@ -84,6 +84,8 @@ def test_the_depth_bound_counts_signs_and_parentheses_together():
     ("1,000", "error: unsupported character ',' (only digits, '.', + - * / and parentheses)"),
     ("1\n+\t2", "3"), ("3 × 4 ÷ 6 − 1", "1"), ("\x00", "error: unsupported character 'U+0000' (only digits, '.', "
                                               "+ - * / and parentheses)"),
+    ("", "error: the expression is empty"), (" \t\n", "error: the expression is empty"),
+    ("X", "error: unsupported character 'X' (only digits, '.', + - * / and parentheses)"),
     (None, "error: the expression must be text, got NoneType"), (12, "error: the expression must be text, got int"),
 ])
 def test_the_calculator_reads_what_a_model_writes_and_refuses_the_rest(expression, expected):
