@@ -120,6 +120,8 @@ def test_a_call_of_exactly_max_call_characters_is_read_and_one_more_is_not():
     ('<tool>{"name": "a"}</tool><tool>{"name": "b"}</tool>', ToolCall("b", {})),  # the last call, after a closed one
     ('<tool><tool>{"name": "b"}</tool>', ToolCall(error="nested <tool> tags: a call is one JSON object between one "
                                                          "<tool> and </tool>")),
+    ('<tool>{"name": "a"}</tool> then <tool>x <tool>{"name": "b"}</tool>',  # the last open tag is unclosed
+     ToolCall(error="nested <tool> tags: a call is one JSON object between one <tool> and </tool>")),
     ('{"name": "f"}</tool>', ToolCall(error="</tool> without a <tool> before it")),
     ('<tool></tool></tool>', ToolCall(error="</tool> without a <tool> before it")),
     ('<tool>{"name": ""}</tool>', ToolCall(error='the call has no "name" (the tool\'s name, as text)')),
