@@ -50,14 +50,23 @@ JUDGE_ONLY = ["grpokit.rollout.calculator.*", "grpokit.rollout.tool_calls.*", "g
               "grpokit.training.labelling.*", "grpokit.sandbox.*", "grpokit.rollout.vllm_engine.x_hf_weights__*",
               "grpokit.rollout.vllm_engine.x_policy_logprobs__*", *(f"grpokit.rollout.vllm_engine.x\u01c1VLLMEngine"
               f"\u01c1{name}__*" for name in ("update_weights", "difference", "check", "prompt_logprobs"))]
-JUDGE_TESTS = ["tests/rewards", "tests/sandbox", "tests/rollout/test_tools.py", "tests/rollout/test_python_tool.py",
-               "tests/rollout/test_tool_templates.py", "tests/rollout/test_toolbox.py",
-               "tests/rollout/test_episodes.py",
-               "tests/rollout/test_vllm_wiring.py", "tests/rollout/test_vllm_sync_check.py",
-               "tests/rollout/test_tool_boundaries.py", "tests/algorithms/test_reward_truncation.py",
-               "tests/algorithms/test_reward_train.py", "tests/training/test_labelling.py",
-               "tests/training/test_battery.py", "tests/tasks/test_tool_task.py", "tests/core/test_process.py",
-               "src/grpokit/rewards", "src/grpokit/core/answers.py"]
+# The layers' own tests and the sharp ones written for them (the reward trainer's and labelling's fast cases by name:
+# their training runs would make every surviving mutant of those files take minutes).
+_TRAIN, _SAMPLE = "tests/algorithms/test_reward_train.py::test_", "tests/training/test_labelling.py::test_"
+JUDGE_TESTS = ["tests/rollout/test_tools.py", "tests/rollout/test_tool_boundaries.py",
+               "tests/rollout/test_python_tool.py", "tests/rewards/test_answers_and_scores.py",
+               "tests/rewards/test_rewards.py", "tests/rewards/test_math.py", "tests/rewards/test_reward_calls.py",
+               "tests/rewards/test_code_boundaries.py", "tests/rewards/test_code.py",
+               "tests/rollout/test_vllm_sync_check.py", "tests/rollout/test_vllm_wiring.py",
+               "tests/algorithms/test_reward_truncation.py", "tests/sandbox", "src/grpokit/core/answers.py",
+               "src/grpokit/rewards",
+               *(_TRAIN + name for name in ("texts_labels_and_steps_are_read_as_written", "each_bad_value_is_named",
+                                            "the_form_is_found_from_the_first_row_steps_then_pairs_then_labelled",
+                                            "a_process_model_needs_a_fast_tokenizer_and_a_template_that_keeps_the_text",
+                                            "config_checks")),
+               *(_SAMPLE + name for name in ("pairs_join_the_best_with_the_worst_and_skip_ties",
+                                             "a_pair_with_an_empty_side_is_counted_not_made_and_the_answer_is_kept",
+                                             "an_empty_side_skips_its_pair_only_and_every_one_is_counted"))]
 JUDGE_STATE = Path("docs/mutation_audit_judges.json")
 # mutmut with [tool.mutmut]'s files and tests replaced (MUTATION_AUDIT_SCOPE: {"files": [...], "tests": [...]})
 SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
@@ -204,8 +213,8 @@ def harvest(state: dict, names: list[str], vllm: dict[str, str] | None = None) -
 
 def judges(args: argparse.Namespace) -> None:
     """``--judges``: every mutant of JUDGE_FILES (JUDGE_ONLY's functions), the results kept per mutant in
-    JUDGE_STATE as they come, so that a run stopped anywhere resumes with the mutants not yet judged; with
-    ``--survivors``, the state's survivors (and mutants whose function changed) run again on today's tests."""
+    JUDGE_STATE as they come, so that a run stopped anywhere resumes with the mutants not yet judged (or whose function
+    changed since); with ``--survivors``, the state's survivors run again on today's tests instead."""
     from mutmut.__main__ import get_diff_for_mutant
 
     if not args.keep:
@@ -218,9 +227,11 @@ def judges(args: argparse.Namespace) -> None:
     todo = []
     for name in names:
         entry = state["mutants"].get(name)
-        if entry is None or entry["diff"] != digest(get_diff_for_mutant(name, path=every[name][0])) or (
-                args.survivors and entry["status"] not in KILLED and "equivalent" not in entry):
-            todo.append(name)
+        if args.survivors:  # those alive and not explained, on today's tests
+            if entry is not None and entry["status"] not in KILLED and "equivalent" not in entry:
+                todo.append(name)
+        elif entry is None or entry["diff"] != digest(get_diff_for_mutant(name, path=every[name][0])):
+            todo.append(name)  # not judged yet, or its function changed since
     if args.part:
         todo = [n for n in todo if any(fnmatch.fnmatchcase(n, pattern) for pattern in args.part)]
     todo = todo[:args.limit] if args.limit else todo
@@ -303,7 +314,8 @@ def main() -> None:
     parser.add_argument("--judges", action="store_true", help=f"every mutant of the layers that judge model output, "
                         f"resuming from {JUDGE_STATE} (--sample, --seed, --again, --report do not apply)")
     parser.add_argument("--table", action="store_true", help="--judges: print the counts per file; run nothing")
-    parser.add_argument("--survivors", action="store_true", help="--judges: rerun the state's survivors too")
+    parser.add_argument("--survivors", action="store_true", help="--judges: run the state's survivors (not those "
+                        "explained as equivalent) again, and nothing else")
     parser.add_argument("--limit", type=int, help="--judges: run at most this many of the mutants left")
     parser.add_argument("--tests", nargs="+", help="--judges: run these tests (pytest paths) instead of JUDGE_TESTS: "
                         "a fast first pass, whose survivors a run with JUDGE_TESTS and --survivors judges again")
