@@ -238,3 +238,23 @@ def test_chat_prompts_get_the_completion_as_the_assistants_message_or_the_tools_
     tools = [[{"role": "assistant", "content": "a1"}, {"role": "tool", "content": "r"}], [{"role": "x"}]]
     score_completions([reward], [1.0], [chat, "plain"], ["a", "b"], {}, messages=tools)
     assert seen[-1] == [tools[0], "b"]
+
+
+def test_math_accuracy_never_hands_model_output_to_sympys_parse_expr(monkeypatch):
+    """math-verify's plain-expression reader runs sympy's parse_expr, an eval: the model's answer is read as LaTeX
+    only (its reference, the dataset's, may be read either way)."""
+    parser = pytest.importorskip("math_verify.parser")
+    evaluated = []
+    real = parser.parse_expr
+    monkeypatch.setattr(parser, "parse_expr", lambda text, **kw: evaluated.append(text) or real(text, **kw))
+    assert math_accuracy_reward(["q"], ["<answer>y = 2**3 + 0*17</answer>"], answer=["8"]) == [0.0]
+    assert evaluated == []
+    from math_verify import parse
+
+    assert parse("$y = 2**3 + 0*19$") and evaluated  # (the default reader would have evaluated it)
+
+
+def test_math_accuracy_reads_a_latex_symbol_answer():
+    pytest.importorskip("math_verify")
+    assert math_accuracy_reward(["q"] * 2, ["<answer>X</answer>", "<answer>$X$</answer>"], answer=["X", "X"]) == [1.0,
+                                                                                                                1.0]
