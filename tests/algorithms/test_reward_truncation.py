@@ -388,3 +388,15 @@ def test_the_step_refusals_whole():
         _steps([[2, 1.5]], 5, "w")
     assert str(caught.value) == ("w: step 0's label 1.5 is out of range: binary cross-entropy takes labels in "
                                  "[0, 1]")
+
+
+def test_row_refusals_name_the_source_and_say_the_whole_rule():
+    config = RewardConfig(model="m")
+    with pytest.raises(DataError) as caught:
+        parse_rows([{"prompt": "q", "completion": "a"}], "labelled", config, "d.jsonl")
+    assert str(caught.value) == "d.jsonl: row 0 has no column 'label' (its columns: ['completion', 'prompt'])"
+    with pytest.raises(DataError) as caught:
+        parse_rows([{"prompt": "q", "completion": "a", "label": 2}], "labelled",
+                   RewardConfig(model="m", label_loss="bce"), "d.jsonl")
+    assert str(caught.value) == ("d.jsonl: row 0 column 'label': label 2.0 is out of range for binary cross-entropy "
+                                 "(label_loss: bce takes labels in [0, 1]; label_loss: mse any number)")
