@@ -182,3 +182,10 @@ def test_the_probe_is_the_documented_32_tokens():
     from grpokit.rollout.vllm_engine import PROBE_TOKENS
 
     assert PROBE_TOKENS == 32  # docs/sampling.md: "a fixed 32-token probe"
+
+
+def test_a_push_without_a_step_is_named_step_0():
+    engine = engine_for()
+    engine.llm.deviation = [0.5] * (len(PROBE) - 1)
+    with pytest.raises(WeightSyncError, match="^step 0: "):
+        engine.update_weights()
