@@ -400,3 +400,14 @@ def test_row_refusals_name_the_source_and_say_the_whole_rule():
                    RewardConfig(model="m", label_loss="bce"), "d.jsonl")
     assert str(caught.value) == ("d.jsonl: row 0 column 'label': label 2.0 is out of range for binary cross-entropy "
                                  "(label_loss: bce takes labels in [0, 1]; label_loss: mse any number)")
+
+
+def test_the_cut_warning_points_at_the_code_that_called_the_reward_model():
+    from grpokit.rewards.learned import OutcomeRewardModel
+
+    model = OutcomeRewardModel.__new__(OutcomeRewardModel)
+    model.tokenizer, model.context, model.truncated, model.__name__ = Characters(), 3, 0, "rm"
+    model._logits = lambda rows: [torch.tensor([0.5]) for _ in rows]
+    with pytest.warns(UserWarning, match="keeping their end") as caught:
+        assert model(prompts=["p"], completions=["abcdef"]) == [0.5]
+    assert caught[0].filename == __file__

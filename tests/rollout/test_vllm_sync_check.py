@@ -189,3 +189,12 @@ def test_a_push_without_a_step_is_named_step_0():
     engine.llm.deviation = [0.5] * (len(PROBE) - 1)
     with pytest.raises(WeightSyncError, match="^step 0: "):
         engine.update_weights()
+
+
+def test_a_bfloat16_lora_policys_weights_are_pushed_in_bfloat16():
+    peft = pytest.importorskip("peft")
+    policy = build_model(build_tokenizer(), TINY, seed=0).to(torch.bfloat16)
+    model = peft.get_peft_model(policy, peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    weights = hf_weights(model)
+    assert {w.dtype for w in weights.values()} == {torch.bfloat16}
+    assert not any("lora_" in name or "base_layer" in name for name in weights)
