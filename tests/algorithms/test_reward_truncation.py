@@ -4,6 +4,7 @@ by hand: which end of a text longer than the context each cut keeps, and exactly
 the steps' ends and tokens; and each bound of the rows' values from both sides, with NaN and infinities."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -402,6 +403,8 @@ def test_row_refusals_name_the_source_and_say_the_whole_rule():
                                  "(label_loss: bce takes labels in [0, 1]; label_loss: mse any number)")
 
 
+@pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="mutmut's trampolines add stack frames: the warning's "
+                    "stacklevel cannot be judged in its copy (docs/reliability.md)")
 def test_the_cut_warning_points_at_the_code_that_called_the_reward_model():
     from grpokit.rewards.learned import OutcomeRewardModel
 
