@@ -258,3 +258,27 @@ def test_math_accuracy_reads_a_latex_symbol_answer():
     pytest.importorskip("math_verify")
     assert math_accuracy_reward(["q"] * 2, ["<answer>X</answer>", "<answer>$X$</answer>"], answer=["X", "X"]) == [1.0,
                                                                                                                 1.0]
+
+
+def test_process_scoring_passes_ids_state_messages_and_options_on():
+    from grpokit.rewards.calling import TrainerState
+
+    seen = {}
+
+    def process(prompts, completions, completion_ids, trainer_state, **kwargs):
+        seen.update(completions=completions, ids=completion_ids, step=trainer_state.global_step)
+        return [[(1, 0.5)]]
+
+    chat = [{"role": "user", "content": "q"}]
+    messages = [[{"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}]]
+    score_steps([process], [1.0], [chat], ["ab"], {}, completion_ids=[[7, 8]], trainer_state=TrainerState(3),
+                messages=messages)
+    assert seen == {"completions": messages, "ids": [[7, 8]], "step": 3}
+
+    def fails(completions, **kwargs):
+        raise ValueError("no")
+
+    errors = []
+    total, per_function, steps = score_steps([fails], [1.0], ["q"], ["c"], {}, on_error="skip", errors=errors)
+    assert steps == [[]] and math.isnan(per_function["fails"][0]) and errors == [
+        {"function": "fails", "completion": 0, "error": "ValueError: no"}]
