@@ -282,3 +282,52 @@ def test_process_scoring_passes_ids_state_messages_and_options_on():
     total, per_function, steps = score_steps([fails], [1.0], ["q"], ["c"], {}, on_error="skip", errors=errors)
     assert steps == [[]] and math.isnan(per_function["fails"][0]) and errors == [
         {"function": "fails", "completion": 0, "error": "ValueError: no"}]
+
+
+def test_the_largest_float32_reward_is_kept_of_either_sign():
+    from grpokit.rewards.calling import FLOAT32_MAX
+
+    for value in (FLOAT32_MAX, -FLOAT32_MAX):
+        assert score_completions([returning(value)], [1.0], ["q"], ["c"], {})[1]["reward"].tolist() == [value]
+
+
+def test_a_reward_timeout_bounds_the_call_in_a_thread_named_after_the_reward():
+    import threading
+    import time
+
+    names = []
+
+    def named(completions, **kwargs):
+        names.append(threading.current_thread().name)
+        return [1.0]
+
+    score_completions([named], [1.0], ["q"], ["c"], {}, timeout=30)
+    assert names == ["reward named"]
+
+    def slow(completions, **kwargs):
+        time.sleep(1)
+        return [1.0]
+
+    with pytest.raises(RewardError, match="^reward function 'slow' took longer than reward_timeout=0.05 s on a batch "
+                                          "of 1 completions$"):
+        score_completions([slow], [1.0], ["q"], ["c"], {}, timeout=0.05)
+
+
+def test_every_function_is_checked_past_one_without_a_signature_or_with_defaults():
+    from grpokit.rewards.calling import check_reward_functions
+
+    def defaults_first(prompts, completions, *, level=1, missing):
+        return []
+
+    for functions in ([print, defaults_first], [defaults_first]):
+        with pytest.raises(ValueError, match="^reward function 'defaults_first' needs 'missing', which is neither"):
+            check_reward_functions(functions, ["answer"], "d")
+
+    def by_position(prompts, /, completions):
+        return []
+
+    with pytest.raises(ValueError) as caught:
+        check_reward_functions([by_position], [], "d")
+    assert str(caught.value) == ("reward function 'by_position' takes 'prompts' by position only; reward functions are "
+                                 "called by keyword (prompts, completions, completion_ids, trainer_state, and each "
+                                 "column by name), as in TRL")
