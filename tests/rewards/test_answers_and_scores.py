@@ -331,3 +331,30 @@ def test_every_function_is_checked_past_one_without_a_signature_or_with_defaults
     assert str(caught.value) == ("reward function 'by_position' takes 'prompts' by position only; reward functions are "
                                  "called by keyword (prompts, completions, completion_ids, trainer_state, and each "
                                  "column by name), as in TRL")
+
+
+def test_a_failing_batch_is_retried_one_completion_at_a_time_under_the_same_timeout():
+    import threading
+    import time
+
+    names = []
+
+    def picky(completions, **kwargs):
+        names.append(threading.current_thread().name)
+        if len(completions) > 1:
+            raise ValueError("batch")
+        if completions[0] == "bad":
+            raise KeyError("k")
+        if completions[0] == "slow":
+            time.sleep(1)
+        return [1.0]
+
+    errors = []
+    _, per_function = score_completions([picky], [1.0], ["q"] * 3, ["bad", "ok", "ok"], {}, on_error="skip",
+                                        errors=errors, timeout=30)
+    assert per_function["picky"][1:].tolist() == [1.0, 1.0] and math.isnan(per_function["picky"][0])
+    assert errors == [{"function": "picky", "completion": 0, "error": "KeyError: 'k'"}]
+    assert names == ["reward picky"] * 4
+    with pytest.raises(RewardError, match="^reward function 'picky' took longer than reward_timeout=0.05 s on "
+                                          "completion 1$"):
+        score_completions([picky], [1.0], ["q"] * 2, ["ok", "slow"], {}, on_error="skip", timeout=0.05)
