@@ -319,7 +319,7 @@ def test_every_function_is_checked_past_one_without_a_signature_or_with_defaults
     def defaults_first(prompts, completions, *, level=1, missing):
         return []
 
-    for functions in ([print, defaults_first], [defaults_first]):
+    for functions in ([max, defaults_first], [defaults_first]):  # max: a builtin without a signature
         with pytest.raises(ValueError, match="^reward function 'defaults_first' needs 'missing', which is neither"):
             check_reward_functions(functions, ["answer"], "d")
 
@@ -358,3 +358,14 @@ def test_a_failing_batch_is_retried_one_completion_at_a_time_under_the_same_time
     with pytest.raises(RewardError, match="^reward function 'picky' took longer than reward_timeout=0.05 s on "
                                           "completion 1$"):
         score_completions([picky], [1.0], ["q"] * 2, ["ok", "slow"], {}, on_error="skip", timeout=0.05)
+
+
+def test_a_reward_gets_trainer_state_only_when_there_is_one():
+    seen = []
+
+    def anything(completions, **kwargs):
+        seen.append(sorted(kwargs))
+        return [1.0]
+
+    score_completions([anything], [1.0], ["q"], ["c"], {"answer": ["1"]})
+    assert seen == [["answer", "prompts"]]
