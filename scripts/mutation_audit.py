@@ -4,6 +4,7 @@
     python scripts/mutation_audit.py --list       # generate the mutants and list the sample, run nothing
     python scripts/mutation_audit.py --again mutation_audit.json   # after new tests: rerun what survived there
     python scripts/mutation_audit.py --vllm       # the vLLM engine's mutants judged by its own tests, in vLLM's venv
+    python scripts/mutation_audit.py --judges     # every mutant of the layers that judge model output, resumable
 
 mutmut 3.8.1 (pyproject.toml's [tool.mutmut] names the files and the tests) makes the mutants and runs, for each,
 the selected tests that reach the mutated function (``pytest -x``, in a process forked per mutant). This script
@@ -20,6 +21,9 @@ workers do; mutmut must be installed there too), one at a time, stopping at the 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fnmatch
+import hashlib
 import json
 import os
 import random
@@ -35,13 +39,53 @@ ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = "3.8.1"
 VLLM_FILE = "src/grpokit/rollout/vllm_engine.py"
 VLLM_TESTS = ["-m", "vllm", "tests/rollout/test_vllm_engine.py"]
+# --judges: the layers that decide what a completion is worth (docs/reliability.md, "Every mutant of the judges"), all
+# their mutants; of vllm_engine.py only the weight-sync check's functions.
+JUDGE_FILES = ["src/grpokit/rollout/calculator.py", "src/grpokit/rollout/tool_calls.py",
+               "src/grpokit/rollout/python_tool.py", "src/grpokit/rewards/*", "src/grpokit/core/answers.py",
+               "src/grpokit/algorithms/reward.py", "src/grpokit/training/labelling.py", "src/grpokit/sandbox/*",
+               "src/grpokit/rollout/vllm_engine.py"]
+JUDGE_ONLY = ["grpokit.rollout.calculator.*", "grpokit.rollout.tool_calls.*", "grpokit.rollout.python_tool.*",
+              "grpokit.rewards.*", "grpokit.core.answers.*", "grpokit.algorithms.reward.*",
+              "grpokit.training.labelling.*", "grpokit.sandbox.*", "grpokit.rollout.vllm_engine.x_hf_weights__*",
+              "grpokit.rollout.vllm_engine.x_policy_logprobs__*", *(f"grpokit.rollout.vllm_engine.x\u01c1VLLMEngine"
+              f"\u01c1{name}__*" for name in ("update_weights", "difference", "check", "prompt_logprobs"))]
+# The layers' own tests and the sharp ones written for them (the reward trainer's and labelling's fast cases by name:
+# their training runs would make every surviving mutant of those files take minutes).
+_TRAIN, _SAMPLE = "tests/algorithms/test_reward_train.py::test_", "tests/training/test_labelling.py::test_"
+JUDGE_TESTS = ["tests/rollout/test_tools.py", "tests/rollout/test_tool_boundaries.py",
+               "tests/rollout/test_python_tool.py", "tests/rewards/test_answers_and_scores.py",
+               "tests/rewards/test_rewards.py", "tests/rewards/test_math.py", "tests/rewards/test_reward_calls.py",
+               "tests/rewards/test_code_boundaries.py", "tests/rewards/test_code.py",
+               "tests/rollout/test_vllm_sync_check.py", "tests/rollout/test_vllm_wiring.py",
+               "tests/rollout/test_engines.py::test_the_weights_pushed_to_vllm_are_the_merged_lora_model_and_leave_it_"
+               "untouched",
+               "tests/algorithms/test_reward_truncation.py", "tests/sandbox", "src/grpokit/core/answers.py",
+               "src/grpokit/rewards",
+               *(_TRAIN + name for name in ("texts_labels_and_steps_are_read_as_written", "each_bad_value_is_named",
+                                            "the_form_is_found_from_the_first_row_steps_then_pairs_then_labelled",
+                                            "a_process_model_needs_a_fast_tokenizer_and_a_template_that_keeps_the_text",
+                                            "config_checks")),
+               *(_SAMPLE + name for name in ("pairs_join_the_best_with_the_worst_and_skip_ties",
+                                             "a_pair_with_an_empty_side_is_counted_not_made_and_the_answer_is_kept",
+                                             "an_empty_side_skips_its_pair_only_and_every_one_is_counted"))]
+JUDGE_STATE = Path("docs/mutation_audit_judges.json")
+# mutmut with [tool.mutmut]'s files and tests replaced (MUTATION_AUDIT_SCOPE: {"files": [...], "tests": [...]})
+SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
+                 "os.environ['MUTATION_AUDIT_SCOPE']); cfg = c.config(); cfg.only_mutate = scope['files'] or "
+                 "cfg.only_mutate; cfg.pytest_add_cli_args_test_selection = scope['tests'] or "
+                 "cfg.pytest_add_cli_args_test_selection; cfg.timeout_multiplier = scope.get('timeout_multiplier') or "
+                 "cfg.timeout_multiplier; sys.argv[0] = 'mutmut'; import mutmut.__main__ as m; m.cli()")
 
 
-def generate() -> None:
+def generate(files: list[str] | None = None) -> None:
     """mutmut's own first phase (``mutmut run``'s generation, without the tests): src/ copied into mutants/ with
-    every mutant of the audited files."""
+    every mutant of the audited files (``files``: these globs instead of [tool.mutmut]'s ``only_mutate``)."""
     import mutmut.__main__ as mm
+    from mutmut.configuration import config
 
+    if files:
+        config().only_mutate = files
     os.makedirs("mutants", exist_ok=True)
     mm.copy_src_dir()
     mm.copy_also_copy_files()
@@ -87,19 +131,43 @@ def successors(survivors: dict[str, dict], every: dict[str, tuple[str, int | Non
     return found
 
 
-def run_vllm(names: list[str], python: Path, env: dict[str, str]) -> dict[str, str]:
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc), deepest first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+
+    def below(parent: int) -> list[int]:
+        return [d for child in children.get(parent, []) for d in [*below(child), child]]
+
+    return below(pid)
+
+
+def run_vllm(names: list[str], python: Path, env: dict[str, str], own_session: bool = True) -> dict[str, str]:
     """Each mutant's status under the vLLM tests, run by ``python`` (vLLM's environment) in mutants/."""
     from mutmut.stats import status_by_exit_code
 
     def pytest(mutant: str, timeout: float | None) -> int | None:
         command = [os.path.abspath(python), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *VLLM_TESTS]
         # A session of its own: a hung test's torchrun workers go with it, not on to slow the next mutant's run.
+        # (In the group of this script where it must be stopped with it: /work/tools/quietable's pauses.)
         with subprocess.Popen(command, cwd="mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True) as tests:
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=own_session) as tests:
             try:
                 return tests.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(tests.pid, signal.SIGKILL)
+                if own_session:
+                    os.killpg(tests.pid, signal.SIGKILL)
+                else:
+                    for pid in [*descendants(tests.pid), tests.pid]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                 tests.wait()
                 return None
 
@@ -114,6 +182,121 @@ def run_vllm(names: list[str], python: Path, env: dict[str, str]) -> dict[str, s
         print(f"vLLM {i}/{len(names)} {name}: {status[name]}", flush=True)
     return status
 
+
+def digest(diff: str) -> str:
+    return hashlib.sha1(diff.encode()).hexdigest()[:12]
+
+
+def harvest(state: dict, names: list[str], vllm: dict[str, str] | None = None) -> None:
+    """Record in ``state`` the results mutmut has saved so far for ``names`` (a mutant's first result stays as
+    ``first``: the count before later tests), and write it."""
+    from mutmut.__main__ import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    every = mutants()
+    for name in names:
+        path, code = every[name]
+        if code is None and name not in (vllm or {}):
+            continue
+        status = (vllm or {}).get(name, status_by_exit_code[code])
+        diff = get_diff_for_mutant(name, path=path)
+        entry = state["mutants"].setdefault(name, {"file": path, "first": status})
+        entry.update(status=status, diff=digest(diff))
+        if name in (vllm or {}):
+            entry["judged_in"] = "vllm"
+        if status in KILLED:
+            entry.pop("source", None)
+            entry.pop("equivalent", None)
+        else:
+            entry["source"] = diff
+    state["mutants"] = dict(sorted(state["mutants"].items()))
+    JUDGE_STATE.write_text(json.dumps(state, indent=1, ensure_ascii=False) + "\n")
+
+
+def judges(args: argparse.Namespace) -> None:
+    """``--judges``: every mutant of JUDGE_FILES (JUDGE_ONLY's functions), the results kept per mutant in
+    JUDGE_STATE as they come, so that a run stopped anywhere resumes with the mutants not yet judged (or whose function
+    changed since); with ``--survivors``, the state's survivors run again on today's tests instead."""
+    from mutmut.__main__ import get_diff_for_mutant
+
+    if not args.keep:
+        shutil.rmtree("mutants", ignore_errors=True)
+    generate(JUDGE_FILES)
+    every = mutants()
+    names = sorted(n for n in every if any(fnmatch.fnmatchcase(n, pattern) for pattern in JUDGE_ONLY))
+    state = json.loads(JUDGE_STATE.read_text()) if JUDGE_STATE.exists() else {"mutmut": MUTMUT, "mutants": {}}
+    state["mutants"] = {n: e for n, e in state["mutants"].items() if n in names}  # (gone from the source)
+    todo = []
+    for name in names:
+        entry = state["mutants"].get(name)
+        if args.survivors:  # those alive and not explained, on today's tests
+            if entry is not None and entry["status"] not in KILLED and "equivalent" not in entry:
+                todo.append(name)
+        elif entry is None or entry["diff"] != digest(get_diff_for_mutant(name, path=every[name][0])):
+            todo.append(name)  # not judged yet, or its function changed since
+    if args.part:
+        todo = [n for n in todo if any(fnmatch.fnmatchcase(n, pattern) for pattern in args.part)]
+    todo = todo[:args.limit] if args.limit else todo
+    print(f"{len(names)} mutants of the judges in {len({every[n][0] for n in names})} files; {len(todo)} to run")
+    if args.list:
+        print("\n".join(todo))
+        return
+    if args.table:
+        print(table(state, {n: every[n][0] for n in names}))
+        return
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
+           "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": args.tests or JUDGE_TESTS,
+                                               "timeout_multiplier": args.timeout_multiplier})}
+    command = [sys.executable, "-c", SCOPED_MUTMUT, "run", "--max-children", str(args.max_children), *todo]
+    if todo:  # in this script's process group, so that /work/tools/quietable pauses it with the script
+        with subprocess.Popen(command, env=env) as mutmut_run:
+            deadline = None if args.max_minutes is None else time.monotonic() + args.max_minutes * 60
+            while mutmut_run.poll() is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    # (SIGINT would not do: a shell's background job, as under quietable, ignores it.) mutmut saved
+                    # each result as it came; its fork server and worker go by their ids.
+                    below = descendants(mutmut_run.pid)
+                    mutmut_run.terminate()
+                    mutmut_run.wait()
+                    for pid in below:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    break
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    mutmut_run.wait(timeout=60)
+                harvest(state, todo)  # a run stopped anywhere keeps what it judged
+    harvest(state, todo)
+    from mutmut.stats import status_by_exit_code
+
+    every = mutants()
+    alive = [n for n in todo if every[n][1] is not None and every[n][0] == VLLM_FILE
+             and status_by_exit_code[every[n][1]] in ("survived", "no tests")]
+    if args.vllm and alive:
+        harvest(state, alive, run_vllm(alive, args.vllm, env, own_session=False))
+    print(table(state, {n: every[n][0] for n in names}))
+    for name, entry in state["mutants"].items():
+        if entry["status"] not in KILLED and "equivalent" not in entry:
+            print(f"# {name}: {entry['status']}\n{entry['source']}")
+
+
+KILLED = ("killed", "timeout", "segfault")
+
+
+def table(state: dict, files: dict[str, str]) -> str:
+    """The counts per file (markdown): its mutants, and of them, at their first run and now, those killed (a timeout
+    counts: the tests hung) and those alive; now, those explained as equivalent (``equivalent`` in the state: the
+    reason) apart; and those not judged yet."""
+    rows = ["| file | mutants | first run: killed / alive | now: killed / alive / equivalent | not judged yet |",
+            "|---|---|---|---|---|"]
+    for path in sorted(set(files.values())):
+        names = [n for n, f in files.items() if f == path]
+        judged = [state["mutants"][n] for n in names if n in state["mutants"]]
+        first = sum(e["first"] in KILLED for e in judged)
+        now = sum(e["status"] in KILLED for e in judged)
+        equivalent = sum(e["status"] not in KILLED and "equivalent" in e for e in judged)
+        rows.append(f"| `{path.removeprefix('src/grpokit/')}` | {len(names)} | {first} / {len(judged) - first} | "
+                    f"{now} / {len(judged) - now - equivalent} / {equivalent} | {len(names) - len(judged)} |")
+    return "\n".join(rows)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -130,6 +313,18 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=Path("mutation_audit.json"), help="where the results go")
     parser.add_argument("--vllm", nargs="?", type=Path, const=Path(".venv-vllm/bin/python"),
                         help="run the vLLM engine's mutants on its tests with this Python (default .venv-vllm's)")
+    parser.add_argument("--judges", action="store_true", help=f"every mutant of the layers that judge model output, "
+                        f"resuming from {JUDGE_STATE} (--sample, --seed, --again, --report do not apply)")
+    parser.add_argument("--table", action="store_true", help="--judges: print the counts per file; run nothing")
+    parser.add_argument("--survivors", action="store_true", help="--judges: run the state's survivors (not those "
+                        "explained as equivalent) again, and nothing else")
+    parser.add_argument("--limit", type=int, help="--judges: run at most this many of the mutants left")
+    parser.add_argument("--tests", nargs="+", help="--judges: run these tests (pytest paths) instead of JUDGE_TESTS: "
+                        "a fast first pass, whose survivors a run with JUDGE_TESTS and --survivors judges again")
+    parser.add_argument("--timeout-multiplier", type=float, help="--judges: mutmut's (15: a mutant may take 15 "
+                        "times its tests' CPU time before it counts as a timeout, i.e. killed)")
+    parser.add_argument("--part", nargs="+", help="--judges: only the mutants whose names match these patterns "
+                        "(e.g. 'grpokit.rewards.*')")
     args = parser.parse_args()
     os.chdir(ROOT)
     import mutmut
@@ -137,6 +332,8 @@ def main() -> None:
     if mutmut.__version__ != MUTMUT:
         sys.exit(f"the audit is pinned to mutmut {MUTMUT} (found {mutmut.__version__}): "
                  f"python -m pip install mutmut=={MUTMUT}")
+    if args.judges:
+        return judges(args)
     if not args.keep:
         shutil.rmtree("mutants", ignore_errors=True)
     generate()

@@ -225,3 +225,48 @@ def test_prompts_are_rendered_with_the_chat_template_unless_told_not_to(tmp_path
     assert main(command) == 0 and main([*command, "--chat_template", "false"]) == 0
     templated = [f"[user] {row['prompt']}\n[assistant] " for row in ROWS[:2]]
     assert rendered == templated + [row["prompt"] for row in ROWS[:2]]
+
+
+def labelled(label, completion="c", **extra):
+    return {"prompt": "p", "completion": completion, "label": label, **extra}
+
+
+@pytest.mark.parametrize("labels, pairs", [
+    ([3, -1, 2, 0], [(3, -1), (2, 0)]),  # best with worst, second best with second worst
+    ([-1, -3, -2], [(-1, -3)]),  # an odd group: the middle completion in no pair; negative labels alike
+    ([0.5, 0.5, 0.5, 0.5], []), ([1, 1, 0, 0], [(1, 0), (1, 0)]), ([2, 1, 1, 1], [(2, 1)]), ([7], []), ([], []),
+    ([-0.0, 0.0], []), ([1e-9, 0], [(1e-9, 0)]),
+])
+def test_pairs_join_the_best_with_the_worst_and_skip_ties(labels, pairs):
+    from grpokit.training.labelling import _pairs
+
+    counts = {"empty_sides": 0}
+    group = [labelled(v, completion=f"c{i}") for i, v in enumerate(labels)]
+    made = _pairs(group, counts)
+    assert [(p["chosen_label"], p["rejected_label"]) for p in made] == pairs and counts["empty_sides"] == 0
+    for pair in made:
+        chosen, rejected = (next(r for r in group if r["completion"] == pair[side]) for side in ("chosen", "rejected"))
+        assert (chosen["label"], rejected["label"]) == (pair["chosen_label"], pair["rejected_label"])
+        assert pair.keys() == {"prompt", "chosen", "rejected", "chosen_label", "rejected_label"}
+
+
+def test_a_pair_with_an_empty_side_is_counted_not_made_and_the_answer_is_kept():
+    from grpokit.training.labelling import _pairs
+
+    counts = {"empty_sides": 0}
+    made = _pairs([labelled(2, " \n"), labelled(1, "b", answer="4"), labelled(3, "a", answer="4"),
+                   labelled(0, "d", answer="4")], counts)
+    assert counts["empty_sides"] == 1
+    assert made == [{"prompt": "p", "chosen": "a", "rejected": "d", "chosen_label": 3, "rejected_label": 0,
+                     "answer": "4"}]
+
+
+def test_an_empty_side_skips_its_pair_only_and_every_one_is_counted():
+    from grpokit.training.labelling import _pairs
+
+    counts = {"empty_sides": 5}  # the counts so far, over earlier groups
+    made = _pairs([labelled(3, ""), labelled(2, "a"), labelled(1, "b"), labelled(0, " ")], counts)
+    assert [(p["chosen"], p["rejected"]) for p in made] == [("a", "b")] and counts["empty_sides"] == 6
+    made = _pairs([labelled(9, " "), labelled(8, "x"), labelled(7, "\t"), labelled(1, "y"), labelled(0, "z"),
+                   labelled(-1, "w")], counts)
+    assert [(p["chosen"], p["rejected"]) for p in made] == [("x", "z")] and counts["empty_sides"] == 8

@@ -59,6 +59,7 @@ class RewardLog:
             for column, values in log.extra.items():
                 merged.extra.setdefault(column, []).extend(values)
         return merged
+FLOAT32_MAX = torch.finfo(torch.float32).max  # the largest reward a score tensor holds
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def _check_number(name: str, i: int, value: Any, prompts: list[str], completions
             f"reward function {name!r} returned {type(value).__name__} {value!r} for completion {i}{where}; "
             "expected a float or None"
         )
-    if not math.isfinite(value):
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:  # rewards are float32 tensors: 1e39 would be inf
         raise RewardError(
             f"reward function {name!r} returned {value} for completion {i}{where} "
             f"(prompt {prompts[i]!r}, completion {completions[i]!r})"

@@ -115,7 +115,8 @@ class _Parser:
         token = self.take()
         if token in ("+", "-"):
             value = self.factor(depth + 1)
-            return -value if token == "-" else value
+            # copy_negate, not unary minus: exact, as a number is read; minus would round -(10**30 - 1) to -10**30
+            return value.copy_negate() if token == "-" else value
         if token == "(":
             value = self.expression(depth + 1)
             if self.take() != ")":

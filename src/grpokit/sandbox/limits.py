@@ -28,7 +28,8 @@ class Limits:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            # NaN compares false with everything: a NaN wall clock would never end a run
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
                 raise ValueError(f"sandbox limits: {field.name} must be a positive number, got {value!r}")
         if self.processes < 2:
             raise ValueError(f"sandbox limits: processes must be at least 2, got {self.processes}")
