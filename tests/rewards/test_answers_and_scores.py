@@ -329,8 +329,8 @@ def test_every_function_is_checked_past_one_without_a_signature_or_with_defaults
     with pytest.raises(ValueError) as caught:
         check_reward_functions([by_position], [], "d")
     assert str(caught.value) == ("reward function 'by_position' takes 'prompts' by position only; reward functions are "
-                                 "called by keyword (prompts, completions, completion_ids, trainer_state, and each "
-                                 "column by name), as in TRL")
+                                 "called by keyword (prompts, completions, completion_ids, trainer_state, log_extra, "
+                                 "log_metric, and each column by name), as in TRL")
 
 
 def test_a_failing_batch_is_retried_one_completion_at_a_time_under_the_same_timeout():
@@ -368,4 +368,4 @@ def test_a_reward_gets_trainer_state_only_when_there_is_one():
         return [1.0]
 
     score_completions([anything], [1.0], ["q"], ["c"], {"answer": ["1"]})
-    assert seen == [["answer", "prompts"]]
+    assert seen == [["answer", "log_extra", "log_metric", "prompts"]]  # TRL's logging hooks always

@@ -56,6 +56,7 @@ def engine_for(sync_check=1e-3, floor=0.0):
     engine.options, engine.policy, engine.probe = SamplingOptions(engine="vllm", vllm_sync_check=sync_check), policy, \
         list(PROBE)
     engine.llm, engine.sleeping, engine.last_check, engine.floor = StandIn(policy), False, None, floor
+    engine.sharded = False  # a whole policy (FSDP2's sharded push: tests/rollout/test_vllm_engine.py)
     engine._vllm = SimpleNamespace(SamplingParams=lambda **settings: SimpleNamespace(**settings),
                                    inputs=SimpleNamespace(TokensPrompt=lambda prompt_token_ids: SimpleNamespace(
                                        prompt_token_ids=prompt_token_ids)))
