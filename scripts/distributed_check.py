@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grpokit.runtime.processes import kill_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 PARALLELISMS = ("ddp", "fsdp")
 PROMPTS, GROUP = 4, 4  # prompts per process and step, completions per prompt
@@ -72,37 +74,10 @@ def launch(processes: int, legs: list[list], env: dict[str, str], timeout: int) 
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_tree(process.pid)
+        kill_tree(process.pid)
         output, _ = process.communicate()
         return -1, f"{output}\n(killed after {timeout} s)"
     return process.returncode, output
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it, found by their parents in /proc (they stay in our process group,
-    so that whatever pauses or stops the group reaches them too); stopped first, so that it starts nothing more."""
-    import signal
-
-    try:
-        os.kill(pid, signal.SIGSTOP)
-    except ProcessLookupError:  # it ended meanwhile; what it started may not have
-        pass
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                children.setdefault(int(stat.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    tree, stack = [pid], [pid]
-    while stack:
-        below = children.get(stack.pop(), [])
-        tree, stack = tree + below, stack + below
-    for member in tree:
-        try:
-            os.kill(member, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def compare(straight: Path, resumed: Path) -> str:

@@ -25,6 +25,7 @@ from transformers import (
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.generate import Rollout, generate
 from grpokit.rollout.tools import ToolSession
+from grpokit.runtime.processes import kill_tree  # noqa: F401 (the tests' launches end with it)
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
 
@@ -330,37 +331,6 @@ def torchrun(processes: int, *options: str, port: int | None = None) -> list[str
 
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port or free_port()}", *options]
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it (torchrun's agent and its workers): stopped first, so that it starts
-    nothing more. The processes stay in the caller's process group, where whoever pauses the test suite's group (to time
-    something alone on the machine) pauses them too; so they are found by their parents, in /proc."""
-    import os
-    import signal
-
-    try:
-        os.kill(pid, signal.SIGSTOP)
-    except ProcessLookupError:  # it ended meanwhile; what it started may not have
-        pass
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    tree, stack = [pid], [pid]
-    while stack:
-        below = children.get(stack.pop(), [])
-        tree += below
-        stack += below
-    for member in tree:
-        try:
-            os.kill(member, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_group(command: list[str], env: dict[str, str], timeout: int = 600):
