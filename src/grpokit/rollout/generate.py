@@ -267,8 +267,7 @@ def generate(
         if greedy:
             chosen = logits.argmax(dim=-1)
         else:
-            kept = min_p_filter(top_p_filter(top_k_filter(logits, top_k), top_p), min_p)
-            probs = torch.softmax(kept, dim=-1)
+            probs = torch.softmax(min_p_filter(top_p_filter(top_k_filter(logits, top_k), top_p), min_p), dim=-1)
             chosen = sample_tokens(probs, generator, None if not calling else uniforms[rows, columns].unsqueeze(1))
         stopped = chosen == stop_ids[0] if len(stop_ids) == 1 else torch.isin(chosen, stop_ids)  # == is cheaper
         # log-prob at the sampling temperature, before top-p: what the loss recomputes (§5). log_softmax
