@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpokit.runtime.processes import kill_tree
+from grpokit.runtime.processes import run_or_kill
 
 ROOT = Path(__file__).resolve().parents[1]
 PARALLELISMS = ("ddp", "fsdp")
@@ -70,14 +70,10 @@ def launch(processes: int, legs: list[list], env: dict[str, str], timeout: int) 
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", str(Path(__file__).resolve()),
                "--worker", json.dumps(legs)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
-        output, _ = process.communicate()
-        return -1, f"{output}\n(killed after {timeout} s)"
-    return process.returncode, output
+    done, timed_out = run_or_kill(command, env, timeout, merge_stderr=True)
+    if timed_out:
+        return -1, f"{done.stdout}\n(killed after {timeout} s)"
+    return done.returncode, done.stdout
 
 
 def compare(straight: Path, resumed: Path) -> str:

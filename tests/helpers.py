@@ -25,7 +25,7 @@ from transformers import (
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.generate import Rollout, generate
 from grpokit.rollout.tools import ToolSession
-from grpokit.runtime.processes import kill_tree  # noqa: F401 (the tests' launches end with it)
+from grpokit.runtime.processes import kill_tree, run_or_kill  # noqa: F401 (kill_tree: the tests' launches)
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model, build_tokenizer
 from grpokit.training.update import NonfiniteGuard, UpdateBatch, update
 
@@ -336,16 +336,11 @@ def torchrun(processes: int, *options: str, port: int | None = None) -> list[str
 def run_group(command: list[str], env: dict[str, str], timeout: int = 600):
     """Run ``command``; past ``timeout`` it is killed with every process it started (torchrun's workers too, which a
     plain subprocess timeout would leave running), and the test fails saying so."""
-    import subprocess
-
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"{command[:6]} ran past {timeout} s (killed with every process it started): {stderr[-3000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    done, timed_out = run_or_kill(command, env, timeout)
+    if timed_out:
+        pytest.fail(f"{command[:6]} ran past {timeout} s (killed with every process it started): "
+                    f"{done.stderr[-3000:]}")
+    return done
 
 
 def run_to_success(command: list[str], env: dict[str, str], timeout: int = 600):

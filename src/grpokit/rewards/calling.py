@@ -50,6 +50,13 @@ class RewardLog:
     def log_extra(self, column: str, values: Sequence[Any]) -> None:
         self.extra.setdefault(str(column), []).extend(values)
 
+    def metric_means(self, taken: Iterable[str]) -> dict[str, float]:
+        """Each logged metric's mean, under its name, or ``logged/NAME`` where ``taken`` (the step's own metrics) has
+        the name."""
+        taken = set(taken)
+        return {name if name not in taken else f"logged/{name}": sum(values) / len(values)
+                for name, values in self.metrics.items()}
+
     @staticmethod
     def merge(logs: Sequence[RewardLog | None]) -> RewardLog:
         merged = RewardLog()

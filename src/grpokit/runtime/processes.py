@@ -1,10 +1,27 @@
-"""Processes this one started, ended whole: :func:`kill_tree` (torchrun launches in ``scripts/distributed_check.py``
-and the tests' launches, which must never outlive a timeout)."""
+"""Processes this one started, ended whole: :func:`run_or_kill` and :func:`kill_tree` (torchrun launches in
+``scripts/distributed_check.py`` and the tests' launches, which must never outlive a timeout)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+
+
+def run_or_kill(command: list[str], env: dict[str, str], timeout: float,
+                merge_stderr: bool = False) -> tuple[subprocess.CompletedProcess, bool]:
+    """Run ``command`` to its end, its output captured (stderr into stdout with ``merge_stderr``); past ``timeout``
+    seconds it is killed with every process it started (:func:`kill_tree`). The result, and whether it timed out."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
+                               stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_tree(process.pid)
+        stdout, stderr = process.communicate()
+        timed_out = True
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), timed_out
 
 
 def kill_tree(pid: int) -> None:

@@ -52,8 +52,8 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
         calls = [len(c) for c in sampled.tool_calls]
         metrics.update(tool_call_rate=sum(n > 0 for n in calls) / len(calls), tool_calls_mean=sum(calls) / len(calls),
                        tool_result_tokens_mean=float(rollout.tool_mask.sum(dim=1).float().mean()))
-    for name, values in (sampled.log.metrics.items() if sampled.log else ()):  # reward functions' log_metric
-        metrics[name if name not in metrics else f"logged/{name}"] = sum(values) / len(values)
+    if sampled.log is not None:  # reward functions' log_metric
+        metrics.update(sampled.log.metric_means(metrics))
     for key in ("sampler_kl", "is_weight_mean", "is_capped_frac"):  # rollout_precision's correction, if any
         if key in first_update:
             metrics[key] = first_update[key]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -237,14 +238,10 @@ def _default(name: str) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
-_DEFAULTS: list[GRPOConfig] = []
-
-
+@functools.cache
 def _defaults() -> GRPOConfig:
     """A config of TRL's defaults, as transformers normalises them (made once)."""
-    if not _DEFAULTS:
-        _DEFAULTS.append(GRPOConfig(output_dir="defaults"))
-    return _DEFAULTS[0]
+    return GRPOConfig(output_dir="defaults")
 
 
 _dataclass_init = GRPOConfig.__init__

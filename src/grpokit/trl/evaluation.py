@@ -66,6 +66,5 @@ def reward_metrics(batches: list[Any], num_generations: int) -> dict[str, float]
         applied = ~torch.isnan(scores)
         metrics[f"rewards/{name}"] = scores[applied].mean().item() if applied.any() else None
         metrics[f"rewards/{name}/std"] = scores[applied].std().item() if applied.sum() > 1 else None
-    for name, values in RewardLog.merge([b.log for b in batches]).metrics.items():  # reward functions' log_metric
-        metrics[name if name not in metrics else f"logged/{name}"] = sum(values) / len(values)
+    metrics.update(RewardLog.merge([b.log for b in batches]).metric_means(metrics))  # reward functions' log_metric
     return {key: value for key, value in trl_metrics(metrics).items() if value is not None}

@@ -273,9 +273,9 @@ class GRPOTrainer:
             return {k: v for name, part in rows.items()
                     for k, v in self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}").items()}
         args = self.args
-        metrics = evaluate_rewards(self.grpokit_trainer, rows, args.num_generations_eval or args.num_generations,
-                                   max(1, args.per_device_eval_batch_size * args.world_size // (
-                                       args.num_generations_eval or args.num_generations)), metric_key_prefix)
+        g = args.num_generations_eval or args.num_generations
+        metrics = evaluate_rewards(self.grpokit_trainer, rows, g,
+                                   max(1, args.per_device_eval_batch_size * args.world_size // g), metric_key_prefix)
         self._log(metrics)
         self.control = self.callback_handler.on_evaluate(args, self.state, self.control, metrics=metrics)
         return metrics
