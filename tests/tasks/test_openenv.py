@@ -26,6 +26,7 @@ except ImportError:
     pytest.skip("OpenEnv is not installed (bash scripts/test_openenv.sh)", allow_module_level=True)
 
 from grpokit import GRPOConfig, GRPOTrainer  # noqa: E402
+from grpokit.cli.main import main  # noqa: E402
 from grpokit.data import DataError  # noqa: E402
 from grpokit.rewards.calling import score_completions, score_steps  # noqa: E402
 from grpokit.tasks.environments import load_environment_task  # noqa: E402
@@ -387,4 +388,15 @@ def test_multi_turn_training_from_the_config_through_a_server(tmp_path, tokenize
     assert session.prompts == ["Guess:\n\nGuess a number from 1 to 16."] * 2
     history = trainer.train()
     assert all("rewards/openenv_reward" in m for m in history)
+    assert sum(m.get("env_replies", 0) for m in history) > 0
+
+
+def test_the_cli_trains_on_a_server_named_alone(tmp_path, tiny_model_dir, server_url):
+    """grpokit train --environment openenv:URL: the command line's route to the server run above."""
+    assert main(["train", f"--model={tiny_model_dir}", f"--environment=openenv:{server_url}",
+                 "--environment_args={episodes: 8, prompt: 'Guess:'}", f"--output_dir={tmp_path / 'run'}",
+                 "--prompts_per_step=2", "--num_generations=4", "--max_completion_length=24", "--temperature=1.5",
+                 "--max_steps=2", "--progress_bar=false", "--mixed_precision=no"]) == 0
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(history) == 2 and all("rewards/openenv_reward" in m for m in history)
     assert sum(m.get("env_replies", 0) for m in history) > 0

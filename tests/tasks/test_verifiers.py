@@ -7,6 +7,7 @@ one: a single-turn quiz (two rubric functions, one async, weighted) and a multi-
 Run in verifiers' own environment: bash scripts/test_verifiers.sh (these tests are marked ``verifiers``)."""
 
 import asyncio
+import json
 import signal
 import sys
 import textwrap
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.verifiers
 vf = pytest.importorskip("verifiers", reason="verifiers is not installed: bash scripts/test_verifiers.sh")
 
 from grpokit import GRPOConfig, GRPOTrainer  # noqa: E402
+from grpokit.cli.main import main  # noqa: E402
 from grpokit.rewards.calling import RewardError, score_completions  # noqa: E402
 from grpokit.tasks.environments import load_environment_task  # noqa: E402
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model  # noqa: E402
@@ -376,6 +378,22 @@ def test_a_multi_turn_environment_trains_from_the_config(envs, tokenizer, tmp_pa
                         mixed_precision="no")
     history = GRPOTrainer(config, model=model, tokenizer=tokenizer).train()
     assert all({"rewards/solved", "rewards/guesses_made", "rewards/fewer_than_others"} <= set(m) for m in history)
+    assert sum(m.get("env_replies", 0) for m in history) > 0
+
+
+def test_the_cli_trains_on_an_environment_named_alone(envs, tokenizer, tmp_path):
+    """grpokit train --environment verifiers:NAME --environment_args {...}: the command line's route to the same run
+    (a saved model, as a user's checkpoint is)."""
+    tokenizer.chat_template = CHAT_TEMPLATE
+    build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                         max_positions=256), seed=0).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    assert main(["train", f"--model={tmp_path / 'model'}", "--environment=verifiers:vf-guess",
+                 "--environment_args={max_turns: 3}", f"--output_dir={tmp_path / 'run'}", "--prompts_per_step=2",
+                 "--num_generations=4", "--max_completion_length=24", "--max_steps=2", "--temperature=1.5",
+                 "--progress_bar=false", "--mixed_precision=no"]) == 0
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(history) == 2 and all({"rewards/solved", "rewards/guesses_made"} <= set(m) for m in history)
     assert sum(m.get("env_replies", 0) for m in history) > 0
 
 
