@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import check_reward_weights
+from grpokit.config import ConfigError, check_reward_weights
 from grpokit.data import DatasetOptions, gsm8k_rows, load_dataset_rows, load_file, rename_columns
 from grpokit.models.gguf import GGUF_PREFIX, ConversionError, converted_gguf
 from grpokit.models.loading import load_pretrained
@@ -65,9 +65,13 @@ DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt"
 # ---- models ---------------------------------------------------------------------------------------
 
 
-def model_directory(name: str, seed: int = 0, progress: bool = True) -> str:
+def model_directory(name: str | None, seed: int = 0, progress: bool = True) -> str:
     """The Hugging Face directory that ``model`` names: itself, the cached conversion of ``gguf:FILE``, or a
     built-in task's warm-started model (built and cached on first use)."""
+    if name is None:
+        raise ConfigError("model is required: a Hugging Face model id or directory, 'gguf:FILE', or "
+                          "'builtin:arithmetic' (the tiny demo model); on the command line --model, in Python the "
+                          "config's model or the trainer's model= (with tokenizer=)")
     if name in (BUILTIN, BUILTIN_TOOLS):
         return str(warm_started_model_path(seed=seed, progress=progress, task=name.removeprefix("builtin:")))
     if name.startswith(GGUF_PREFIX):
@@ -78,7 +82,7 @@ def model_directory(name: str, seed: int = 0, progress: bool = True) -> str:
     return name
 
 
-def load_model_and_tokenizer(name: str, seed: int = 0, progress: bool = True, dtype: str = "auto"):
+def load_model_and_tokenizer(name: str | None, seed: int = 0, progress: bool = True, dtype: str = "auto"):
     """The causal LM and tokenizer that ``model`` names (:func:`model_directory`); ``dtype``: ``"auto"`` (as
     saved) or one of :data:`grpokit.models.loading.DTYPES`, applied while loading."""
     with quiet_unless(progress):
@@ -105,12 +109,16 @@ def is_hub_id(source: str) -> bool:
             and not Path(source).exists())
 
 
-def load_rows(source: str | Path, seed: int = 0, options: DatasetOptions | None = None, *,
+def load_rows(source: str | Path | None, seed: int = 0, options: DatasetOptions | None = None, *,
               reasoning_gym_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The rows that ``dataset`` names: a built-in task's training rows (in an order set by ``seed``), a reasoning-gym
     task's (generated with ``reasoning_gym_options``, the config's ``reasoning_gym`` key, from its seed or ``seed``),
     or ``gsm8k:SOURCE``'s, a Hub id's (:func:`is_hub_id`) or a file's or directory's (:func:`grpokit.data.load_file`),
     read and their columns renamed as ``options`` say (:func:`dataset_options`)."""
+    if source is None:
+        raise ConfigError("dataset is required: a JSONL, CSV or Parquet file, a dataset folder, a Hugging Face Hub "
+                          "dataset id, 'reasoning_gym:TASK' or 'builtin:arithmetic' (the demo's rows); on the command "
+                          "line --dataset, in Python the config's dataset or the trainer's train_dataset=")
     source = str(source)
     if source == BUILTIN:
         return arithmetic.train_rows(4096, seed)

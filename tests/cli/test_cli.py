@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 import grpokit.from_config
+from grpokit import GRPOTrainer
 from grpokit.cli.main import main
 from grpokit.cli.options import load_run_config, parse_config_args
-from grpokit.config import GRPOConfig, SFTConfig, load_config
+from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
 from grpokit.rollout.tool_templates import TemplateProtocol
 from grpokit.rollout.tools import PlainProtocol
 from grpokit.tasks.demo import DEMO_CONFIG
@@ -48,6 +49,20 @@ def test_train_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, data_file, 
     assert main(["train", str(config), *extra]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_train_without_a_model_or_a_dataset_says_what_to_give(tmp_path, tiny_model_dir, data_file, monkeypatch,
+                                                            capsys):
+    """The defaults suit a real model and name none: a run without one is refused naming the key, on the command line
+    and in Python, before anything loads."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", f"--dataset={data_file}"]) == 2
+    assert "error: model is required" in capsys.readouterr().err
+    assert main(["train", f"--model={tiny_model_dir}"]) == 2
+    assert "error: dataset is required" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="dataset is required"):
+        GRPOTrainer(GRPOConfig(output_dir=str(tmp_path / "run"), progress_bar=False))
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "run" / "model").exists()
 
 
 def test_eval_writes_a_summary(tmp_path, tiny_model_dir, data_file, capsys):

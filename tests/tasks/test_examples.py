@@ -31,6 +31,15 @@ def test_example_configs_are_valid(path):
     (SFTConfig if path in SFT_CONFIGS else GRPOConfig).from_dict(values)  # raises ConfigError naming the key
 
 
+@pytest.mark.parametrize("path", TRAIN_CONFIGS)
+def test_each_recipe_pins_its_own_settings_over_the_real_model_defaults(path):
+    """GRPOConfig's defaults suit a pretrained model (REAL_MODEL: TRL's learning rate and lengths) and name no model
+    or data: a recipe tuned for its model writes its own, so that its numbers do not move with the defaults."""
+    values = yaml.safe_load((ROOT / path).read_text())
+    assert {"model", "learning_rate", "max_completion_length"} <= set(values), path
+    assert "dataset" in values or "environment" in values
+
+
 @pytest.mark.parametrize("recipe", ["smollm2", "answers_only", "reasoning_gym"])
 def test_the_recipe_stages_share_their_system_prompt(recipe):
     sft, grpo = (yaml.safe_load((ROOT / f"examples/{recipe}/{name}.yaml").read_text()) for name in ("sft", "grpo"))

@@ -134,6 +134,21 @@ def test_trl_defaults_become_grpokit_settings(tmp_path):
     assert config.max_steps == 300
 
 
+def test_the_real_model_defaults_are_written_once_and_shared_by_both_front_doors(tmp_path):
+    """grpokit's own GRPOConfig and grpokit.trl's start from REAL_MODEL, which is TRL's; the keys where the two
+    front doors differ by design (the paper's beta and aggregation against TRL's) are not in it."""
+    from grpokit.config.grpo import REAL_MODEL
+
+    ours, translated = GrpokitConfig(), GRPOConfig(output_dir=str(tmp_path), **CPU).to_grpokit(num_rows=8)
+    theirs = trl.GRPOConfig(output_dir=str(tmp_path), **CPU)
+    for name, value in REAL_MODEL.items():
+        assert getattr(ours, name) == getattr(translated, name) == getattr(theirs, name) == value, name
+    assert {"beta", "aggregation", "loss_type", "adam_beta2"}.isdisjoint(REAL_MODEL)
+    assert (ours.beta, ours.aggregation) == (0.04, "sequence") and (translated.beta, translated.aggregation) == (
+        0.0, "token")
+    assert ours.model is None and ours.dataset is None  # a real run names its own; no toy is trained by default
+
+
 def test_epochs_count_whole_generation_batches_as_trl(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), **CPU, per_device_train_batch_size=8, num_generations=4,
                       num_train_epochs=1.5)

@@ -25,7 +25,21 @@ TRL_GRPO_NAMES = {
     "num_train_epochs": "max_steps (in steps)", "bf16": "mixed_precision: bf16",
     "use_vllm": "generation_engine: vllm", "use_cpu": "device: cpu",
 }
+# The defaults for a pretrained model, written once: grpokit's GRPOConfig and grpokit.trl.GRPOConfig both take them
+# from here (they are TRL 1.16's too). The demo and the recipes pin their tiny models' settings in their own configs.
+# Left out on purpose, where the front doors differ: beta and the loss's aggregation (grpokit: the paper's 0.04 and
+# per-sequence mean; TRL: 0 and DAPO's per-token mean), and adam_beta2 (grpokit 0.99, TRL 0.999).
+REAL_MODEL: dict[str, typing.Any] = {
+    "learning_rate": 1e-6, "max_completion_length": 512, "num_generations": 8, "temperature": 1.0, "top_p": 1.0,
+    "top_k": 0, "repetition_penalty": 1.0, "epsilon": 0.2, "num_iterations": 1, "scale_rewards": "group",
+    "mask_truncated_completions": False,
+}
 DEFAULT_CHUNK_MB = 64.0  # `logprob_chunk_mb`'s default: 341 tokens a chunk at SmolLM2's 49,152-token vocabulary
+
+
+def _real(name: str, help: str, **bounds: typing.Any) -> typing.Any:
+    """A key whose default is REAL_MODEL's."""
+    return _field(REAL_MODEL[name], help, **bounds)
 
 
 @dataclass
@@ -77,17 +91,18 @@ class GRPOConfig(_TaskKeys):
 
     # ---- sampling (docs/math.md, step 1) ---------------------------------------------------------
     prompts_per_step: int = _field(16, "B: prompts sampled per training step.", min=1)
-    num_generations: int = _field(8, "G: completions sampled per prompt (the group).", min=2)
-    max_completion_length: int = _field(
-        64, "Maximum tokens per completion (with tools, the inserted tool results count too).", min=1)
-    temperature: float = _field(1.0, "Sampling temperature; the loss's log-probs use the same one.", gt=0)
-    top_p: float = _field(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
-    top_k: int = _field(0, "Sample from the k most likely tokens only (0 = off).", min=0)
+    num_generations: int = _real("num_generations", "G: completions sampled per prompt (the group).", min=2)
+    max_completion_length: int = _real(
+        "max_completion_length", "Maximum tokens per completion (with tools, the inserted tool results count too).",
+        min=1)
+    temperature: float = _real("temperature", "Sampling temperature; the loss's log-probs use the same one.", gt=0)
+    top_p: float = _real("top_p", "Nucleus sampling threshold (1.0 = off).", gt=0, max=1)
+    top_k: int = _real("top_k", "Sample from the k most likely tokens only (0 = off).", min=0)
     min_p: float = _field(
         0.0, "Drop the tokens less likely than min_p times the most likely one (0.0 = off).", min=0, max=1)
-    repetition_penalty: float = _field(
-        1.0, "Divide the positive logits (multiply the negative ones) of tokens already in the prompt or the "
-        "completion by this, before the temperature, as transformers does (1.0 = off).", gt=0)
+    repetition_penalty: float = _real(
+        "repetition_penalty", "Divide the positive logits (multiply the negative ones) of tokens already in the "
+        "prompt or the completion by this, before the temperature, as transformers does (1.0 = off).", gt=0)
     rollout_precision: str = _field(
         "fp32", "Completions sampled with 'fp32', the policy; 'bf16', its copy refreshed before each sampling; "
         "'bf16_autocast', the policy under bfloat16 autocast (prompts read in float32); 'int8' (CPU, fast path), its "
@@ -182,10 +197,10 @@ class GRPOConfig(_TaskKeys):
         "of the group-normalised rewards of the steps ending at or after it (DeepSeekMath §4.1.3).",
         choices=("outcome", "process"),
     )
-    scale_rewards: str = _field(
-        "group", "Advantage scaling: 'group' std (paper), 'batch' std, or 'none' (Dr. GRPO).", choices=SCALES
-    )
-    epsilon: float = _field(0.2, "Clip range ε: ratio clipped to [1-ε, 1+ε_high].", min=0)
+    scale_rewards: str = _real(
+        "scale_rewards", "Advantage scaling: 'group' std (paper), 'batch' std, or 'none' (Dr. GRPO).",
+        choices=SCALES)
+    epsilon: float = _real("epsilon", "Clip range ε: ratio clipped to [1-ε, 1+ε_high].", min=0)
     epsilon_high: float | None = _field(None, "Upper clip ε_high ('clip-higher'); None means ε.", min=0)
     beta: float = _field(0.04, "KL coefficient β; 0 never creates the reference model.", min=0)
     kl_kind: str = _field("k3", "KL estimator: 'k3' (paper), 'k1' or 'k2'.", choices=KL_KINDS)
@@ -202,18 +217,16 @@ class GRPOConfig(_TaskKeys):
         "token", "Importance ratio per 'token' (default) or per 'sequence' (length-normalised).",
         choices=RATIO_LEVELS,
     )
-    num_iterations: int = _field(
-        1, "μ: optimizer steps over each generated batch; for μ > 1 the π_old log-probs are computed once "
-        "per batch, before the first step.", min=1
-    )
+    num_iterations: int = _real(
+        "num_iterations", "μ: optimizer steps over each generated batch; for μ > 1 the π_old log-probs are "
+        "computed once per batch, before the first step.", min=1)
     num_minibatches: int = _field(
         1, "Optimizer steps per pass over the batch: each pass shuffles the batch's completions and splits "
         "them into this many minibatches (PPO's minibatches; 1 = one step on the whole batch).", min=1
     )
-    mask_truncated_completions: bool = _field(
-        False, "Leave completions that hit max_completion_length without EOS out of the loss (DAPO's "
-        "overlong filtering); they still count in their group's advantages.",
-    )
+    mask_truncated_completions: bool = _real(
+        "mask_truncated_completions", "Leave completions that hit max_completion_length without EOS out of the "
+        "loss (DAPO's overlong filtering); they still count in their group's advantages.")
     dynamic_sampling: bool = _field(
         False, "Drop groups whose advantages are all 0 (equal rewards: no signal) and sample more prompts "
         "until the batch holds prompts_per_step groups (DAPO).",
@@ -249,7 +262,7 @@ class GRPOConfig(_TaskKeys):
     # ---- optimisation ----------------------------------------------------------------------------
     max_steps: int = _field(50, "Training steps (each: generate, score, μ optimizer updates).", min=1,
                             resumable=True)
-    learning_rate: float = _common("learning_rate")
+    learning_rate: float = _common("learning_rate", REAL_MODEL["learning_rate"])
     lr_schedule: str = _common("lr_schedule")
     warmup_steps: int = _common("warmup_steps")
     weight_decay: float = _common("weight_decay")

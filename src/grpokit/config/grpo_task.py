@@ -14,21 +14,23 @@ class _TaskKeys(_Config):
     """GRPOConfig's keys of the model, the data, held-out evaluation and the rewards."""
 
     # ---- model and data --------------------------------------------------------------------------
-    model: str = _field(
-        "builtin:arithmetic",
-        "A Hugging Face causal LM (AutoModelForCausalLM + AutoTokenizer, from_pretrained): a local directory or a Hub "
-        "model id (offline: HF_HUB_OFFLINE=1 and the model in HF_HOME's cache); 'gguf:FILE' for a llama.cpp GGUF file, "
-        "converted to float32 once and cached (pip install 'grpokit[gguf]'; or `grpokit convert` it); or "
-        "'builtin:arithmetic' for the warm-started tiny demo model (built and cached locally).",
+    model: str | None = _field(
+        None,
+        "Required (unless a model is passed in Python). A Hugging Face causal LM (AutoModelForCausalLM + "
+        "AutoTokenizer, from_pretrained): a local directory or a Hub model id (offline: HF_HUB_OFFLINE=1 and the model "
+        "in HF_HOME's cache); 'gguf:FILE' for a llama.cpp GGUF file, converted to float32 once and cached (pip "
+        "install 'grpokit[gguf]'; or `grpokit convert` it); or 'builtin:arithmetic' for the warm-started tiny demo "
+        "model (built and cached locally).",
     )
-    dataset: str = _field(
-        "builtin:arithmetic",
-        "A JSONL file (one JSON object per line), a CSV file with a header, a .parquet file, a directory written by "
-        "datasets' save_to_disk, a dataset folder, or a Hugging Face Hub dataset id ('owner/name', or 'hf:ID'; "
-        "dataset_config, dataset_train_split) — with a prompt column, an answer column, and any other columns, which "
-        "reward functions receive as keyword lists; 'gsm8k:SOURCE' for GSM8K rows (question, answer ending '#### N') "
-        "from any of them; 'reasoning_gym:TASK' for a reasoning-gym task's generated rows (options: the reasoning_gym "
-        "key; pip install 'grpokit[reasoning_gym]'); or 'builtin:arithmetic'.",
+    dataset: str | None = _field(
+        None,
+        "Required (unless rows are passed in Python, or an environment gives them). A JSONL file (one JSON object "
+        "per line), a CSV file with a header, a .parquet file, a directory written by datasets' save_to_disk, a "
+        "dataset folder, or a Hugging Face Hub dataset id ('owner/name', or 'hf:ID'; dataset_config, "
+        "dataset_train_split) — with a prompt column, an answer column, and any other columns, which reward functions "
+        "receive as keyword lists; 'gsm8k:SOURCE' for GSM8K rows (question, answer ending '#### N') from any of them; "
+        "'reasoning_gym:TASK' for a reasoning-gym task's generated rows (options: the reasoning_gym key; pip install "
+        "'grpokit[reasoning_gym]'); or 'builtin:arithmetic'.",
     )
     dataset_config: str | None = _common("dataset_config")
     dataset_train_split: str = _common("dataset_train_split")

@@ -27,6 +27,7 @@ from transformers import TrainingArguments
 
 from grpokit.config import ConfigError
 from grpokit.config import GRPOConfig as GrpokitConfig
+from grpokit.config.grpo import REAL_MODEL
 from grpokit.trl import settings as values
 from grpokit.trl.keys import MAPPED, NO_EFFECT, refusal
 
@@ -39,14 +40,15 @@ class GRPOConfig(TrainingArguments):
     _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs",
                           "transformers_continuous_batching_config", "generation_kwargs", "chat_template_kwargs"]
 
-    # TRL's defaults for TrainingArguments' keys (trl.trainer.base_config._BaseConfig)
+    # TRL's defaults for TrainingArguments' keys (trl.trainer.base_config._BaseConfig). Those that suit a pretrained
+    # model, and that grpokit's own GRPOConfig shares, are REAL_MODEL's (tested equal to TRL's).
     logging_steps: float = 10
     gradient_checkpointing: bool = True
     bf16: bool | None = None
     lr_scheduler_kwargs: dict | str | None = None
     use_liger_kernel: bool = False
     torch_empty_cache_steps: int | None = None
-    learning_rate: float = 1e-6
+    learning_rate: float = REAL_MODEL["learning_rate"]
     # the model
     model_init_kwargs: dict[str, Any] | str | None = None
     trust_remote_code: bool = False
@@ -55,22 +57,22 @@ class GRPOConfig(TrainingArguments):
     cast_lm_head_to_fp32: bool = False
     # the data
     remove_unused_columns: bool | None = False
-    num_generations: int | None = 8
+    num_generations: int | None = REAL_MODEL["num_generations"]
     num_generations_eval: int | None = None
-    max_completion_length: int | None = 512
+    max_completion_length: int | None = REAL_MODEL["max_completion_length"]
     ds3_gather_for_generation: bool = True
     shuffle_dataset: bool | None = True
     pad_to_multiple_of: int | str | None = "auto"
     # generation
     generation_batch_size: int | None = None
     steps_per_generation: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = REAL_MODEL["temperature"]
+    top_p: float = REAL_MODEL["top_p"]
+    top_k: int = REAL_MODEL["top_k"]
     min_p: float | None = None
     generation_kwargs: dict | str | None = None
     chat_template_kwargs: dict | str | None = None
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = REAL_MODEL["repetition_penalty"]
     cache_implementation: str | None = None
     use_vllm: bool = False
     vllm_mode: str = "colocate"
@@ -87,8 +89,8 @@ class GRPOConfig(TrainingArguments):
     vllm_tensor_parallel_size: int = 1
     # training
     beta: float = 0.0
-    num_iterations: int = 1
-    epsilon: float = 0.2
+    num_iterations: int = REAL_MODEL["num_iterations"]
+    epsilon: float = REAL_MODEL["epsilon"]
     delta: float | None = None
     epsilon_high: float | None = None
     sapo_temperature_neg: float = 1.05
@@ -100,9 +102,9 @@ class GRPOConfig(TrainingArguments):
     importance_sampling_level: str = "token"
     reward_weights: list[float] | None = None
     multi_objective_aggregation: str = "sum_then_normalize"
-    scale_rewards: str = "group"
+    scale_rewards: str = REAL_MODEL["scale_rewards"]
     loss_type: str = "dapo"
-    mask_truncated_completions: bool = False
+    mask_truncated_completions: bool = REAL_MODEL["mask_truncated_completions"]
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6
     ref_model_sync_steps: int = 512
