@@ -12,6 +12,7 @@ from grpokit.resolve import resolve_reward_functions
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.calling import (
     RewardError,
+    RewardLog,
     TrainerState,
     accepted_keywords,
     check_reward_functions,
@@ -322,3 +323,25 @@ def test_a_callable_object_is_named_by_its_class():
 
     _, per_function = score_completions([LengthReward()], [1.0], ["q"], ["ab"], {})
     assert list(per_function) == ["LengthReward"] and per_function["LengthReward"].tolist() == [2.0]
+
+
+def test_what_reward_functions_log_is_kept_merged_and_averaged_by_name():
+    """TRL's log_metric (scalars, averaged per step) and log_extra (columns, one value per completion), across the
+    calls of a step: merged in call order, a call that logged nothing skipped; a metric whose name the step's own
+    metrics hold goes under logged/NAME."""
+    first, second = RewardLog(), RewardLog()
+    first.log_metric("overlap", 1)
+    first.log_metric(7, 0.5)
+    first.log_extra("judge", ["a", "b"])
+    second.log_metric("overlap", 0.0)
+    second.log_extra("judge", ["c"])
+    second.log_extra("why", [None])
+    assert first.metrics == {"overlap": [1.0], "7": [0.5]} and isinstance(first.metrics["overlap"][0], float)
+    merged = RewardLog.merge([None, first, None, second])
+    assert merged.metrics == {"overlap": [1.0, 0.0], "7": [0.5]}
+    assert merged.extra == {"judge": ["a", "b", "c"], "why": [None]}
+    assert first.metrics == {"overlap": [1.0], "7": [0.5]} and first.extra == {"judge": ["a", "b"]}  # untouched
+    assert merged.metric_means(iter(["7", "loss"])) == {"overlap": 0.5, "logged/7": 0.5}
+    assert merged.metric_means([]) == {"overlap": 0.5, "7": 0.5}
+    assert RewardLog.merge([None]) == RewardLog()
+

@@ -62,6 +62,12 @@ def test_each_sandbox_starts_once_and_each_kind_is_said_once(any_isolation):
     assert sandbox_limits() == sandbox_limits(5.0) and sandbox_limits(0.2).cpu_seconds == 1
 
 
+def test_the_tool_runs_on_the_isolation_it_was_made_for(isolation, sandbox_refusals):
+    assert make_python_tool(isolation).start_sandbox().isolation == isolation
+    if sandbox_refusals["bwrap"] is None:
+        assert make_python_tool().start_sandbox().isolation == "bwrap"  # by default, the strong one
+
+
 def test_runs_programs_in_the_sandbox(isolation):
     tool = make_python_tool(isolation)
     assert tool("print(sum(range(10)))\nprint('done')") == "45\ndone"
