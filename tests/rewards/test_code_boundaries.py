@@ -4,6 +4,7 @@ counts; where a program is found in what models write and in hostile text; the t
 (their messages keep the start of the value); the harness's marks; output comparison."""
 
 import json
+import time
 
 import pytest
 
@@ -12,8 +13,10 @@ from grpokit.rewards.code import (
     CodeTestCounts,
     CodeTests,
     StdioTests,
+    assistant_text,
     code_counts,
     extract_program,
+    make_code_tests,
     parse_tests,
     passed_asserts,
     same_output,
@@ -114,6 +117,7 @@ def test_completions_and_tests_must_pair_up():
     ("<answer>```python\na\n```</answer>\n```python\nb\n```", "a"),  # a block in the last answer first
     ("<answer>x = 1</answer>", "x = 1"), ("<answer>1</answer><answer>2</answer>", "2"), ("<answer> </answer>", None),
     ("```python\nx = '```'\n```", "x = '```'"), ("```python\n```python\nx\n```", "```python\nx"),
+    ("```python\na\n``` not a close\nb\n```", "a\n``` not a close\nb"),  # a closing fence has no text after it
     ([{"role": "assistant", "content": "```python\na\n```"}, {"role": "tool", "content": "```python\nb\n```"}], "a"),
 ])
 def test_where_a_program_is_found(completion, program):
@@ -139,7 +143,10 @@ def test_each_form_of_tests(value, expected):
     ({"inputs": ["a"], "outputs": []}, "tests: 'inputs' and 'outputs' must be lists of equal length"),
     ({"inputs": ["a"]}, "tests: a dict of stdin/stdout cases has the keys 'inputs' and 'outputs'"),
     ({"inputs": [1], "outputs": ["b"]}, "tests: case 0's input and output must be text, got int and str"),
-    ([{"input": "a"}], "tests: case 0 has the keys ['input']"),
+    ([{"input": "a"}], "tests: case 0 has the keys ['input']; a stdin/stdout case is {'input': ..., 'output': ...}"),
+    ([{"input": 1, "output": "b"}], "tests: case 0's input and output must be text, got int and str"),
+    ({"inputs": "ab", "outputs": ["x", "y"]}, "tests: 'inputs' and 'outputs' must be lists of equal length"),
+    ({"inputs": ["a", "b"], "outputs": "xy"}, "tests: 'inputs' and 'outputs' must be lists of equal length"),
     (5, "tests: expected a list of assert statements or stdin/stdout cases, got int 5"),
 ])
 def test_malformed_tests_are_refused_showing_their_start(value, message):
@@ -157,3 +164,35 @@ def test_malformed_tests_are_refused_showing_their_start(value, message):
 ])
 def test_outputs_compare_without_trailing_whitespace_only(got, expected, same):
     assert same_output(got, expected) is same and same_output(expected, got) is same
+
+
+def test_a_conversations_text_is_its_assistant_messages_one_per_line():
+    conversation = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "u"},
+                    {"role": "assistant", "content": "b"}, {"role": "assistant", "content": None}, {"role": "tool"}]
+    assert assistant_text(conversation) == "a\nb" and assistant_text("as it is") == "as it is"
+
+
+def test_the_reward_is_named_as_made():
+    assert make_code_tests(name="unit_tests").__name__ == "unit_tests"
+
+
+def test_each_completion_is_judged_by_its_own_runs_only():
+    """A sandbox failure in a later completion's run leaves an earlier one's score alone."""
+    cases = {"inputs": ["a"], "outputs": ["x"]}
+    answer = lambda code, stdin: ran(error="broken", exit_code=None) if "broken" in code else ran("x")  # noqa: E731
+    broken = "```python\nprint('broken')\n```"
+    assert reward_on(answer)(completions=[PROGRAM, broken, PROGRAM], tests=[cases, cases, cases]) == [1.0, None, 1.0]
+
+
+def test_nothing_to_run_starts_no_sandbox_and_the_time_is_the_calls():
+    """Rows without a program or without tests run nothing: no sandbox is started for them (bwrap may be missing
+    where no program is ever run); the counts' seconds are the sandbox's wall time, within the call's."""
+    reward = CodeTests()
+    reward.start_sandbox = lambda: pytest.fail("a sandbox was started with nothing to run")
+    assert reward(completions=["no program", PROGRAM], tests=[THREE, None]) == [0.0, None]
+    assert reward.counts == CodeTestCounts(missing=1, tests=3, seconds=reward.counts.seconds)
+    timed = reward_on(marks([0, 1, 2], []))
+    before = time.perf_counter()
+    timed(completions=[PROGRAM], tests=[THREE])
+    assert 0 <= timed.counts.seconds <= time.perf_counter() - before
+
