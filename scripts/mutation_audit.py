@@ -56,7 +56,6 @@ _TRAIN, _SAMPLE = "tests/algorithms/test_reward_train.py::test_", "tests/trainin
 JUDGE_TESTS = ["tests/rollout/test_tools.py", "tests/rollout/test_tool_boundaries.py",
                "tests/rollout/test_python_tool.py", "tests/rewards/test_answers_and_scores.py",
                "tests/rewards/test_rewards.py", "tests/rewards/test_math.py", "tests/rewards/test_reward_calls.py",
-               "tests/rewards/test_reward_models.py",
                "tests/rewards/test_code_boundaries.py", "tests/rewards/test_code.py",
                "tests/rollout/test_vllm_sync_check.py", "tests/rollout/test_vllm_wiring.py",
                "tests/rollout/test_engines.py::test_the_weights_pushed_to_vllm_are_the_merged_lora_model_and_leave_it_"

@@ -463,3 +463,178 @@ def test_the_context_is_the_smaller_of_the_real_limits():
 def test_a_completion_at_the_very_start_of_the_text_is_located():
     only_replies = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
     assert reward_text(tokenizer_with(only_replies), "q", "a\nb", locate=True) == ("a\nb", 0)
+
+
+# ---- the reward models at their edges: devices, batching, padding, limits, and each refusal's whole message --------
+
+
+class Recorder(torch.nn.Module):
+    """Stands in for a classifier: records each forward's input shape and devices and its mask; the logits are
+    zeros on the CPU, (rows, 1), or (rows, tokens, 1) with ``tokens``."""
+
+    def __init__(self, tokens=False):
+        super().__init__()
+        self.tokens, self.calls = tokens, []
+
+    def forward(self, input_ids, attention_mask=None):
+        mask = None if attention_mask is None else (attention_mask.device.type, attention_mask.tolist()
+                                                    if attention_mask.device.type == "cpu" else None)
+        self.calls.append((tuple(input_ids.shape), input_ids.device.type, mask))
+        shape = (*input_ids.shape, 1) if self.tokens else (input_ids.shape[0], 1)
+        return SimpleNamespace(logits=torch.zeros(shape))
+
+
+def test_rows_are_batched_shortest_together_with_their_mask(dirs):
+    """batch_size rows a forward, sorted by length so that a batch pads little; each with its attention mask, which
+    a bidirectional reward model needs (a causal one would not show it)."""
+    reward = OutcomeRewardModel(dirs["orm_char"], batch_size=2)
+    reward.model = Recorder()
+    out = reward._logits([[7] * 5, [7], [7] * 4, [7]])
+    assert [shape for shape, _, _ in reward.model.calls] == [(2, 1), (2, 5)]
+    assert [mask for _, _, mask in reward.model.calls] == [("cpu", [[1], [1]]), ("cpu", [[1, 1, 1, 1, 0], [1] * 5])]
+    assert [tuple(row.shape) for row in out] == [(1,)] * 4
+
+
+def test_inputs_go_to_the_models_device(dirs, monkeypatch):
+    import contextlib
+
+    import grpokit.rewards.learned as learned
+
+    monkeypatch.setattr(learned, "autocast", lambda precision, device: contextlib.nullcontext())  # none on meta
+    reward = ProcessRewardModel(dirs["prm_1"])
+    reward.model, reward.device = Recorder(tokens=True), torch.device("meta")
+    reward._logits([[7, 8], [9]])
+    assert [(device, mask[0]) for _, device, mask in reward.model.calls] == [("meta", "meta")]
+
+
+def test_the_model_loads_onto_the_device_asked_frozen_in_the_dtype_asked(dirs, monkeypatch):
+    """device= is resolved as given (None: 'auto') and the weights go there (meta: a device this machine has besides
+    the CPU), requiring no gradient; dtype= and mixed_precision= reach the loading of both kinds ('auto' decided for
+    that device)."""
+    import grpokit.rewards.learned as learned
+
+    asked = []
+    monkeypatch.setattr(learned, "resolve_device", lambda device: asked.append(device) or torch.device("meta"))
+    for kind, name in ((OutcomeRewardModel, "orm_char"), (ProcessRewardModel, "prm_1")):
+        reward = kind(dirs[name], device="cuda:3", dtype="bfloat16", mixed_precision="auto")
+        weights = list(reward.model.parameters())
+        assert {w.device.type for w in weights} == {"meta"} and {w.dtype for w in weights} == {torch.bfloat16}
+        assert not any(w.requires_grad for w in weights) and not reward.model.training
+        assert reward.mixed_precision == "no" and reward.batch_size == 16  # no native bfloat16 on meta; the default
+        with pytest.raises(ValueError, match="mixed_precision='fp8' is not valid"):
+            kind(dirs[name], mixed_precision="fp8")
+    kind(dirs[name])
+    assert asked == ["cuda:3", "auto", "cuda:3", "auto", "auto"]
+
+
+def test_auto_precision_is_decided_for_the_device(dirs):
+    from grpokit.runtime.device import resolve_precision
+
+    reward = OutcomeRewardModel(dirs["orm_char"], device="cpu", mixed_precision="auto")
+    assert reward.mixed_precision == resolve_precision("auto", torch.device("cpu"))
+
+
+def test_the_pad_id_is_the_models_then_the_tokenizers_pad_then_its_eos(tmp_path):
+    tokenizer = build_tokenizer()
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    path = save_classifier(tmp_path / "pads", tokenizer, seed=4)
+    config = json.loads((path / "config.json").read_text())
+    for model_pad, expected in ((tokenizer.eos_token_id, tokenizer.eos_token_id), (None, tokenizer.pad_token_id)):
+        (path / "config.json").write_text(json.dumps({**config, "pad_token_id": model_pad}))
+        reward = OutcomeRewardModel(path)
+        assert reward.pad_id == expected == reward.model.config.pad_token_id
+    tokenizer.pad_token, tokenizer.eos_token = None, None
+    bare = save_classifier(tmp_path / "bare", tokenizer, seed=4)
+    with pytest.raises(ValueError) as error:
+        OutcomeRewardModel(bare)
+    assert str(error.value) == (f"reward_funcs: model:{bare}: neither the model's config nor its tokenizer names a pad "
+                                "or EOS token")
+
+
+def test_the_context_is_the_tokenizers_limit_where_it_is_the_smaller(tmp_path):
+    tokenizer = build_tokenizer()
+    tokenizer.model_max_length = 16
+    reward = OutcomeRewardModel(save_classifier(tmp_path / "short", tokenizer, max_positions=64))
+    assert reward.context == 16
+
+
+def test_a_process_model_locates_a_completion_at_the_start_and_refuses_a_template_that_rewrites_it(tmp_path):
+    only_replies = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    path = save_classifier(tmp_path / "replies", tokenizer_with(only_replies), head="token", max_positions=64)
+    steps = ProcessRewardModel(path)(prompts=["q"], completions=["a\nb"])
+    assert [end for end, _ in steps[0]] == [1, 3]
+    upper = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
+    rewriting = save_classifier(tmp_path / "upper", tokenizer_with(upper), head="token", max_positions=64)
+    with pytest.raises(ValueError) as error:
+        ProcessRewardModel(rewriting)(prompts=["q"], completions=["a\nb"])
+    assert str(error.value) == (f"reward_funcs: process_model:{rewriting}: its chat template changes the assistant's "
+                                "text, so step ends cannot be located in it")
+
+
+def test_a_process_model_needs_a_fast_tokenizer(dirs, monkeypatch):
+    class Slow:
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+        def __getattr__(self, name):
+            return False if name == "is_fast" else getattr(self.tokenizer, name)
+
+    load = ProcessRewardModel._load
+
+    def slow_load(self, dtype):
+        model, tokenizer = load(self, dtype)
+        return model, Slow(tokenizer)
+
+    monkeypatch.setattr(ProcessRewardModel, "_load", slow_load)
+    with pytest.raises(ValueError) as error:
+        ProcessRewardModel(dirs["prm_1"])
+    assert str(error.value) == (f"reward_funcs: process_model:{dirs['prm_1']}: needs a fast tokenizer (tokenizer.json) "
+                                "to map step ends to tokens")
+
+
+def test_refusals_give_their_whole_message(dirs, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    def refusal(kind, path, **options):
+        with pytest.raises(ValueError) as error:
+            kind(path, **options)
+        return str(error.value).removeprefix(f"reward_funcs: {kind.spec}{path}: ")
+
+    assert refusal(OutcomeRewardModel, tmp_path / "nowhere") == "no such directory"
+    (tmp_path / "file").write_text("x")
+    assert refusal(OutcomeRewardModel, tmp_path / "file") == "is a file, not a model directory"
+    (tmp_path / "empty").mkdir()
+    assert refusal(OutcomeRewardModel, tmp_path / "empty") == ("not a Hugging Face model directory (it has no "
+                                                               "config.json)")
+    broken = shutil.copytree(dirs["orm_char"], tmp_path / "broken")
+    (broken / "config.json").write_text("{")
+    assert refusal(OutcomeRewardModel, broken).startswith("not a Hugging Face model directory (")
+    two = shutil.copytree(dirs["orm_char"], tmp_path / "two")
+    config = json.loads((two / "config.json").read_text())
+    (two / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM", "LlamaModel"]}))
+    assert refusal(OutcomeRewardModel, two) == (
+        "holds a LlamaForCausalLM, LlamaModel, not an AutoModelForSequenceClassification (architectures ending in "
+        "'ForSequenceClassification'); a causal LM predicts tokens, not rewards: train a reward model from it first")
+    (two / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))
+    assert refusal(OutcomeRewardModel, two) == (
+        "names no architecture in config.json, not an AutoModelForSequenceClassification (architectures ending in "
+        "'ForSequenceClassification')")
+    assert refusal(OutcomeRewardModel, dirs["orm_2_labels"]) == (
+        "has 2 labels; an outcome reward model has exactly one (num_labels=1), whose logit is the reward")
+    assert refusal(ProcessRewardModel, dirs["prm_3"]) == (
+        "has 3 labels; a process reward model has 1 (sigmoid of the logit) or 2 (probability of label 1)")
+    assert refusal(OutcomeRewardModel, dirs["orm_char"], dtype="float8") == (
+        "dtype 'float8' is not one of 'auto', 'float32', 'bfloat16', 'float16'")
+    headless = shutil.copytree(dirs["orm_char"], tmp_path / "headless")
+    weights = load_file(str(headless / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if not k.startswith(("score.", "model.layers.1."))},
+              str(headless / "model.safetensors"), metadata={"format": "pt"})
+    missing = sorted(k for k in weights if k.startswith(("score.", "model.layers.1.")))
+    assert len(missing) > 4 and refusal(OutcomeRewardModel, headless) == (
+        f"its weights lack {missing[:4]}: not a trained model of this kind")
+    untokenized = shutil.copytree(dirs["orm_char"], tmp_path / "untokenized")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (untokenized / name).unlink(missing_ok=True)
+    said = refusal(OutcomeRewardModel, untokenized)
+    assert said.startswith("has no usable tokenizer (") and said.endswith("); save the tokenizer next to the model")
+

@@ -47,7 +47,6 @@ class _RewardModel:
         self.model, self.tokenizer = self._load(dtype)
         self.pad_id = self._pad_id()
         self.context = context_length(self.tokenizer, self.model.config)
-        self.chat = bool(getattr(self.tokenizer, "chat_template", None))
         self.truncated = 0  # texts cut to the context so far
 
     def _fail(self, problem: str) -> ValueError:
