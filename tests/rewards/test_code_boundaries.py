@@ -117,7 +117,7 @@ def test_completions_and_tests_must_pair_up():
     ("<answer>```python\na\n```</answer>\n```python\nb\n```", "a"),  # a block in the last answer first
     ("<answer>x = 1</answer>", "x = 1"), ("<answer>1</answer><answer>2</answer>", "2"), ("<answer> </answer>", None),
     ("```python\nx = '```'\n```", "x = '```'"), ("```python\n```python\nx\n```", "```python\nx"),
-    ("```python\na\n``` not a close\nb\n```", "a\n``` not a close\nb"),  # a closing fence has no text after it
+    ("```python\na\n```  # not a close\nb\n```", "a\n```  # not a close\nb"),  # a closing fence has nothing after it
     ([{"role": "assistant", "content": "```python\na\n```"}, {"role": "tool", "content": "```python\nb\n```"}], "a"),
 ])
 def test_where_a_program_is_found(completion, program):

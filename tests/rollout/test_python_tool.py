@@ -5,6 +5,7 @@ inserted and masked out of what the policy is trained on."""
 import pytest
 from transformers.utils import get_json_schema
 
+import grpokit.rollout.python_tool
 from grpokit import GRPOConfig
 from grpokit.config import ConfigError
 from grpokit.rollout.generate import generate
@@ -62,10 +63,13 @@ def test_each_sandbox_starts_once_and_each_kind_is_said_once(any_isolation):
     assert sandbox_limits() == sandbox_limits(5.0) and sandbox_limits(0.2).cpu_seconds == 1
 
 
-def test_the_tool_runs_on_the_isolation_it_was_made_for(isolation, sandbox_refusals):
-    assert make_python_tool(isolation).start_sandbox().isolation == isolation
-    if sandbox_refusals["bwrap"] is None:
-        assert make_python_tool().start_sandbox().isolation == "bwrap"  # by default, the strong one
+def test_the_tool_runs_on_the_isolation_it_was_made_for(monkeypatch):
+    made = []
+    monkeypatch.setattr(grpokit.rollout.python_tool, "Sandbox", lambda **options: made.append(options) or options)
+    make_python_tool("process", sandbox_limits(2.0)).start_sandbox()
+    make_python_tool().start_sandbox()
+    assert made == [{"isolation": "process", "limits": sandbox_limits(2.0)},
+                    {"isolation": "bwrap", "limits": sandbox_limits()}]  # by default, the strong one
 
 
 def test_runs_programs_in_the_sandbox(isolation):
