@@ -4,6 +4,8 @@ of either sign, and the file names a run accepts."""
 
 import math
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +156,27 @@ def test_an_interpreter_that_does_not_run_is_told_by_the_end_of_its_error(tmp_pa
         installation(str(script))
     told = str(caught.value)
     assert told == f"sandbox python: {script} does not run: {('x' * 5000 + ' the end')[-2000:]}"
+
+
+@pytest.mark.parametrize("closed, found", [(None, None), ("a", "a"), ("a/b/X", "a/b/X"), ("a/b", "a/b")])
+def test_the_first_directory_others_cannot_search_on_the_way_to_the_installation(monkeypatch, closed, found):
+    """Each directory from / down to each installation directory, the last one included, by its own name."""
+    from grpokit.sandbox import interpreter
+
+    with tempfile.TemporaryDirectory() as made:  # (pytest's tmp_path lies in directories closed to others)
+        root = Path(made)
+        root.chmod(0o755)
+        deep = root / "a" / "b" / "X"
+        deep.mkdir(parents=True)
+        (root / "other").mkdir()
+        if any(not directory.stat().st_mode & 0o001 for directory in root.parents):
+            pytest.skip(f"a directory above {root} is closed to others already")
+        if closed:
+            (root / closed).chmod(0o700)
+        monkeypatch.setattr(interpreter, "installation", lambda executable: (str(root / "other"), str(deep))
+                            if executable == "python" else ())
+        try:
+            assert interpreter.closed_to_others("python") == (found and str(root / found))
+        finally:
+            for directory in (root / "a", root / "a" / "b", deep):
+                directory.chmod(0o755)
