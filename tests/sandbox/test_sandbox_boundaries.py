@@ -127,7 +127,8 @@ def test_a_path_inside_a_directory(path, directory, expected):
     assert inside(path, directory) is expected
 
 
-@pytest.mark.parametrize("path, parents", [("/a/b/c", ["/a", "/a/b"]), ("/a", []), ("/a/b/", ["/a"]), ("/", [])])
+@pytest.mark.parametrize("path, parents", [("/a/b/c", ["/a", "/a/b"]), ("/a", []), ("/a/b/", ["/a"]), ("/", []),
+                                           ("/X/b/X", ["/X", "/X/b"])])
 def test_the_parents_bwrap_makes(path, parents):
     from grpokit.sandbox.bwrap import _parents
 
@@ -180,3 +181,11 @@ def test_the_first_directory_others_cannot_search_on_the_way_to_the_installation
         finally:
             for directory in (root / "a", root / "a" / "b", deep):
                 directory.chmod(0o755)
+
+
+def test_a_bwrap_program_sees_the_sandboxs_own_host_name():
+    """Its own UTS namespace: the machine's host name is not shown to the program."""
+    sandbox = sandbox_or_skip("bwrap", Limits())
+    result = sandbox.run("import socket; print(socket.gethostname())")
+    assert result.exit_code == 0 and result.stdout == "sandbox\n", result
+
