@@ -189,3 +189,17 @@ def test_a_bwrap_program_sees_the_sandboxs_own_host_name():
     result = sandbox.run("import socket; print(socket.gethostname())")
     assert result.exit_code == 0 and result.stdout == "sandbox\n", result
 
+
+def test_bwrap_binds_each_installation_directory_outside_the_system_once_with_its_parents_once(monkeypatch):
+    """Every directory of the interpreter's installation that the system directories do not hold is bound, read-only,
+    at its own path, after each of its parents is made (searchable: 0755) once; the system's are bound already."""
+    from grpokit.sandbox import bwrap
+
+    monkeypatch.setattr(bwrap, "installation", lambda executable: ("/lib/python3", "/opt/py/base", "/opt/py/venv"))
+    args = bwrap.command("bwrap", Limits(), as_root=True, files=[], launcher=["/opt/py/venv/bin/python"])
+    triples = [tuple(args[i:i + 3]) for i in range(len(args) - 2)]
+    assert [t for t in triples if t[0] == "--ro-bind" and t[1].startswith("/opt")] == [
+        ("--ro-bind", "/opt/py/base", "/opt/py/base"), ("--ro-bind", "/opt/py/venv", "/opt/py/venv")]
+    made = [args[i + 1] for i, a in enumerate(args) if a == "--dir" and args[i - 2:i] == ["--perms", "0755"]]
+    assert made == ["/opt", "/opt/py"] and "/lib/python3" not in args
+
