@@ -2,6 +2,7 @@
 (which end of the output is kept, and exactly how many bytes), the end of a failing launcher's error, exit statuses
 of either sign, and the file names a run accepts."""
 
+import json
 import math
 import signal
 import tempfile
@@ -202,4 +203,18 @@ def test_bwrap_binds_each_installation_directory_outside_the_system_once_with_it
         ("--ro-bind", "/opt/py/base", "/opt/py/base"), ("--ro-bind", "/opt/py/venv", "/opt/py/venv")]
     made = [args[i + 1] for i, a in enumerate(args) if a == "--dir" and args[i - 2:i] == ["--perms", "0755"]]
     assert made == ["/opt", "/opt/py"] and "/lib/python3" not in args
+
+
+def test_a_bwrap_program_gets_a_clean_environment_and_tmpfs_of_the_disk_limit():
+    """Its environment is the three variables set for it (the launcher's own, which it drops, aside); /tmp (its
+    working directory) and /dev/shm are tmpfs of Limits.disk_mb each."""
+    sandbox = sandbox_or_skip("bwrap", Limits(disk_mb=8))
+    program = ("import json, os; s = {p: os.statvfs(p) for p in ('/tmp', '/dev/shm')}; print(json.dumps("
+               "[{k: os.environ.get(k) for k in ('PATH', 'HOME', 'LANG')}, os.getcwd(), "
+               "{p: v.f_blocks * v.f_frsize for p, v in s.items()}]))")
+    result = sandbox.run(program)
+    assert result.exit_code == 0, result
+    environment, cwd, sizes = json.loads(result.stdout)
+    assert environment == {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"} and cwd == "/tmp"
+    assert sizes == {"/tmp": 8 << 20, "/dev/shm": 8 << 20}
 
