@@ -120,7 +120,7 @@ def test_workers_below_one_are_refused(workers):
 
 @pytest.mark.parametrize("path, directory, expected", [
     ("/a/b", "/a/b", True), ("/a/b/c", "/a/b", True), ("/a/bc", "/a/b", False), ("/a", "/a/b", False),
-    ("/a/b/c", "/a/b/", True), ("/a/b", "/", True), ("/x", "/a", False),
+    ("/a/b/c", "/a/b/", True), ("/a/b", "/", True), ("/x", "/a", False), ("/a/b", "/a/X", False),
 ])
 def test_a_path_inside_a_directory(path, directory, expected):
     from grpokit.sandbox.interpreter import inside
