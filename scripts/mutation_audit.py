@@ -69,11 +69,14 @@ JUDGE_TESTS = ["tests/rollout/test_tools.py", "tests/rollout/test_tool_boundarie
                *(_SAMPLE + name for name in ("pairs_join_the_best_with_the_worst_and_skip_ties",
                                              "a_pair_with_an_empty_side_is_counted_not_made_and_the_answer_is_kept",
                                              "an_empty_side_skips_its_pair_only_and_every_one_is_counted"))]
-# learned.py's mutants run apart, on its own tests: mutmut's forked stats run fails with test_reward_models.py among
-# the tests above (that file passes alone, and beside them in one pytest run).
-LEARNED, LEARNED_TESTS = "grpokit.rewards.learned.*", [
-    "tests/rewards/test_reward_models.py", "tests/algorithms/test_reward_truncation.py",
-    "tests/rewards/test_reward_calls.py", "tests/rewards/test_answers_and_scores.py"]
+# Files whose mutants run apart, on tests of their own: learned.py's, as mutmut's forked stats run fails with
+# test_reward_models.py among JUDGE_TESTS (it passes alone, and beside them in one pytest run); the reward trainer's,
+# on its training tests, whole (a few seconds each under mutmut: too slow for the other files' mutants).
+APART = {
+    "grpokit.rewards.learned.*": ["tests/rewards/test_reward_models.py", "tests/algorithms/test_reward_truncation.py",
+                                  "tests/rewards/test_reward_calls.py", "tests/rewards/test_answers_and_scores.py"],
+    "grpokit.algorithms.reward.*": ["tests/algorithms/test_reward_train.py", "tests/training/test_labelling.py",
+                                    "tests/algorithms/test_reward_truncation.py"]}
 JUDGE_STATE = Path("docs/mutation_audit_judges.json")
 # mutmut with [tool.mutmut]'s files and tests replaced (MUTATION_AUDIT_SCOPE: {"files": [...], "tests": [...]})
 SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
@@ -250,8 +253,8 @@ def judges(args: argparse.Namespace) -> None:
         print(table(state, {n: every[n][0] for n in names}))
         return
     groups = [(todo, args.tests)] if args.tests else [
-        ([n for n in todo if fnmatch.fnmatchcase(n, LEARNED)], LEARNED_TESTS),
-        ([n for n in todo if not fnmatch.fnmatchcase(n, LEARNED)], JUDGE_TESTS)]
+        *(([n for n in todo if fnmatch.fnmatchcase(n, pattern)], tests) for pattern, tests in APART.items()),
+        ([n for n in todo if not any(fnmatch.fnmatchcase(n, pattern) for pattern in APART)], JUDGE_TESTS)]
     deadline = None if args.max_minutes is None else time.monotonic() + args.max_minutes * 60
     for i, (group, tests) in enumerate((g, t) for g, t in groups if g):
         if i:  # mutmut keeps the stats of the last test list in mutants/
