@@ -5,6 +5,8 @@
     python scripts/mutation_audit.py --again mutation_audit.json   # after new tests: rerun what survived there
     python scripts/mutation_audit.py --vllm       # the vLLM engine's mutants judged by its own tests, in vLLM's venv
     python scripts/mutation_audit.py --judges     # every mutant of the layers that judge model output, resumable
+    python scripts/mutation_audit.py --judges --table               # its counts per file and its equivalent mutants
+    python scripts/mutation_audit.py --judges --explain reasons.json   # survivors explained as equivalent
 
 mutmut 3.8.1 (pyproject.toml's [tool.mutmut] names the files and the tests) makes the mutants and runs, for each,
 the selected tests that reach the mutated function (``pytest -x``, in a process forked per mutant). This script
@@ -75,8 +77,9 @@ JUDGE_TESTS = ["tests/rollout/test_tools.py", "tests/rollout/test_tool_boundarie
 APART = {
     "grpokit.rewards.learned.*": ["tests/rewards/test_reward_models.py", "tests/algorithms/test_reward_truncation.py",
                                   "tests/rewards/test_reward_calls.py", "tests/rewards/test_answers_and_scores.py"],
-    "grpokit.algorithms.reward.*": ["tests/algorithms/test_reward_train.py", "tests/training/test_labelling.py",
-                                    "tests/algorithms/test_reward_truncation.py"]}
+    "grpokit.algorithms.reward.*": ["tests/algorithms/test_reward_train.py",
+                                    "tests/algorithms/test_reward_trainer_inputs.py",
+                                    "tests/training/test_labelling.py", "tests/algorithms/test_reward_truncation.py"]}
 JUDGE_STATE = Path("docs/mutation_audit_judges.json")
 # mutmut with [tool.mutmut]'s files and tests replaced (MUTATION_AUDIT_SCOPE: {"files": [...], "tests": [...]})
 SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
@@ -250,7 +253,7 @@ def judges(args: argparse.Namespace) -> None:
         print("\n".join(todo))
         return
     if args.table:
-        print(table(state, {n: every[n][0] for n in names}))
+        print(table(state, {n: every[n][0] for n in names}), equivalents(state), sep="\n\n")
         return
     groups = [(todo, args.tests)] if args.tests else [
         *(([n for n in todo if fnmatch.fnmatchcase(n, pattern)], tests) for pattern, tests in APART.items()),
@@ -321,6 +324,32 @@ def table(state: dict, files: dict[str, str]) -> str:
                     f"{now} / {len(judged) - now - equivalent} / {equivalent} | {len(names) - len(judged)} |")
     return "\n".join(rows)
 
+def equivalents(state: dict) -> str:
+    """The mutants explained as equivalent, one line each, as docs/reliability.md lists them: the file, the function,
+    the mutant's number, the reason."""
+    lines = []
+    for name, entry in state["mutants"].items():
+        if entry["status"] not in KILLED and "equivalent" in entry:
+            function, number = name.rsplit("__mutmut_", 1)
+            function = ".".join(part for part in function.rsplit(".", 1)[1].split("\u01c1")[1:]) \
+                or function.rsplit(".x_", 1)[1]
+            lines.append(f"- `{entry['file'].removeprefix('src/grpokit/')}` `{function}` ({number}): "
+                         f"{entry['equivalent']}")
+    return "\n".join(lines)
+
+
+def explain(path: Path) -> None:
+    """``--explain FILE``: mark the survivors that FILE (JSON, ``{mutant: reason}``) explains as equivalent."""
+    state, reasons = json.loads(JUDGE_STATE.read_text()), json.loads(path.read_text())
+    for name, reason in reasons.items():
+        entry = state["mutants"].get(name)
+        if entry is None or entry["status"] in KILLED:
+            sys.exit(f"--explain: {name} is {'not judged' if entry is None else entry['status']}: nothing to explain")
+        entry["equivalent"] = reason
+    JUDGE_STATE.write_text(json.dumps(state, indent=1, ensure_ascii=False) + "\n")
+    print(f"{len(reasons)} mutants explained as equivalent in {JUDGE_STATE}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sample", type=int, default=300, help="mutants run (a uniform sample; default 300)")
@@ -346,6 +375,8 @@ def main() -> None:
                         "a fast first pass, whose survivors a run with JUDGE_TESTS and --survivors judges again")
     parser.add_argument("--timeout-multiplier", type=float, help="--judges: mutmut's (15: a mutant may take 15 "
                         "times its tests' CPU time before it counts as a timeout, i.e. killed)")
+    parser.add_argument("--explain", type=Path, help="--judges: a JSON file {mutant: reason}: mark those survivors "
+                        "equivalent (never while a run is going: it rewrites the state)")
     parser.add_argument("--part", nargs="+", help="--judges: only the mutants whose names match these patterns "
                         "(e.g. 'grpokit.rewards.*')")
     args = parser.parse_args()
@@ -355,6 +386,8 @@ def main() -> None:
     if mutmut.__version__ != MUTMUT:
         sys.exit(f"the audit is pinned to mutmut {MUTMUT} (found {mutmut.__version__}): "
                  f"python -m pip install mutmut=={MUTMUT}")
+    if args.judges and args.explain:
+        return explain(args.explain)
     if args.judges:
         return judges(args)
     if not args.keep:

@@ -422,7 +422,8 @@ def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_m
                                         ("steps", "(process, steps rows, bce per step)")])
 def test_the_announcement_names_the_kind_and_the_loss(tmp_path, tiny_model_dir, capsys, form, said):
     trainer_for(tmp_path, tiny_model_dir, toy_rows(form, 8), eval_fraction=0.25, batch_size=3).announce()
-    assert f"reward model {said}: 6 training rows, 2 held out; " in capsys.readouterr().out
+    assert capsys.readouterr().out == (f"reward model {said}: 6 training rows, 2 held out; 4 steps of 3 rows; "
+                                       "max_length 64: 0 rows truncated, 0 steps and 0 rows left out (past the cut)\n")
 
 
 def test_the_backbone_is_found_as_the_config_says(tmp_path, tiny_model_dir, monkeypatch):
