@@ -2,12 +2,22 @@
 ``run_many`` spreads jobs over its workers (the caller's thread for one job or one worker; else at most ``workers``
 threads, named for the sandbox, the results in the jobs' order)."""
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from grpokit.sandbox import Limits, Sandbox
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, runner
+from grpokit.sandbox.bwrap import NOBODY
+from grpokit.sandbox.runner import FRESH_UIDS
+from helpers import sandbox_or_skip
 
 LIMITS = Limits(wall_seconds=2, processes=16)
 
@@ -63,3 +73,83 @@ def test_run_many_uses_the_callers_thread_for_one_job_or_one_worker_else_at_most
     else:
         assert most[0] == threads and len(set(seen)) <= threads
         assert all(thread.name.startswith("sandbox_") for thread in seen)
+
+
+# ---- the deadline's kill, and the reap of a run's own uid ------------------------------------------------------
+
+AS_ROOT = os.geteuid() == 0
+
+
+def sleeper(**options) -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "60"], start_new_session=True, **options)
+
+
+def test_at_the_deadline_the_launchers_group_and_the_programs_are_killed():
+    launcher, program = sleeper(), sleeper()
+    bare()._kill(launcher, {}, [program.pid])
+    assert launcher.wait(5) == program.wait(5) == -signal.SIGKILL
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a run's own uid exists as root only")
+def test_as_root_the_process_isolation_reaps_every_process_of_the_runs_uid_and_bwrap_leaves_it_to_bwrap():
+    uid = FRESH_UIDS[0] + 4321
+    config = {"uid": uid, "gid": NOBODY}
+    left = subprocess.Popen(["sleep", "60"], user=uid, group=NOBODY, start_new_session=True)  # as if the program's
+    waiter = threading.Thread(target=left.wait)  # (reaped at once, as the kernel's init reaps a real run's orphans)
+    waiter.start()
+    try:
+        # under bwrap, killing bwrap ends the PID namespace and all in it: nothing of the uid outside is touched
+        bare(isolation="bwrap", bwrap="/unused/bwrap", as_root=True)._kill(sleeper(), config, [])
+        waiter.join(0.5)
+        assert waiter.is_alive()
+        start = time.monotonic()
+        bare(as_root=True, executable=os.path.realpath(sys.executable))._kill(sleeper(), config, [])
+        waiter.join(5)
+        assert left.returncode == -signal.SIGKILL and time.monotonic() - start < 5
+    finally:
+        left.kill()
+        waiter.join()
+
+
+@pytest.mark.parametrize("script", ["exit 1", "exec sleep 30"])
+def test_a_reap_that_fails_or_hangs_leaves_the_run_to_be_reported(tmp_path, monkeypatch, script):
+    """The reap is the last resort: it failing (exit 1: it gave up) or hanging past REAP_SECONDS does not raise."""
+    reaper = tmp_path / "python"
+    reaper.write_text(f"#!/bin/sh\n{script}\n")
+    reaper.chmod(0o755)
+    monkeypatch.setattr(runner, "REAP_SECONDS", 0.5)
+    start = time.monotonic()
+    bare(as_root=True, executable=str(reaper))._kill(sleeper(), {"uid": FRESH_UIDS[0], "gid": NOBODY}, [])
+    assert time.monotonic() - start < 5
+
+
+# ---- the start-up probe ------------------------------------------------------------------------------------
+
+
+def test_an_interpreter_that_prints_ok_but_fails_cannot_run_programs():
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # (others can search it: the process isolation as root needs that)
+    try:
+        folder.chmod(0o755)
+        python = folder / "python"
+        # (its installation, when asked, is its folder; every program it is given prints ok and fails)
+        python.write_text(f"#!/bin/sh\ncase \"$4\" in *sys.prefix*) printf '%s\\n' {folder} {folder} {folder} "
+                          f"{folder}; exit 0;; esac\necho ok\nexit 3\n")
+        python.chmod(0o755)
+        with pytest.raises(SandboxUnavailable) as caught:
+            Sandbox("process", python=str(python))
+        assert str(caught.value).startswith("isolation: process: cannot run a program here: the sandbox failed "
+                                            "before the program started (exit 3)")
+    finally:
+        shutil.rmtree(folder)
+
+
+# ---- the files a program is given ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_a_program_can_write_to_the_files_and_folders_it_is_given(isolation):
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    code = ("from pathlib import Path\nPath('data/deep/f.txt').write_text('changed')\n"
+            "Path('data/deep/new.txt').write_text('new')\nprint(Path('data/deep/f.txt').read_text())")
+    result = sandbox.run(code, files={"data/deep/f.txt": "given"})
+    assert result.ok and result.stdout == "changed\n", result

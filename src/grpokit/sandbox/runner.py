@@ -4,6 +4,7 @@ workers (``run_many``); reading its output capped, enforcing the wall clock, and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import marshal
 import os
@@ -35,6 +36,7 @@ GRACE = 1.0  # seconds past the deadline for the last pipe to close before the s
 # As root, each run gets a uid of its own from this range: RLIMIT_NPROC counts per uid, so the process bound is
 # per run, and kill(-1) from that uid reaches exactly the run's processes.
 FRESH_UIDS = (1_000_000_000, 1_000_000_000)  # first, count
+REAP_SECONDS = 12  # the reap of a run's uid gives up by itself after 10 s (launcher.kill_everything_of)
 Job = tuple  # (code,), (code, stdin) or (code, stdin, files)
 _PROBED: dict[tuple, str | None] = {}  # (bwrap, interpreter, as root) -> why it cannot start, or None
 
@@ -215,7 +217,8 @@ class Sandbox:
                 pass
         if not self.bwrap and self.as_root:
             reap = self._launcher({"reap": 1, "uid": config["uid"], "gid": config["gid"]})
-            subprocess.run(reap, timeout=10, check=False)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # stuck: the run is reported timed out all the same
+                subprocess.run(reap, timeout=REAP_SECONDS, check=False)
 
     def _result(self, returncode: int, out: bytes, err: bytes, status: list[str], truncated: bool,
                 killed: bool, seconds: float) -> Result:
