@@ -23,6 +23,7 @@ from grpokit.algorithms.reward import parse_rows, tokenize_rows
 from grpokit.config import ConfigError
 from grpokit.data import DataError
 from grpokit.tasks.tiny_model import build_tokenizer
+from grpokit.training.supervised import split
 
 datasets = pytest.importorskip("datasets")
 
@@ -244,3 +245,14 @@ def test_a_step_reports_its_own_time_and_skipped_updates(tmp_path, tiny_model_di
     metrics = trainer.training_step()
     assert 0 < metrics["time_step"] <= time.perf_counter() - before
     assert metrics["skipped_updates"] == 0  # a finite step skips nothing
+
+
+def test_the_rows_held_out_are_the_seeds_draw(tmp_path, tiny_model_dir):
+    rows = toy_rows("labelled", 20)
+    whole = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.0).train_examples
+    draws = []
+    for seed in (0, 3):
+        trainer = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.25, seed=seed)
+        assert (trainer.train_examples, trainer.eval_examples) == split(whole, 0.25, seed)
+        draws.append(trainer.eval_examples)
+    assert draws[0] != draws[1]
