@@ -153,3 +153,21 @@ def test_a_program_can_write_to_the_files_and_folders_it_is_given(isolation):
             "Path('data/deep/new.txt').write_text('new')\nprint(Path('data/deep/f.txt').read_text())")
     result = sandbox.run(code, files={"data/deep/f.txt": "given"})
     assert result.ok and result.stdout == "changed\n", result
+
+
+# ---- what a Sandbox is made with ------------------------------------------------------------------------------
+
+
+def test_the_default_isolation_is_bwrap_and_an_unknown_one_is_named():
+    try:
+        assert Sandbox(limits=LIMITS).isolation == "bwrap"
+    except SandboxUnavailable as error:  # (where bwrap cannot start, the default says so: it never falls back)
+        assert str(error).startswith("isolation: bwrap: ")
+    with pytest.raises(ValueError) as caught:
+        Sandbox("docker")
+    assert str(caught.value) == "sandbox isolation: 'docker' is not one of bwrap, process"
+
+
+def test_workers_are_as_given_else_the_cpu_count():
+    assert sandbox_or_skip("process", LIMITS, workers=5).workers == 5
+    assert sandbox_or_skip("process", LIMITS).workers == os.cpu_count()
