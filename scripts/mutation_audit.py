@@ -221,7 +221,14 @@ def harvest(state: dict, names: list[str], vllm: dict[str, str] | None = None) -
         else:
             entry["source"] = diff
     state["mutants"] = dict(sorted(state["mutants"].items()))
-    JUDGE_STATE.write_text(json.dumps(state, indent=1, ensure_ascii=False) + "\n")
+    save(state)
+
+
+def save(state: dict) -> None:
+    """Write the state whole or not at all (a run killed while writing leaves the last one)."""
+    partial = JUDGE_STATE.with_suffix(".json.partial")
+    partial.write_text(json.dumps(state, indent=1, ensure_ascii=False) + "\n")
+    os.replace(partial, JUDGE_STATE)
 
 
 def judges(args: argparse.Namespace) -> None:
@@ -346,7 +353,7 @@ def explain(path: Path) -> None:
         if entry is None or entry["status"] in KILLED:
             sys.exit(f"--explain: {name} is {'not judged' if entry is None else entry['status']}: nothing to explain")
         entry["equivalent"] = reason
-    JUDGE_STATE.write_text(json.dumps(state, indent=1, ensure_ascii=False) + "\n")
+    save(state)
     print(f"{len(reasons)} mutants explained as equivalent in {JUDGE_STATE}")
 
 
