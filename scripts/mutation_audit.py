@@ -81,6 +81,7 @@ APART = {
                                     "tests/algorithms/test_reward_trainer_inputs.py",
                                     "tests/training/test_labelling.py", "tests/algorithms/test_reward_truncation.py"]}
 JUDGE_STATE = Path("docs/mutation_audit_judges.json")
+TEST_PIDS = 2000  # a test session's processes and threads under the audit (pids_cgroup); the suite needs a few hundred
 # mutmut with [tool.mutmut]'s files and tests replaced (MUTATION_AUDIT_SCOPE: {"files": [...], "tests": [...]})
 SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
                  "os.environ['MUTATION_AUDIT_SCOPE']); cfg = c.config(); cfg.only_mutate = scope['files'] or "
@@ -284,6 +285,33 @@ def judges(args: argparse.Namespace) -> None:
             print(f"# {name}: {entry['status']}\n{entry['source']}")
 
 
+def pids_cgroup() -> str | None:
+    """A pids cgroup for the tests' sessions (tests/conftest.py moves each session's process into it), capped at
+    TEST_PIDS: as root, a mutant that stops the sandbox dropping to a uid of its own (``as_root`` false) runs the
+    hostile tests' fork bombs as root, which RLIMIT_NPROC does not bound, and they take every pid of the machine.
+    None where no pids cgroup can be made (not root, or no pids controller): the audit then runs without."""
+    for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):  # cgroup v1's hierarchy, else v2's
+        if base == Path("/sys/fs/cgroup") and "pids" not in _read(base / "cgroup.controllers"):
+            continue
+        group = base / "grpokit-mutation-audit"
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "pids.max").write_text(str(TEST_PIDS))
+        except OSError:
+            continue
+        return str(group)
+    print("warning: no pids cgroup could be made: a mutant that lifts the sandbox's process bound may exhaust the "
+          "machine's pids (run the audit as root on a machine with cgroups)", file=sys.stderr)
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, state: dict,
                deadline: float | None) -> dict[str, str]:
     """mutmut on the mutants ``todo`` with ``tests``, stopped at ``deadline``, the state harvested as it goes; the
@@ -291,6 +319,9 @@ def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, stat
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
            "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": tests,
                                                "timeout_multiplier": args.timeout_multiplier})}
+    cgroup = pids_cgroup()
+    if cgroup:
+        env["MUTATION_AUDIT_PIDS_CGROUP"] = cgroup
     command = [sys.executable, "-c", SCOPED_MUTMUT, "run", "--max-children", str(args.max_children), *todo]
     # in this script's process group, so that /work/tools/quietable pauses it with the script
     with subprocess.Popen(command, env=env) as mutmut_run:

@@ -1,7 +1,11 @@
 """Fixtures for every test folder: the tiny model and tokenizer (fresh, or saved as a checkpoint), a data file,
 the default dtype, the sandbox's isolations. Shared builders that are not fixtures are in helpers.py."""
 
+import contextlib
 import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +23,25 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     helpers.REQUIRE_SANDBOX = config.getoption("require_sandbox")
+
+
+# Under the mutation audit (scripts/mutation_audit.py sets it): each test session runs in a pids cgroup of its own, so
+# that a mutant that lifts the sandbox's process bound lets the hostile tests' fork bombs exhaust that cgroup only,
+# not the machine nor mutmut's own processes (the session's process returns to the parent cgroup when it ends).
+AUDIT_CGROUP = os.environ.get("MUTATION_AUDIT_PIDS_CGROUP")
+
+
+def pytest_sessionstart(session):
+    if AUDIT_CGROUP:
+        for pid in Path(AUDIT_CGROUP, "cgroup.procs").read_text().split():  # what an earlier mutant's bomb left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        Path(AUDIT_CGROUP, "cgroup.procs").write_text(str(os.getpid()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if AUDIT_CGROUP:
+        Path(AUDIT_CGROUP).parent.joinpath("cgroup.procs").write_text(str(os.getpid()))
 
 
 @pytest.fixture(autouse=True)
