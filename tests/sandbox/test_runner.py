@@ -168,6 +168,8 @@ def test_the_default_isolation_is_bwrap_and_an_unknown_one_is_named():
     assert str(caught.value) == "sandbox isolation: 'docker' is not one of bwrap, process"
 
 
-def test_workers_are_as_given_else_the_cpu_count():
+def test_workers_are_as_given_else_the_cpu_count_else_one(monkeypatch):
     assert sandbox_or_skip("process", LIMITS, workers=5).workers == 5
     assert sandbox_or_skip("process", LIMITS).workers == os.cpu_count()
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # (Python cannot tell)
+    assert sandbox_or_skip("process", LIMITS).workers == 1
