@@ -81,7 +81,9 @@ APART = {
                                     "tests/algorithms/test_reward_trainer_inputs.py",
                                     "tests/training/test_labelling.py", "tests/algorithms/test_reward_truncation.py"]}
 JUDGE_STATE = Path("docs/mutation_audit_judges.json")
-TEST_PIDS = 2000  # a test session's processes and threads under the audit (pids_cgroup); the suite needs a few hundred
+# A test session under the audit (test_cgroups): its processes and threads (the suite needs a few hundred), its CPUs
+# (the rest of the machine stays usable), its wall clock (the slowest group's clean run takes about 3 minutes).
+TEST_PIDS, TEST_CPUS, SESSION_SECONDS = 2000, 1.5, 900
 # mutmut with [tool.mutmut]'s files and tests replaced (MUTATION_AUDIT_SCOPE: {"files": [...], "tests": [...]})
 SCOPED_MUTMUT = ("import json, os, sys; import mutmut.configuration as c; scope = json.loads("
                  "os.environ['MUTATION_AUDIT_SCOPE']); cfg = c.config(); cfg.only_mutate = scope['files'] or "
@@ -285,31 +287,31 @@ def judges(args: argparse.Namespace) -> None:
             print(f"# {name}: {entry['status']}\n{entry['source']}")
 
 
-def pids_cgroup() -> str | None:
-    """A pids cgroup for the tests' sessions (tests/conftest.py moves each session's process into it), capped at
-    TEST_PIDS: as root, a mutant that stops the sandbox dropping to a uid of its own (``as_root`` false) runs the
-    hostile tests' fork bombs as root, which RLIMIT_NPROC does not bound, and they take every pid of the machine.
-    None where no pids cgroup can be made (not root, or no pids controller): the audit then runs without."""
-    for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):  # cgroup v1's hierarchy, else v2's
-        if base == Path("/sys/fs/cgroup") and "pids" not in _read(base / "cgroup.controllers"):
-            continue
-        group = base / "grpokit-mutation-audit"
+def test_cgroups() -> list[str]:
+    """Cgroups for the tests' sessions (tests/conftest.py moves each session's process into them and ends a session
+    past SESSION_SECONDS): at most TEST_PIDS processes, and TEST_CPUS of the machine's CPUs. As root, a mutant that
+    keeps the sandbox from dropping to a uid of its own (``as_root`` false) runs the hostile tests' fork bombs as root,
+    which RLIMIT_NPROC does not bound: they took every pid of the machine and its CPUs, mutmut's fork server
+    included. Empty where none can be made (not root, no such controller): the audit then runs without."""
+    made = []
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    limits = {"pids": {"pids.max": str(TEST_PIDS)}, "cpu": {"cpu.cfs_quota_us": str(int(TEST_CPUS * 100_000)),
+                                                            "cpu.cfs_period_us": "100000"}}
+    if v2.exists():  # one hierarchy: both limits on one group
+        limits = {"": {"pids.max": str(TEST_PIDS), "cpu.max": f"{int(TEST_CPUS * 100_000)} 100000"}}
+    for controller, files in limits.items():
+        group = Path("/sys/fs/cgroup", controller, "grpokit-mutation-audit")
         try:
             group.mkdir(exist_ok=True)
-            (group / "pids.max").write_text(str(TEST_PIDS))
+            for name, value in files.items():
+                (group / name).write_text(value)
         except OSError:
             continue
-        return str(group)
-    print("warning: no pids cgroup could be made: a mutant that lifts the sandbox's process bound may exhaust the "
-          "machine's pids (run the audit as root on a machine with cgroups)", file=sys.stderr)
-    return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
+        made.append(str(group))
+    if not made:
+        print("warning: no cgroup could be made for the tests: a mutant that lifts the sandbox's process bound may "
+              "take the machine's pids and CPUs (run the audit as root on a machine with cgroups)", file=sys.stderr)
+    return made
 
 
 def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, state: dict,
@@ -319,9 +321,9 @@ def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, stat
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
            "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": tests,
                                                "timeout_multiplier": args.timeout_multiplier})}
-    cgroup = pids_cgroup()
-    if cgroup:
-        env["MUTATION_AUDIT_PIDS_CGROUP"] = cgroup
+    cgroups = test_cgroups()
+    if cgroups:
+        env.update(MUTATION_AUDIT_CGROUPS=os.pathsep.join(cgroups), MUTATION_AUDIT_SESSION_SECONDS=str(SESSION_SECONDS))
     command = [sys.executable, "-c", SCOPED_MUTMUT, "run", "--max-children", str(args.max_children), *todo]
     # in this script's process group, so that /work/tools/quietable pauses it with the script
     with subprocess.Popen(command, env=env) as mutmut_run:

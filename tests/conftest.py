@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,23 +26,43 @@ def pytest_configure(config):
     helpers.REQUIRE_SANDBOX = config.getoption("require_sandbox")
 
 
-# Under the mutation audit (scripts/mutation_audit.py sets it): each test session runs in a pids cgroup of its own, so
-# that a mutant that lifts the sandbox's process bound lets the hostile tests' fork bombs exhaust that cgroup only,
-# not the machine nor mutmut's own processes (the session's process returns to the parent cgroup when it ends).
-AUDIT_CGROUP = os.environ.get("MUTATION_AUDIT_PIDS_CGROUP")
+# Under the mutation audit (scripts/mutation_audit.py sets these): each test session runs in cgroups of its own, with
+# a cap on processes and CPUs and a wall clock, so that a mutant that lifts the sandbox's process bound lets the hostile
+# tests' fork bombs exhaust those only, not the machine nor mutmut's own processes. The session's process returns to
+# the parent cgroups when it ends; past the wall clock it ends what is in them, and itself with mutmut's timeout code.
+AUDIT_CGROUPS = [Path(p) for p in os.environ.get("MUTATION_AUDIT_CGROUPS", "").split(os.pathsep) if p]
+AUDIT_SECONDS = float(os.environ.get("MUTATION_AUDIT_SESSION_SECONDS", "0"))
+_watchdog: list[threading.Timer] = []
+
+
+def _end_the_cgroups(code: int | None) -> None:
+    """SIGKILL every other process in the audit's cgroups (what an earlier mutant's bomb left, or this one's); with a
+    ``code``, end this process too."""
+    for group in AUDIT_CGROUPS:
+        for pid in (group / "cgroup.procs").read_text().split():
+            if int(pid) != os.getpid():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+    if code is not None:
+        os._exit(code)
 
 
 def pytest_sessionstart(session):
-    if AUDIT_CGROUP:
-        for pid in Path(AUDIT_CGROUP, "cgroup.procs").read_text().split():  # what an earlier mutant's bomb left
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        Path(AUDIT_CGROUP, "cgroup.procs").write_text(str(os.getpid()))
+    if AUDIT_CGROUPS:
+        _end_the_cgroups(None)
+        for group in AUDIT_CGROUPS:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        if AUDIT_SECONDS:
+            _watchdog.append(threading.Timer(AUDIT_SECONDS, _end_the_cgroups, args=(36,)))  # 36: mutmut's timeout
+            _watchdog[-1].daemon = True
+            _watchdog[-1].start()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if AUDIT_CGROUP:
-        Path(AUDIT_CGROUP).parent.joinpath("cgroup.procs").write_text(str(os.getpid()))
+    for timer in _watchdog:
+        timer.cancel()
+    for group in AUDIT_CGROUPS:
+        (group.parent / "cgroup.procs").write_text(str(os.getpid()))
 
 
 @pytest.fixture(autouse=True)
