@@ -36,13 +36,17 @@ _watchdog: list[threading.Timer] = []
 
 
 def _end_the_cgroups(code: int | None) -> None:
-    """SIGKILL every other process in the audit's cgroups (what an earlier mutant's bomb left, or this one's); with a
-    ``code``, end this process too."""
+    """SIGKILL every process in the audit's cgroups (what an earlier mutant's bomb left, or this one's) but this one
+    and its ancestors (mutmut's); with a ``code``, end this process too."""
+    ancestors, pid = set(), os.getpid()
+    while pid > 1:
+        ancestors.add(pid)
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     for group in AUDIT_CGROUPS:
-        for pid in (group / "cgroup.procs").read_text().split():
-            if int(pid) != os.getpid():
+        for pid in map(int, (group / "cgroup.procs").read_text().split()):
+            if pid not in ancestors:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
     if code is not None:
         os._exit(code)
 
