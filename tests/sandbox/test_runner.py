@@ -202,3 +202,18 @@ def test_each_reason_a_sandbox_cannot_start_is_said_whole(tmp_path, monkeypatch)
         f"isolation: process: as root, each program runs as an unprivileged uid of its own, which cannot read the "
         f"interpreter /opt/python3: {tmp_path} is closed to others (mode 700). Use isolation: bwrap, or a Python "
         "that others can read (Sandbox(python=...), e.g. /usr/bin/python3), or open the directory (chmod o+x)")
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_a_program_that_cannot_be_started_is_a_result_that_says_why(isolation, monkeypatch):
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+
+    def no_memory(name, data):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(runner, "_memfd", no_memory)
+    result = sandbox.run("print('never')")
+    assert (result.stdout, result.stderr, result.exit_code, result.timed_out, result.truncated) == ("", "", None,
+                                                                                                    False, False)
+    assert result.sandbox_error == "the sandbox could not start the program: [Errno 12] Cannot allocate memory"
+    assert isinstance(result.seconds, float) and 0 <= result.seconds < 5
