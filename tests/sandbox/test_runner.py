@@ -217,3 +217,13 @@ def test_a_program_that_cannot_be_started_is_a_result_that_says_why(isolation, m
                                                                                                     False, False)
     assert result.sandbox_error == "the sandbox could not start the program: [Errno 12] Cannot allocate memory"
     assert isinstance(result.seconds, float) and 0 <= result.seconds < 5
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a run's own uid exists as root only")
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_as_root_each_run_is_a_uid_of_its_own_from_the_fresh_range(isolation):
+    """Far from every uid a system gives out (nobody's 65534 included), and another for each run."""
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    uids = [int(result.stdout) for result in sandbox.run_many(["import os\nprint(os.getuid())"] * 3)]
+    first, count = FRESH_UIDS
+    assert all(first <= uid < first + count for uid in uids) and len(set(uids)) == 3, uids
