@@ -227,3 +227,10 @@ def test_as_root_each_run_is_a_uid_of_its_own_from_the_fresh_range(isolation):
     uids = [int(result.stdout) for result in sandbox.run_many(["import os\nprint(os.getuid())"] * 3)]
     first, count = FRESH_UIDS
     assert all(first <= uid < first + count for uid in uids) and len(set(uids)) == 3, uids
+
+
+def test_the_process_isolation_runs_in_a_fresh_named_directory_removed_after():
+    sandbox = sandbox_or_skip("process", LIMITS)
+    first, second = (Path(r.stdout.strip()) for r in sandbox.run_many(["import os\nprint(os.getcwd())"] * 2))
+    assert first != second and first.parent == second.parent == Path(tempfile.gettempdir()).resolve()
+    assert first.name.startswith("grpokit-sandbox-") and not first.exists() and not second.exists()
