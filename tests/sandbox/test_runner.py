@@ -234,3 +234,11 @@ def test_the_process_isolation_runs_in_a_fresh_named_directory_removed_after():
     first, second = (Path(r.stdout.strip()) for r in sandbox.run_many(["import os\nprint(os.getcwd())"] * 2))
     assert first != second and first.parent == second.parent == Path(tempfile.gettempdir()).resolve()
     assert first.name.startswith("grpokit-sandbox-") and not first.exists() and not second.exists()
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_the_program_is_main_py_in_its_working_directory_by_its_whole_path(isolation):
+    """As tracebacks name it, in either isolation."""
+    result = sandbox_or_skip(isolation, LIMITS).run("import os\nprint(__file__ == os.path.join(os.getcwd(), "
+                                                     "'main.py'), os.path.isabs(__file__))\n1 / 0")
+    assert result.stdout == "True True\n" and '/main.py", line 3' in result.stderr, result
