@@ -242,3 +242,14 @@ def test_the_program_is_main_py_in_its_working_directory_by_its_whole_path(isola
     result = sandbox_or_skip(isolation, LIMITS).run("import os\nprint(__file__ == os.path.join(os.getcwd(), "
                                                      "'main.py'), os.path.isabs(__file__))\n1 / 0")
     assert result.stdout == "True True\n" and '/main.py", line 3' in result.stderr, result
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_a_program_starts_no_more_processes_than_the_limit(isolation):
+    """Limits(processes=4): the program and three more, whoever runs the trainer (as root the bound is the run's
+    own uid's; otherwise the user's processes are counted in)."""
+    code = ("import os, time\nstarted = 0\nfor _ in range(40):\n    try:\n        pid = os.fork()\n"
+            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+            "    started += 1\nprint(started)")
+    result = sandbox_or_skip(isolation, Limits(wall_seconds=5, processes=4)).run(code)
+    assert result.ok and result.stdout == "3\n", result
