@@ -2,6 +2,7 @@
 ``run_many`` spreads jobs over its workers (the caller's thread for one job or one worker; else at most ``workers``
 threads, named for the sandbox, the results in the jobs' order)."""
 
+import json
 import os
 import shutil
 import signal
@@ -253,3 +254,11 @@ def test_a_program_starts_no_more_processes_than_the_limit(isolation):
             "    started += 1\nprint(started)")
     result = sandbox_or_skip(isolation, Limits(wall_seconds=5, processes=4)).run(code)
     assert result.ok and result.stdout == "3\n", result
+
+
+def test_the_process_isolation_gives_the_program_a_bare_environment():
+    """None of the trainer's variables (tokens, keys): a system PATH, its working directory as HOME, UTF-8."""
+    result = sandbox_or_skip("process", LIMITS).run("import json, os\nprint(json.dumps([dict(os.environ), "
+                                                     "os.getcwd()]))")
+    environment, cwd = json.loads(result.stdout)
+    assert environment == {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8"}, result
