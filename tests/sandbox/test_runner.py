@@ -1,6 +1,7 @@
-"""The runner's own decisions, without starting a program: the line it logs for each isolation, and how
-``run_many`` spreads jobs over its workers (the caller's thread for one job or one worker; else at most ``workers``
-threads, named for the sandbox, the results in the jobs' order)."""
+"""The runner (grpokit.sandbox.runner) at its edges: the line it logs for each isolation; how ``run_many`` spreads
+jobs over its workers; the deadline's kill and the reap of a run's own uid; each reason a sandbox cannot start, and
+a program that cannot be started; what a program is given (its uid, its directory, its path, its environment, its
+files, its process bound). The first ones need no sandbox (a bare Sandbox holds what they read)."""
 
 import json
 import os
