@@ -6,6 +6,7 @@ Test modules import them with ``from helpers import ...``: ``tests/`` is on ``sy
 no test module imports another."""
 
 import dataclasses
+import random
 import re
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer
 from grpokit.rollout.generate import Rollout, generate
 from grpokit.rollout.tools import ToolSession
 from grpokit.runtime.processes import kill_tree, run_or_kill  # noqa: F401 (kill_tree: the tests' launches)
@@ -151,6 +152,44 @@ def brute_force_ends(tokenizer, ids, text, offsets):
     """For each offset, the first token whose decoded prefix reaches it; the end of the text → last token."""
     lengths = [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
     return [len(ids) - 1 if c == len(text) else next(k for k, n in enumerate(lengths) if n >= c) for c in offsets]
+
+
+# ---- reward-model training (tests/algorithms/test_reward_train.py, test_reward_trainer_inputs.py) -------------
+
+
+def _word(rng, marker):
+    letters = [rng.choice("abcdefgh") for _ in range(rng.randint(1, 3))]
+    if marker:
+        letters.insert(rng.randrange(len(letters) + 1), "!")
+    return "".join(letters)
+
+
+def reward_rows(form, n=80, seed=0):
+    """Rows of each reward-model form (labelled, pairs, steps), separable: a completion (a step) is good when it
+    contains the marker '!'."""
+    rng = random.Random(seed)
+    if form == "labelled":
+        return [{"prompt": "q:", "completion": _word(rng, i % 2 == 0), "label": float(i % 2 == 0)} for i in range(n)]
+    if form == "pairs":
+        return [{"prompt": "q:", "chosen": _word(rng, True), "rejected": _word(rng, False)} for _ in range(n)]
+    rows = []
+    for _ in range(n):
+        lines = [_word(rng, rng.random() < 0.5) for _ in range(3)]
+        ends = [sum(len(line) + 1 for line in lines[:k]) + len(lines[k]) for k in range(3)]
+        rows.append({"prompt": "q:", "completion": "\n".join(lines),
+                     "steps": [[end, float("!" in line)] for end, line in zip(ends, lines)]})
+    return rows
+
+
+def reward_config(tmp_path, **overrides) -> RewardConfig:
+    values = dict(model="unused", output_dir=str(tmp_path / "rm"), learning_rate=1e-2, lr_schedule="constant",
+                  batch_size=16, micro_batch_size=16, max_steps=4, eval_fraction=0.2, progress_bar=False,
+                  mixed_precision="no")  # exact comparisons: never bf16, whatever 'auto' finds here
+    return RewardConfig(**{**values, **overrides})
+
+
+def reward_trainer(tmp_path, tiny_model_dir, rows, **overrides) -> RewardTrainer:
+    return RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), **overrides), train_dataset=rows)
 
 
 # ---- chat templates, reward models, tools --------------------------------------------------------

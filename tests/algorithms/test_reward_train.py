@@ -3,7 +3,6 @@ model, the saved model loads with plain transformers and scores through OutcomeR
 ProcessRewardModel exactly as it was trained, resume is bit-exact, bad rows fail naming file, row and column."""
 
 import json
-import random
 
 import pytest
 import torch
@@ -18,49 +17,15 @@ from grpokit.config import ConfigError
 from grpokit.data import DataError
 from grpokit.tasks.tiny_model import TinyModelSpec, build_model
 from grpokit.training.distributed import SINGLE
-from helpers import assert_resume_is_bit_exact
+from helpers import assert_resume_is_bit_exact, reward_config, reward_rows, reward_trainer
 
 # A chat template whose assistant turn holds the content verbatim (so step ends can be located in it).
 CHAT = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 
 
-def word(rng, marker):
-    letters = [rng.choice("abcdefgh") for _ in range(rng.randint(1, 3))]
-    if marker:
-        letters.insert(rng.randrange(len(letters) + 1), "!")
-    return "".join(letters)
-
-
-def toy_rows(form, n=80, seed=0):
-    """Separable: a completion (a step) is good when it contains the marker '!'."""
-    rng = random.Random(seed)
-    if form == "labelled":
-        return [{"prompt": "q:", "completion": word(rng, i % 2 == 0), "label": float(i % 2 == 0)} for i in range(n)]
-    if form == "pairs":
-        return [{"prompt": "q:", "chosen": word(rng, True), "rejected": word(rng, False)} for _ in range(n)]
-    rows = []
-    for _ in range(n):
-        lines = [word(rng, rng.random() < 0.5) for _ in range(3)]
-        ends = [sum(len(line) + 1 for line in lines[:k]) + len(lines[k]) for k in range(3)]
-        rows.append({"prompt": "q:", "completion": "\n".join(lines),
-                     "steps": [[end, float("!" in line)] for end, line in zip(ends, lines)]})
-    return rows
-
-
-def config(tmp_path, **overrides) -> RewardConfig:
-    values = dict(model="unused", output_dir=str(tmp_path / "rm"), learning_rate=1e-2, lr_schedule="constant",
-                  batch_size=16, micro_batch_size=16, max_steps=4, eval_fraction=0.2, progress_bar=False,
-                  mixed_precision="no")  # exact comparisons: never bf16, whatever 'auto' finds here
-    return RewardConfig(**{**values, **overrides})
-
-
-def trainer_for(tmp_path, tiny_model_dir, rows, **overrides) -> RewardTrainer:
-    return RewardTrainer(config(tmp_path, model=str(tiny_model_dir), **overrides), train_dataset=rows)
-
-
 @pytest.mark.parametrize("form, steps", [("labelled", 40), ("pairs", 10), ("steps", 30)])
 def test_each_form_learns_a_separable_task(tmp_path, tiny_model_dir, form, steps):
-    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows(form), max_steps=steps, eval_every=10)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows(form), max_steps=steps, eval_every=10)
     assert trainer.form == form and (len(trainer.train_examples), len(trainer.eval_examples)) == (64, 16)
     head = {"steps": "LlamaForTokenClassification"}.get(form, "LlamaForSequenceClassification")
     assert type(trainer.model).__name__ == head and trainer.model.config.num_labels == 1
@@ -79,13 +44,13 @@ def test_each_form_learns_a_separable_task(tmp_path, tiny_model_dir, form, steps
 
 def test_labels_choose_the_loss(tmp_path, tiny_model_dir):
     rows = [{"prompt": "q", "completion": "a", "label": v} for v in (0.5, 2.0, -1.0, 3.0)]
-    trainer = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.0, batch_size=4)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, rows, eval_fraction=0.0, batch_size=4)
     assert trainer.label_loss == "mse"
     r = trainer.scores(trainer.model, trainer.train_examples)
     losses, right = trainer.unit_losses(trainer.model, trainer.train_examples)
     torch.testing.assert_close(losses, (r - torch.tensor([0.5, 2.0, -1.0, 3.0])) ** 2)
     assert right is None and trainer.training_step()["accuracy"] is None
-    binary = trainer_for(tmp_path, tiny_model_dir, [{**row, "label": float(i % 2)} for i, row in enumerate(rows)],
+    binary = reward_trainer(tmp_path, tiny_model_dir, [{**row, "label": float(i % 2)} for i, row in enumerate(rows)],
                          eval_fraction=0.0)
     assert binary.label_loss == "bce"
     r = binary.scores(binary.model, binary.train_examples)
@@ -93,7 +58,7 @@ def test_labels_choose_the_loss(tmp_path, tiny_model_dir):
     y = torch.tensor([0.0, 1.0, 0.0, 1.0])
     torch.testing.assert_close(losses, torch.nn.functional.binary_cross_entropy_with_logits(r, y, reduction="none"))
     assert right.tolist() == ((r > 0) == (y == 1)).tolist()
-    pairs = trainer_for(tmp_path, tiny_model_dir, toy_rows("pairs", 4), eval_fraction=0.0)
+    pairs = reward_trainer(tmp_path, tiny_model_dir, reward_rows("pairs", 4), eval_fraction=0.0)
     r = pairs.scores(pairs.model, pairs.train_examples)  # chosen, rejected, chosen, ...
     losses, right = pairs.unit_losses(pairs.model, pairs.train_examples)
     torch.testing.assert_close(losses, -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]))
@@ -102,7 +67,7 @@ def test_labels_choose_the_loss(tmp_path, tiny_model_dir):
 
 def test_the_loss_does_not_depend_on_the_micro_batch_size(tmp_path, tiny_model_dir):
     def gradient(micro):
-        trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("steps", 20), micro_batch_size=micro,
+        trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows("steps", 20), micro_batch_size=micro,
                               eval_fraction=0.0)
         batch = RewardBatch(trainer.train_examples[:7])  # the step's rows, in micro-batches as update() takes them
         loss, counts = 0.0, batch.counts(SINGLE)
@@ -118,7 +83,8 @@ def test_the_loss_does_not_depend_on_the_micro_batch_size(tmp_path, tiny_model_d
 
 
 def test_the_gradient_is_clipped_to_max_grad_norm(tmp_path, tiny_model_dir):
-    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("labelled", 20), max_grad_norm=1e-3, eval_fraction=0.0)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows("labelled", 20), max_grad_norm=1e-3,
+                             eval_fraction=0.0)
     stepped, step = [], trainer.learner.optimizer.step
 
     def recorded(*args, **kwargs):  # the norm of the gradient the optimizer steps with
@@ -140,8 +106,9 @@ def test_the_outcome_model_loads_and_scores_as_trained(tmp_path, tiny_model_dir,
     path = tmp_path / "backbone"
     backbone.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    rows = toy_rows("labelled", 12)
-    trainer = RewardTrainer(config(tmp_path, model=str(path), max_steps=3, eval_fraction=0.0), train_dataset=rows)
+    rows = reward_rows("labelled", 12)
+    trainer = RewardTrainer(reward_config(tmp_path, model=str(path), max_steps=3, eval_fraction=0.0),
+                            train_dataset=rows)
     trainer.train()
     saved = tmp_path / "rm" / "model"
     plain = AutoModelForSequenceClassification.from_pretrained(saved).eval()
@@ -164,9 +131,9 @@ def test_the_outcome_model_loads_and_scores_as_trained(tmp_path, tiny_model_dir,
 
 
 def test_the_process_model_loads_and_scores_as_trained(tmp_path, tiny_model_dir):
-    rows = toy_rows("steps", 12)
+    rows = reward_rows("steps", 12)
     rows[0]["completion"] += "\n"  # a trailing separator is no step, in training as in scoring
-    trainer = trainer_for(tmp_path, tiny_model_dir, rows, max_steps=3, eval_fraction=0.0)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, rows, max_steps=3, eval_fraction=0.0)
     trainer.train()
     saved = tmp_path / "rm" / "model"
     plain = AutoModelForTokenClassification.from_pretrained(saved)
@@ -183,24 +150,24 @@ def test_the_process_model_loads_and_scores_as_trained(tmp_path, tiny_model_dir)
 def test_steps_past_the_context_are_dropped_as_the_scorer_drops_them(tmp_path, tiny_model_dir):
     completion = "\n".join(["abcdefghi"] * 8)  # steps end at 9, 19, ..., 79; the context is 64 tokens
     rows = [{"prompt": "q", "completion": completion, "steps": [[10 * k + 9, k % 2] for k in range(8)]}] * 2
-    trainer = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.0, max_steps=1)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, rows, eval_fraction=0.0, max_steps=1)
     (example, _) = trainer.train_examples
     assert example.positions == [9, 19, 29, 39, 49, 59] and example.targets == [0, 1, 0, 1, 0, 1]
     assert trainer.summary["dropped_steps"] == 4 and trainer.summary["truncated_rows"] == 2
-    short = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.0, max_length=20)
+    short = reward_trainer(tmp_path, tiny_model_dir, rows, eval_fraction=0.0, max_length=20)
     assert short.train_examples[0].positions == [9, 19]
 
 
 def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in toy_rows("pairs", 24)))
+    data.write_text("".join(json.dumps(row) + "\n" for row in reward_rows("pairs", 24)))
     values = dict(model=str(tiny_model_dir), dataset=str(data), max_steps=6, save_every=3, batch_size=4,
                   micro_batch_size=2, lr_schedule="cosine", warmup_steps=2, eval_every=2)
     assert_resume_is_bit_exact(lambda name, **resume: RewardTrainer(
-        config(tmp_path, output_dir=str(tmp_path / name), **resume, **values)), steps_before=3)
+        reward_config(tmp_path, output_dir=str(tmp_path / name), **resume, **values)), steps_before=3)
     assert len((tmp_path / "parts" / "metrics.jsonl").read_text().splitlines()) == 6
     with pytest.raises(ValueError, match="different config"):
-        RewardTrainer(config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest",
+        RewardTrainer(reward_config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest",
                              **{**values, "learning_rate": 0.5})).train()
 
 
@@ -303,22 +270,22 @@ def test_a_process_model_needs_a_fast_tokenizer_and_a_template_that_keeps_the_te
 
 
 def test_the_trainer_refuses_what_it_cannot_train(tmp_path, tiny_model_dir, monkeypatch):
-    rows = toy_rows("labelled", 8)
+    rows = reward_rows("labelled", 8)
     with pytest.raises(DataError, match="eval_dataset: its labels make the loss mse, the training rows' bce; "
                                         "set label_loss"):
-        RewardTrainer(config(tmp_path, model=str(tiny_model_dir)), train_dataset=rows,
+        RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir)), train_dataset=rows,
                       eval_dataset=[{**row, "label": 0.5} for row in rows])
     with pytest.raises(ValueError, match="a tokenizer is required when a model is passed"):
-        RewardTrainer(config(tmp_path), model=torch.nn.Linear(1, 1), train_dataset=rows)
+        RewardTrainer(reward_config(tmp_path), model=torch.nn.Linear(1, 1), train_dataset=rows)
     with pytest.raises(ConfigError, match="max_length=65 exceeds the model's context of 64 tokens"):
-        trainer_for(tmp_path, tiny_model_dir, rows, max_length=65)
+        reward_trainer(tmp_path, tiny_model_dir, rows, max_length=65)
     steps = [{"prompt": "q", "completion": "x" * 80, "steps": [[80, 1]]}]
     with pytest.raises(DataError, match="train_dataset: no training row left: every row's steps lie past "
                                         "max_length=20"):
-        trainer_for(tmp_path, tiny_model_dir, steps, max_length=20, eval_fraction=0.0)
+        reward_trainer(tmp_path, tiny_model_dir, steps, max_length=20, eval_fraction=0.0)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="grpokit reward train runs in one process; launch it without torchrun"):
-        trainer_for(tmp_path, tiny_model_dir, rows)
+        reward_trainer(tmp_path, tiny_model_dir, rows)
 
 
 # ---- bad input, through the command line -----------------------------------------------------------
@@ -374,7 +341,7 @@ def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, capsys, rows, ext
 def test_csv_rows_and_the_cli(tmp_path, tiny_model_dir, capsys):
     csv = tmp_path / "steps.csv"
     lines = ["prompt,completion,steps"] + [f'q,"{r["completion"]}","{json.dumps(r["steps"])}"'
-                                           for r in toy_rows("steps", 8)]
+                                           for r in reward_rows("steps", 8)]
     csv.write_text("\n".join(lines) + "\n")
     path = write_config(tmp_path, tiny_model_dir, [GOOD])
     values = {**yaml.safe_load(path.read_text()), "dataset": str(csv), "eval_fraction": 0.25}
@@ -395,7 +362,7 @@ def test_reward_train_help_lists_every_key(capsys):
 
 
 def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_model_dir):
-    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("steps", 8), eval_fraction=0.25, batch_size=3,
+    trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows("steps", 8), eval_fraction=0.25, batch_size=3,
                           micro_batch_size=2, max_steps=2)
     examples = [trainer.train_examples[i] for i in trainer.batch_indices(0)]
     metrics = trainer.training_step()
@@ -421,7 +388,7 @@ def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_m
                                         ("labelled", "(outcome, labelled rows, bce)"),
                                         ("steps", "(process, steps rows, bce per step)")])
 def test_the_announcement_names_the_kind_and_the_loss(tmp_path, tiny_model_dir, capsys, form, said):
-    trainer_for(tmp_path, tiny_model_dir, toy_rows(form, 8), eval_fraction=0.25, batch_size=3).announce()
+    reward_trainer(tmp_path, tiny_model_dir, reward_rows(form, 8), eval_fraction=0.25, batch_size=3).announce()
     assert capsys.readouterr().out == (f"reward model {said}: 6 training rows, 2 held out; 4 steps of 3 rows; "
                                        "max_length 64: 0 rows truncated, 0 steps and 0 rows left out (past the cut)\n")
 
@@ -432,6 +399,6 @@ def test_the_backbone_is_found_as_the_config_says(tmp_path, tiny_model_dir, monk
     asked = []
     real = reward_module.model_directory
     monkeypatch.setattr(reward_module, "model_directory", lambda *args: asked.append(args) or real(*args))
-    settings = config(tmp_path, model=str(tiny_model_dir), seed=3)
+    settings = reward_config(tmp_path, model=str(tiny_model_dir), seed=3)
     model, _ = reward_module.load_backbone(settings, "ForTokenClassification")
     assert asked == [(str(tiny_model_dir), 3, False)] and type(model).__name__ == "LlamaForTokenClassification"

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_reward_train import config, toy_rows, trainer_for
 from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -24,6 +23,7 @@ from grpokit.config import ConfigError
 from grpokit.data import DataError
 from grpokit.tasks.tiny_model import build_tokenizer
 from grpokit.training.supervised import split
+from helpers import reward_config, reward_rows, reward_trainer
 
 datasets = pytest.importorskip("datasets")
 
@@ -36,7 +36,7 @@ def classifier(tiny_model_dir, head=AutoModelForSequenceClassification):
 
 
 def given(tmp_path, model, tokenizer, rows, **overrides):
-    return RewardTrainer(config(tmp_path, model="my-classifier", **overrides), model=model, tokenizer=tokenizer,
+    return RewardTrainer(reward_config(tmp_path, model="my-classifier", **overrides), model=model, tokenizer=tokenizer,
                          train_dataset=rows)
 
 
@@ -47,12 +47,12 @@ def test_the_config_datasets_read_their_own_split_with_the_columns_renamed(tmp_p
     def renamed(rows):
         return [{"question": r["prompt"], "text": r["completion"], "good": r["label"]} for r in rows]
 
-    train, test = toy_rows("labelled", 12, seed=1), toy_rows("labelled", 5, seed=2)
+    train, test = reward_rows("labelled", 12, seed=1), reward_rows("labelled", 5, seed=2)
     folder = tmp_path / "splits"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(renamed(train)),
                           "test": datasets.Dataset.from_list(renamed(test))}).save_to_disk(str(folder))
     columns = {"question": "prompt", "text": "completion", "good": "label"}
-    trainer = RewardTrainer(config(tmp_path, model=str(tiny_model_dir), dataset=str(folder),
+    trainer = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), dataset=str(folder),
                                    eval_dataset=str(folder), dataset_columns=columns, eval_fraction=0.5))
     # eval_dataset given: no row of the training split is held out, whatever eval_fraction says
     settings = trainer.config
@@ -61,8 +61,9 @@ def test_the_config_datasets_read_their_own_split_with_the_columns_renamed(tmp_p
     assert sorted(map(repr, trainer.train_examples)) == sorted(map(repr, expected[0]))
     assert trainer.eval_examples == expected[1] and trainer.summary["eval_rows"] == 5
     # the test split, however the training split is named
-    swapped = RewardTrainer(config(tmp_path, model=str(tiny_model_dir), dataset=str(folder), eval_dataset=str(folder),
-                                   dataset_columns=columns, dataset_train_split="test", dataset_test_split="train"))
+    swapped = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), dataset=str(folder),
+                                          eval_dataset=str(folder), dataset_columns=columns,
+                                          dataset_train_split="test", dataset_test_split="train"))
     assert swapped.eval_examples == expected[0] and len(swapped.train_examples) == 5
 
 
@@ -72,27 +73,27 @@ def test_a_bad_held_out_row_is_named_by_its_own_file(tmp_path, tiny_model_dir):
     train.write_text(row % ("a", 1) + row % ("b", 0))
     held.write_text(row % ("a", 1) + row % ("b", '"x"'))
     with pytest.raises(DataError) as caught:
-        RewardTrainer(config(tmp_path, model=str(tiny_model_dir), dataset=str(train), eval_dataset=str(held)))
+        RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), dataset=str(train), eval_dataset=str(held)))
     assert str(caught.value) == f"{held}: row 1 column 'label' must be a finite number, got str 'x'"
 
 
 def test_labelled_held_out_rows_with_the_training_loss_are_taken(tmp_path, tiny_model_dir):
-    rows = toy_rows("labelled", 8)
-    trainer = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.0)
-    with_held = RewardTrainer(config(tmp_path, model=str(tiny_model_dir), eval_fraction=0.0), train_dataset=rows,
+    rows = reward_rows("labelled", 8)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, rows, eval_fraction=0.0)
+    with_held = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), eval_fraction=0.0), train_dataset=rows,
                               eval_dataset=rows[:3])
     assert with_held.label_loss == "bce" and with_held.eval_examples == trainer.train_examples[:3]
 
 
 def test_rows_passed_in_python_are_named_as_passed(tmp_path, tiny_model_dir):
-    rows = toy_rows("labelled", 4)
+    rows = reward_rows("labelled", 4)
     splits = {"train": rows}
     with pytest.raises(DataError) as caught:
-        RewardTrainer(config(tmp_path, model=str(tiny_model_dir)), train_dataset=splits)
+        RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir)), train_dataset=splits)
     assert str(caught.value).startswith("train_dataset: a mapping (['train']), not rows; pass a list of dicts or one "
                                         "split of a DatasetDict, e.g. train_dataset=dataset['train']")
     with pytest.raises(DataError) as caught:
-        RewardTrainer(config(tmp_path, model=str(tiny_model_dir)), train_dataset=rows, eval_dataset=splits)
+        RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir)), train_dataset=rows, eval_dataset=splits)
     assert str(caught.value).startswith("eval_dataset: a mapping (['train']), not rows;")
     with pytest.raises(ConfigError) as caught:
         RewardTrainer(RewardConfig(model="m"))
@@ -103,9 +104,9 @@ def test_rows_passed_in_python_are_named_as_passed(tmp_path, tiny_model_dir):
 def test_held_out_step_rows_are_cut_and_located_as_the_training_rows(tmp_path, tiny_model_dir):
     completion = "\n".join(["abcdefghi"] * 4)  # steps end at 9, 19, 29, 39
     long = {"prompt": "q", "completion": completion, "steps": [[10 * k + 9, k % 2] for k in range(4)]}
-    trainer = trainer_for(tmp_path, tiny_model_dir, [long] * 3, max_length=24, eval_fraction=0.5,
+    trainer = reward_trainer(tmp_path, tiny_model_dir, [long] * 3, max_length=24, eval_fraction=0.5,
                           max_steps=1)
-    held = RewardTrainer(config(tmp_path, model=str(tiny_model_dir), max_length=24, max_steps=1),
+    held = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), max_length=24, max_steps=1),
                          train_dataset=[long] * 3, eval_dataset=[long] * 2)
     (example, _) = held.eval_examples
     assert example == trainer.train_examples[0] and example.positions == [9, 19] and example.targets == [0, 1]
@@ -124,7 +125,7 @@ def test_a_template_that_rewrites_a_step_row_names_its_dataset_and_row(tmp_path,
         given(tmp_path, model, tokenizer, [good, rewritten])
     assert str(caught.value).startswith("train_dataset: row 1: the tokenizer's chat template changes the assistant's")
     with pytest.raises(DataError) as caught:
-        RewardTrainer(config(tmp_path, model="my-classifier"), model=model, tokenizer=tokenizer,
+        RewardTrainer(reward_config(tmp_path, model="my-classifier"), model=model, tokenizer=tokenizer,
                       train_dataset=[good, good], eval_dataset=[rewritten])
     assert str(caught.value).startswith("eval_dataset: row 0: the tokenizer's chat template changes the assistant's")
 
@@ -133,7 +134,7 @@ def test_a_template_that_rewrites_a_step_row_names_its_dataset_and_row(tmp_path,
 
 
 def test_a_passed_model_keeps_its_pad_else_takes_the_tokenizers_else_eos(tmp_path, tiny_model_dir):
-    rows = toy_rows("labelled", 4)
+    rows = reward_rows("labelled", 4)
     model = classifier(tiny_model_dir)
     model.config.pad_token_id = 7  # its own: kept
     assert given(tmp_path, model, build_tokenizer(), rows).pad_id == 7 == model.config.pad_token_id
@@ -151,13 +152,13 @@ def test_a_passed_model_keeps_its_pad_else_takes_the_tokenizers_else_eos(tmp_pat
     assert str(caught.value) == ("model: the tokenizer of 'my-classifier' has neither a pad nor an EOS token; "
                                  "set one")
     with pytest.raises(ValueError) as caught:
-        RewardTrainer(config(tmp_path), model=model, train_dataset=rows)
+        RewardTrainer(reward_config(tmp_path), model=model, train_dataset=rows)
     assert str(caught.value) == "a tokenizer is required when a model is passed"
 
 
 def test_the_context_is_the_tokenizers_or_the_models_whichever_is_smaller(tmp_path, tiny_model_dir):
-    rows = toy_rows("labelled", 4)
-    assert trainer_for(tmp_path, tiny_model_dir, rows, max_length=64).context == 64  # exactly the model's: allowed
+    rows = reward_rows("labelled", 4)
+    assert reward_trainer(tmp_path, tiny_model_dir, rows, max_length=64).context == 64  # exactly the model's: allowed
     tokenizer = build_tokenizer()
     tokenizer.model_max_length = 32
     trainer = given(tmp_path, classifier(tiny_model_dir), tokenizer, rows)
@@ -170,12 +171,12 @@ def test_the_model_is_moved_to_the_trainers_device(tmp_path, tiny_model_dir):
     model, moved = classifier(tiny_model_dir), []
     to = model.to
     model.to = lambda *args, **options: moved.append(args) or to(*args, **options)
-    trainer = given(tmp_path, model, build_tokenizer(), toy_rows("labelled", 4))
+    trainer = given(tmp_path, model, build_tokenizer(), reward_rows("labelled", 4))
     assert moved == [(trainer.device,)]
 
 
 def test_the_backbone_loads_in_the_configs_dtype(tmp_path, tiny_model_dir):
-    model, _ = reward_module.load_backbone(config(tmp_path, model=str(tiny_model_dir), dtype="bfloat16"),
+    model, _ = reward_module.load_backbone(reward_config(tmp_path, model=str(tiny_model_dir), dtype="bfloat16"),
                                            "ForSequenceClassification")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
@@ -212,9 +213,9 @@ def test_the_scoring_pass_runs_on_the_trainers_device_without_cached_weight_copi
                                                                                  monkeypatch, rows):
     """On the meta device (any device that is not the CPU's would do): inputs and targets go where the model is.
     A training pass reads each weight once, so autocast keeps no bfloat16 copies (runtime.device.autocast)."""
-    labelled = toy_rows("labelled", 4) if rows == "labelled" else \
+    labelled = reward_rows("labelled", 4) if rows == "labelled" else \
         [{"prompt": "q", "completion": "a", "label": v} for v in (0.5, 2.0)]
-    trainer = trainer_for(tmp_path, tiny_model_dir, labelled, eval_fraction=0.0)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, labelled, eval_fraction=0.0)
     contexts = []
     monkeypatch.setattr(reward_module, "autocast", lambda *args, **options: contexts.append((args, options))
                         or contextlib.nullcontext())
@@ -228,8 +229,8 @@ def test_a_zero_logit_is_no_and_a_tie_is_wrong(tmp_path, tiny_model_dir):
     """With the head zeroed every logit is exactly 0: it says 'no' (right for label 0, wrong for 1), a pair scored
     alike is not ordered, and each loss is log 2."""
     rows = [{"prompt": "q", "completion": c, "label": v} for c, v in (("a", 1.0), ("b", 0.0), ("c", 0.5))]
-    labelled = trainer_for(tmp_path, tiny_model_dir, rows, label_loss="bce", eval_fraction=0.0)
-    pairs = trainer_for(tmp_path, tiny_model_dir, toy_rows("pairs", 3), eval_fraction=0.0)
+    labelled = reward_trainer(tmp_path, tiny_model_dir, rows, label_loss="bce", eval_fraction=0.0)
+    pairs = reward_trainer(tmp_path, tiny_model_dir, reward_rows("pairs", 3), eval_fraction=0.0)
     for trainer in (labelled, pairs):
         with torch.no_grad():
             trainer.model.score.weight.zero_()
@@ -240,7 +241,7 @@ def test_a_zero_logit_is_no_and_a_tie_is_wrong(tmp_path, tiny_model_dir):
 
 
 def test_a_step_reports_its_own_time_and_skipped_updates(tmp_path, tiny_model_dir):
-    trainer = trainer_for(tmp_path, tiny_model_dir, toy_rows("pairs", 8), eval_fraction=0.0, max_steps=1)
+    trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows("pairs", 8), eval_fraction=0.0, max_steps=1)
     before = time.perf_counter()
     metrics = trainer.training_step()
     assert 0 < metrics["time_step"] <= time.perf_counter() - before
@@ -248,11 +249,11 @@ def test_a_step_reports_its_own_time_and_skipped_updates(tmp_path, tiny_model_di
 
 
 def test_the_rows_held_out_are_the_seeds_draw(tmp_path, tiny_model_dir):
-    rows = toy_rows("labelled", 20)
-    whole = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.0).train_examples
+    rows = reward_rows("labelled", 20)
+    whole = reward_trainer(tmp_path, tiny_model_dir, rows, eval_fraction=0.0).train_examples
     draws = []
     for seed in (0, 3):
-        trainer = trainer_for(tmp_path, tiny_model_dir, rows, eval_fraction=0.25, seed=seed)
+        trainer = reward_trainer(tmp_path, tiny_model_dir, rows, eval_fraction=0.25, seed=seed)
         assert (trainer.train_examples, trainer.eval_examples) == split(whole, 0.25, seed)
         draws.append(trainer.eval_examples)
     assert draws[0] != draws[1]
