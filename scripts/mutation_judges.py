@@ -51,8 +51,12 @@ JUDGE_TESTS = ["tests/rollout/test_tools.py", "tests/rollout/test_tool_boundarie
                                              "an_empty_side_skips_its_pair_only_and_every_one_is_counted"))]
 # Files whose mutants run apart, on tests of their own: learned.py's, as mutmut's forked stats run fails with
 # test_reward_models.py among JUDGE_TESTS (it passes alone, and beside them in one pytest run); the reward trainer's,
-# on its training tests, whole (a few seconds each under mutmut: too slow for the other files' mutants).
+# on its training tests, whole (a few seconds each under mutmut: too slow for the other files' mutants); the sandbox
+# runner's, on the tests that start programs (the rest of JUDGE_TESTS starts none, and mutmut's first pass over them
+# would take minutes more).
 APART = {
+    "grpokit.sandbox.runner.*": ["tests/sandbox", "tests/rewards/test_code.py", "tests/rewards/test_code_boundaries.py",
+                                 "tests/rollout/test_python_tool.py"],
     "grpokit.rewards.learned.*": ["tests/rewards/test_reward_models.py", "tests/algorithms/test_reward_truncation.py",
                                   "tests/rewards/test_reward_calls.py", "tests/rewards/test_answers_and_scores.py"],
     "grpokit.algorithms.reward.*": ["tests/algorithms/test_reward_train.py",

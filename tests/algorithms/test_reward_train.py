@@ -51,7 +51,7 @@ def test_labels_choose_the_loss(tmp_path, tiny_model_dir):
     torch.testing.assert_close(losses, (r - torch.tensor([0.5, 2.0, -1.0, 3.0])) ** 2)
     assert right is None and trainer.training_step()["accuracy"] is None
     binary = reward_trainer(tmp_path, tiny_model_dir, [{**row, "label": float(i % 2)} for i, row in enumerate(rows)],
-                         eval_fraction=0.0)
+                            eval_fraction=0.0)
     assert binary.label_loss == "bce"
     r = binary.scores(binary.model, binary.train_examples)
     losses, right = binary.unit_losses(binary.model, binary.train_examples)
@@ -68,7 +68,7 @@ def test_labels_choose_the_loss(tmp_path, tiny_model_dir):
 def test_the_loss_does_not_depend_on_the_micro_batch_size(tmp_path, tiny_model_dir):
     def gradient(micro):
         trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows("steps", 20), micro_batch_size=micro,
-                              eval_fraction=0.0)
+                                 eval_fraction=0.0)
         batch = RewardBatch(trainer.train_examples[:7])  # the step's rows, in micro-batches as update() takes them
         loss, counts = 0.0, batch.counts(SINGLE)
         for start in range(0, len(batch), micro):
@@ -168,7 +168,7 @@ def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     assert len((tmp_path / "parts" / "metrics.jsonl").read_text().splitlines()) == 6
     with pytest.raises(ValueError, match="different config"):
         RewardTrainer(reward_config(tmp_path, output_dir=str(tmp_path / "parts"), resume="latest",
-                             **{**values, "learning_rate": 0.5})).train()
+                                    **{**values, "learning_rate": 0.5})).train()
 
 
 def test_config_checks():
@@ -363,7 +363,7 @@ def test_reward_train_help_lists_every_key(capsys):
 
 def test_a_steps_metrics_and_the_evaluation_count_what_they_say(tmp_path, tiny_model_dir):
     trainer = reward_trainer(tmp_path, tiny_model_dir, reward_rows("steps", 8), eval_fraction=0.25, batch_size=3,
-                          micro_batch_size=2, max_steps=2)
+                             micro_batch_size=2, max_steps=2)
     examples = [trainer.train_examples[i] for i in trainer.batch_indices(0)]
     metrics = trainer.training_step()
     assert (metrics["step"], metrics["rows"], metrics["units"], metrics["truncated"]) == (1, 3, 9, 0)

@@ -53,12 +53,12 @@ def test_the_config_datasets_read_their_own_split_with_the_columns_renamed(tmp_p
                           "test": datasets.Dataset.from_list(renamed(test))}).save_to_disk(str(folder))
     columns = {"question": "prompt", "text": "completion", "good": "label"}
     trainer = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), dataset=str(folder),
-                                   eval_dataset=str(folder), dataset_columns=columns, eval_fraction=0.5))
+                                          eval_dataset=str(folder), dataset_columns=columns, eval_fraction=0.5))
     # eval_dataset given: no row of the training split is held out, whatever eval_fraction says
     settings = trainer.config
     expected = [tokenize_rows(parse_rows(rows, "labelled", settings, "d")[0], "labelled", trainer.tokenizer, 64,
                               "d")[0] for rows in (train, test)]
-    assert sorted(map(repr, trainer.train_examples)) == sorted(map(repr, expected[0]))
+    assert trainer.train_examples == expected[0]
     assert trainer.eval_examples == expected[1] and trainer.summary["eval_rows"] == 5
     # the test split, however the training split is named
     swapped = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), dataset=str(folder),
@@ -105,7 +105,7 @@ def test_held_out_step_rows_are_cut_and_located_as_the_training_rows(tmp_path, t
     completion = "\n".join(["abcdefghi"] * 4)  # steps end at 9, 19, 29, 39
     long = {"prompt": "q", "completion": completion, "steps": [[10 * k + 9, k % 2] for k in range(4)]}
     trainer = reward_trainer(tmp_path, tiny_model_dir, [long] * 3, max_length=24, eval_fraction=0.5,
-                          max_steps=1)
+                             max_steps=1)
     held = RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), max_length=24, max_steps=1),
                          train_dataset=[long] * 3, eval_dataset=[long] * 2)
     (example, _) = held.eval_examples
