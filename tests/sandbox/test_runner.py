@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, runner
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, launcher, runner
 from grpokit.sandbox.bwrap import NOBODY
 from grpokit.sandbox.runner import FRESH_UIDS
 from helpers import sandbox_or_skip
@@ -263,3 +263,36 @@ def test_the_process_isolation_gives_the_program_a_bare_environment():
                                                      "os.getcwd()]))")
     environment, cwd = json.loads(result.stdout)
     assert environment == {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8"}, result
+
+
+@pytest.mark.parametrize("own_uid", [False, True])
+def test_the_process_bound_counts_the_users_processes_in_unless_the_run_has_a_uid_of_its_own(own_uid):
+    """RLIMIT_NPROC counts every process of the user. A run as this user (not root) is bound by the user's count
+    now plus its allowance; a run's own uid starts from none, so its bound is the allowance alone."""
+    if own_uid and not AS_ROOT:
+        pytest.skip("a run's own uid exists as root only")
+    sandbox = sandbox_or_skip("process", LIMITS)
+    sandbox.as_root = own_uid  # as root, False is what a user without root gets
+    result = sandbox.run("import resource\nprint(*resource.getrlimit(resource.RLIMIT_NPROC))")
+    soft, hard = map(int, result.stdout.split())
+    assert soft == hard
+    if own_uid:
+        assert soft == LIMITS.processes, result
+    else:  # this test's process and the launcher at least are the user's already
+        assert soft >= LIMITS.processes + 2, result
+
+
+def test_the_process_isolations_launcher_keeps_the_wall_clock_to_the_millisecond(monkeypatch):
+    """The launcher, not the runner, ends a program at its wall clock there (the runner waits a grace period
+    longer): it is given the limit whole, in milliseconds."""
+    sandbox = sandbox_or_skip("process", Limits(wall_seconds=2.5, processes=16))
+    started, popen = [], subprocess.Popen
+
+    def spy(argv, **options):
+        started.append(argv)
+        return popen(argv, **options)
+
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    assert sandbox.run("print('ok')").stdout == "ok\n"
+    config = dict(item.split("=", 1) for item in started[-1][started[-1].index(launcher.MARKER) + 1:])
+    assert (config["wall_ms"], config["supervise"]) == ("2500", "1"), config
