@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, launcher, runner
+from grpokit.sandbox import Limits, Sandbox, SandboxUnavailable, runner
 from grpokit.sandbox.bwrap import NOBODY
 from grpokit.sandbox.runner import FRESH_UIDS
 from helpers import sandbox_or_skip
@@ -123,6 +123,46 @@ def test_a_reap_that_fails_or_hangs_leaves_the_run_to_be_reported(tmp_path, monk
     start = time.monotonic()
     bare(as_root=True, executable=str(reaper))._kill(sleeper(), {"uid": FRESH_UIDS[0], "gid": NOBODY}, [])
     assert time.monotonic() - start < 5
+
+
+# ---- collecting a run: its output, its status, its end ---------------------------------------------------------
+
+
+def collect(code: str, seconds: float) -> tuple:
+    """``_collect`` on a Python process run as the launcher would be, with ``seconds`` to its deadline; its result,
+    the kills asked for, and the process."""
+    status_read, status_write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(status_write)  # (the process has none: its status pipe reads as closed)
+    kills = []
+
+    def kill(children):
+        kills.append(children)
+        proc.kill()
+
+    try:
+        return runner._collect(proc, status_read, time.monotonic() + seconds, 1 << 20, kill), kills, proc
+    finally:
+        os.close(status_read)
+
+
+def test_a_launcher_that_closes_its_pipes_and_lives_on_is_killed_at_the_deadline():
+    """Closed pipes are not the end of a run: its process is, so the deadline still holds (a launcher stuck after
+    closing its output is killed then, not waited on)."""
+    start = time.monotonic()
+    result, kills, proc = collect("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", 1.0)
+    assert result == (b"", b"", [], False, True) and kills == [[]] and proc.returncode == -signal.SIGKILL
+    assert 1.0 <= time.monotonic() - start < 1.0 + runner.GRACE
+
+
+def test_without_pidfds_a_runs_output_and_end_are_collected_all_the_same(monkeypatch):
+    """Linux before 5.3 has no pidfd_open: the pipes' end, then the process's, are waited on instead."""
+    def no_pidfd(pid, flags=0):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(runner.os, "pidfd_open", no_pidfd)
+    result, kills, proc = collect("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)", 10)
+    assert result == (b"out\n", b"err\n", [], False, False) and kills == [] and proc.returncode == 3
 
 
 # ---- the start-up probe ------------------------------------------------------------------------------------
@@ -294,5 +334,5 @@ def test_the_process_isolations_launcher_keeps_the_wall_clock_to_the_millisecond
 
     monkeypatch.setattr(subprocess, "Popen", spy)
     assert sandbox.run("print('ok')").stdout == "ok\n"
-    config = dict(item.split("=", 1) for item in started[-1][started[-1].index(launcher.MARKER) + 1:])
+    config = dict(item.split("=", 1) for item in started[-1][started[-1].index(runner.launcher.MARKER) + 1:])
     assert config["wall_ms"] == "2500", config
