@@ -29,7 +29,7 @@ JUDGE_ONLY = ["grpokit.rollout.calculator.*", "grpokit.rollout.tool_calls.*", "g
               "grpokit.rewards.*", "grpokit.core.answers.*", "grpokit.algorithms.reward.*",
               "grpokit.training.labelling.*", "grpokit.sandbox.*", "grpokit.rollout.vllm_engine.x_hf_weights__*",
               "grpokit.rollout.vllm_engine.x_policy_logprobs__*", *(f"grpokit.rollout.vllm_engine.x\u01c1VLLMEngine"
-              f"\u01c1{name}__*" for name in ("update_weights", "difference", "check", "prompt_logprobs"))]
+              f"\u01c1{name}__*" for name in ("update_weights", "_push", "difference", "check", "prompt_logprobs"))]
 # The layers' own tests and the sharp ones written for them (the reward trainer's and labelling's fast cases by name:
 # their training runs would make every surviving mutant of those files take minutes).
 _TRAIN, _SAMPLE = "tests/algorithms/test_reward_train.py::test_", "tests/training/test_labelling.py::test_"

@@ -128,11 +128,12 @@ def test_a_reap_that_fails_or_hangs_leaves_the_run_to_be_reported(tmp_path, monk
 # ---- collecting a run: its output, its status, its end ---------------------------------------------------------
 
 
-def collect(code: str, seconds: float) -> tuple:
-    """``_collect`` on a Python process run as the launcher would be, with ``seconds`` to its deadline; its result,
-    the kills asked for, and the process."""
+def collect(code: str, seconds: float, status: bytes = b"") -> tuple:
+    """``_collect`` on a Python process run as the launcher would be, with ``seconds`` to its deadline and ``status``
+    as the launcher's status lines; its result, the kills asked for, and the process."""
     status_read, status_write = os.pipe()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.write(status_write, status)
     os.close(status_write)  # (the process has none: its status pipe reads as closed)
     kills = []
 
@@ -153,6 +154,30 @@ def test_a_launcher_that_closes_its_pipes_and_lives_on_is_killed_at_the_deadline
     result, kills, proc = collect("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", 1.0)
     assert result == (b"", b"", [], False, True) and kills == [[]] and proc.returncode == -signal.SIGKILL
     assert 1.0 <= time.monotonic() - start < 1.0 + runner.GRACE
+
+
+def test_at_the_deadline_the_program_named_in_the_status_is_killed_whatever_else_the_status_holds():
+    """The launcher names its program's process (``child PID``) for the trainer to kill should the launcher be
+    killed; bytes that are not UTF-8 (a program writing to its launcher's pipe) neither hide that line nor raise."""
+    status = b"\xff\xfe\nstarted\nchild 4242\n"
+    result, kills, proc = collect("import time\ntime.sleep(30)", 0.5, status)
+    assert kills == [[4242]] and result == (b"", b"", ["\ufffd\ufffd", "started", "child 4242"], False, True)
+    result, kills, proc = collect("import time\ntime.sleep(30)", 0.5, b"started\nchild")  # no pid after it
+    assert kills == [[]] and result[2] == ["started", "child"]
+
+
+def test_a_pipe_still_held_a_grace_period_past_the_deadline_is_abandoned_with_what_it_gave():
+    """A process the kill did not reach (here one in a session of its own) may hold the output pipes for ever: the
+    run ends ``GRACE`` seconds after the kill, with the output read until then."""
+    code = ("import subprocess, sys, time\nheld = subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(30)'], start_new_session=True)\nprint(held.pid, flush=True)\ntime.sleep(30)")
+    start = time.monotonic()
+    result, kills, proc = collect(code, 1.0)
+    try:
+        assert 1.0 + runner.GRACE <= time.monotonic() - start < 2.0 + runner.GRACE
+        assert result[1:] == (b"", [], False, True) and kills == [[]] and result[0].strip().isdigit(), result
+    finally:
+        os.kill(int(result[0]), signal.SIGKILL)
 
 
 def test_without_pidfds_a_runs_output_and_end_are_collected_all_the_same(monkeypatch):
