@@ -77,6 +77,17 @@ def test_run_many_uses_the_callers_thread_for_one_job_or_one_worker_else_at_most
         assert all(thread.name.startswith("sandbox_") for thread in seen)
 
 
+def test_the_launchers_command_line_isolated_marked_with_its_owner_and_compiled_once_for_this_interpreter():
+    """-I -S: no user site, no PYTHON* variables, no site-packages; the marker and the owner's pid are how
+    ``leftovers`` finds a trainer's processes; this interpreter loads the launcher compiled once (marshal), another
+    (another version, another marshal format) compiles its source."""
+    here, mark, owner = os.path.realpath(sys.executable), runner.launcher.MARKER, f"owner={os.getpid()}"
+    assert bare(executable=here)._launcher({"wall_ms": 2000, "main": "/w/main.py"}) == [
+        here, "-I", "-S", "-c", runner.LOAD_CODE, runner.LAUNCHER_CODE, mark, owner, "wall_ms=2000", "main=/w/main.py"]
+    assert bare(executable="/opt/python3")._launcher({"reap": 1}) == [
+        "/opt/python3", "-I", "-S", "-c", runner.LAUNCHER_SOURCE, mark, owner, "reap=1"]
+
+
 # ---- the deadline's kill, and the reap of a run's own uid ------------------------------------------------------
 
 AS_ROOT = os.geteuid() == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.sandbox import Limits, Sandbox
+from grpokit.sandbox import Limits, Result, Sandbox
 from grpokit.sandbox.runner import _check_names
 from helpers import sandbox_or_skip
 
@@ -90,6 +90,19 @@ def test_the_cpu_limits_signal_is_a_timeout_only_once_the_program_started():
     assert not before.timed_out and before.sandbox_error.startswith("the sandbox failed before the program started")
     killed = bare("/bwrap")._result(-9, b"", b"", [], False, True, 1)
     assert killed.timed_out and killed.sandbox_error == "the sandbox did not start the program in time"
+
+
+@pytest.mark.parametrize("bwrap", [None, "/bwrap"])
+def test_a_results_output_is_decoded_with_replacement_and_its_flag_and_time_kept(bwrap):
+    """Model code prints what it likes: bytes that are not UTF-8 become U+FFFD, never an error."""
+    result = bare(bwrap)._result(0, b"o\xffk\n", b"\xfe", ["started", "exit 0"], True, False, 0.25)
+    assert result == Result("o\ufffdk\n", "\ufffd", 0, False, None, 0.25, True)
+
+
+@pytest.mark.parametrize("bwrap", [None, "/bwrap"])
+def test_the_launchers_timeout_line_is_a_timeout_without_an_exit_status(bwrap):
+    result = bare(bwrap)._result(0, b"", b"", ["started", "timeout"], False, False, 2.0)
+    assert result == Result("", "", None, True, None, 2.0, False)
 
 
 def test_a_supervisor_killed_without_its_report_is_a_sandbox_error():
