@@ -372,3 +372,38 @@ def test_the_process_isolations_launcher_keeps_the_wall_clock_to_the_millisecond
     assert sandbox.run("print('ok')").stdout == "ok\n"
     config = dict(item.split("=", 1) for item in started[-1][started[-1].index(runner.launcher.MARKER) + 1:])
     assert config["wall_ms"] == "2500", config
+
+
+def test_the_process_isolations_launcher_leads_a_session_of_its_own_and_the_program_a_group_of_its_own():
+    """Apart from the trainer's session (a terminal's signals to it do not reach the run), and each a group the
+    deadline's kill reaches whole."""
+    code = "import os\nprint(os.getsid(os.getppid()) == os.getppid() == os.getsid(0), os.getpgid(0) == os.getpid())"
+    result = sandbox_or_skip("process", LIMITS).run(code)
+    assert result.stdout == "True True\n", result
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_a_program_that_ends_within_its_wall_clock_is_not_cut_short(isolation):
+    """The runner's own deadline is the wall clock (bwrap) or the wall clock and a grace period (the process
+    isolation, whose launcher keeps the wall clock): never earlier."""
+    result = sandbox_or_skip(isolation, LIMITS).run("import time\ntime.sleep(1.2)\nprint('done')")
+    assert result.ok and result.stdout == "done\n" and 1.2 <= result.seconds < LIMITS.wall_seconds, result
+
+
+def test_a_working_directory_that_cannot_be_removed_does_not_fail_the_run(monkeypatch):
+    """As a program not run as root can leave it (a folder without write permission): the run is reported all the
+    same, and the folder left behind."""
+    removing, rmdir = [], os.rmdir
+
+    def refuse(path, *args, **options):
+        if "grpokit-sandbox-" in str(path):
+            removing.append(str(path))
+            raise PermissionError(13, "Permission denied", str(path))
+        return rmdir(path, *args, **options)
+
+    sandbox = sandbox_or_skip("process", LIMITS)
+    monkeypatch.setattr(os, "rmdir", refuse)
+    result = sandbox.run("import os\nprint(os.getcwd())")
+    monkeypatch.undo()
+    assert result.ok and removing == [result.stdout.strip()], (result, removing)
+    shutil.rmtree(removing[0])
