@@ -139,9 +139,10 @@ def test_a_reap_that_fails_or_hangs_leaves_the_run_to_be_reported(tmp_path, monk
 # ---- collecting a run: its output, its status, its end ---------------------------------------------------------
 
 
-def collect(code: str, seconds: float, status: bytes = b"") -> tuple:
-    """``_collect`` on a Python process run as the launcher would be, with ``seconds`` to its deadline and ``status``
-    as the launcher's status lines; its result, the kills asked for, and the process."""
+def collect(code: str, seconds: float, status: bytes = b"", cap: int = 1 << 20) -> tuple:
+    """``_collect`` on a Python process run as the launcher would be, with ``seconds`` to its deadline, ``status``
+    as the launcher's status lines and ``cap`` bytes kept of each output; its result, the kills asked for, and the
+    process."""
     status_read, status_write = os.pipe()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.write(status_write, status)
@@ -153,7 +154,7 @@ def collect(code: str, seconds: float, status: bytes = b"") -> tuple:
         proc.kill()
 
     try:
-        return runner._collect(proc, status_read, time.monotonic() + seconds, 1 << 20, kill), kills, proc
+        return runner._collect(proc, status_read, time.monotonic() + seconds, cap, kill), kills, proc
     finally:
         os.close(status_read)
 
@@ -175,6 +176,22 @@ def test_at_the_deadline_the_program_named_in_the_status_is_killed_whatever_else
     assert kills == [[4242]] and result == (b"", b"", ["\ufffd\ufffd", "started", "child 4242"], False, True)
     result, kills, proc = collect("import time\ntime.sleep(30)", 0.5, b"started\nchild")  # no pid after it
     assert kills == [[]] and result[2] == ["started", "child"]
+
+
+@pytest.mark.parametrize("size", [4095, 4096, 4097, 50_000])  # (a pipe holds 64 KiB unread)
+def test_the_status_kept_is_at_most_4096_bytes_a_read(size):
+    """The status pipe is the launcher's, but a program run as the same user can write to it: a flood is cut."""
+    result, _, _ = collect("pass", 10, b"x" * size)
+    assert result[2] == ["x" * min(size, 4096)]
+
+
+def test_the_output_cap_holds_across_reads_and_either_stream_marks_it_cut():
+    """Output that arrives in several reads: the first ``cap`` bytes kept, no byte past them, and a cut of stdout
+    still reported after stderr's later bytes fit."""
+    code = ("import sys, time\nfor text in ['0123456789', 'abc']:\n    sys.stdout.write(text)\n"
+            "    sys.stdout.flush()\n    time.sleep(0.2)\nsys.stderr.write('e')")
+    result, kills, proc = collect(code, 10, cap=10)
+    assert result == (b"0123456789", b"e", [], True, False) and kills == [] and proc.returncode == 0
 
 
 def test_a_pipe_still_held_a_grace_period_past_the_deadline_is_abandoned_with_what_it_gave():
@@ -199,6 +216,10 @@ def test_without_pidfds_a_runs_output_and_end_are_collected_all_the_same(monkeyp
     monkeypatch.setattr(runner.os, "pidfd_open", no_pidfd)
     result, kills, proc = collect("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)", 10)
     assert result == (b"out\n", b"err\n", [], False, False) and kills == [] and proc.returncode == 3
+    start = time.monotonic()  # a launcher that closes its pipes and lives on: killed a grace period after
+    result, kills, proc = collect("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", 10)
+    assert result == (b"", b"", [], False, False) and proc.returncode == -signal.SIGKILL
+    assert runner.GRACE <= time.monotonic() - start < runner.GRACE + 2
 
 
 # ---- the start-up probe ------------------------------------------------------------------------------------
