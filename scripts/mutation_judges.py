@@ -28,6 +28,7 @@ JUDGE_FILES = ["src/grpokit/rollout/calculator.py", "src/grpokit/rollout/tool_ca
 JUDGE_ONLY = ["grpokit.rollout.calculator.*", "grpokit.rollout.tool_calls.*", "grpokit.rollout.python_tool.*",
               "grpokit.rewards.*", "grpokit.core.answers.*", "grpokit.algorithms.reward.*",
               "grpokit.training.labelling.*", "grpokit.sandbox.*", "grpokit.rollout.vllm_engine.x_hf_weights__*",
+              "grpokit.rollout.vllm_engine.x_gathered_weights__*",
               "grpokit.rollout.vllm_engine.x_policy_logprobs__*", *(f"grpokit.rollout.vllm_engine.x\u01c1VLLMEngine"
               f"\u01c1{name}__*" for name in ("update_weights", "_push", "difference", "check", "prompt_logprobs"))]
 # The layers' own tests and the sharp ones written for them (the reward trainer's and labelling's fast cases by name:

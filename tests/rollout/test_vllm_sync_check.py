@@ -1,7 +1,8 @@
 """The vLLM engine's weight-sync check, against a stand-in engine whose log-probs of the probe are the policy's
 plus a chosen deviation: the check measures the largest deviation of either sign at any position of the probe,
 allows exactly vllm_sync_check plus twice the engine's rounding, refuses NaN, reads each position's log-prob of the
-probe's own next token, and runs after a push of every weight only when vllm_sync_check is above 0. (The real
+probe's own next token, and runs after a push of every weight (whole, or gathered from FSDP2's shards one at a
+time) only when vllm_sync_check is above 0. (The real
 engine's check is test_vllm_engine.py's; the engine's construction, test_vllm_wiring.py's.)"""
 
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from grpokit.rollout.sampling_options import SamplingOptions
-from grpokit.rollout.vllm_engine import VLLMEngine, WeightSyncError, hf_weights, policy_logprobs
+from grpokit.rollout.vllm_engine import VLLMEngine, WeightSyncError, gathered_weights, hf_weights, policy_logprobs
 from grpokit.tasks.tiny_model import build_model, build_tokenizer
 from helpers import TINY
 
@@ -177,6 +178,54 @@ def test_the_weights_pushed_are_every_tensor_of_the_policy_detached():
     state = policy.state_dict(keep_vars=True)
     assert weights.keys() == state.keys() and len(weights) > 4
     assert all(torch.equal(weights[k], state[k]) and not weights[k].requires_grad for k in state)
+
+
+class Shard:
+    """What FSDP2's state dict holds for a sharded parameter (a DTensor) as ``gathered_weights`` uses it: detached,
+    then gathered whole by ``full_tensor``, which is a collective: the log says when each happens."""
+
+    def __init__(self, name, whole, log):
+        self.name, self.whole, self.log = name, whole, log
+
+    def detach(self):
+        self.log.append(f"detach {self.name}")
+        return self
+
+    def full_tensor(self):
+        self.log.append(f"gather {self.name}")
+        return self.whole
+
+
+def sharded_policy(log):
+    """A policy's state dict as FSDP2 leaves it: two sharded weights (the output one tied to the embedding: the
+    same object under two names) and a plain buffer."""
+    embed, norm = Shard("embed", torch.ones(2), log), Shard("norm", torch.zeros(3), log)
+    buffer = torch.arange(3.0, requires_grad=True)
+    return SimpleNamespace(state_dict=lambda: {"embed.weight": embed, "norm.weight": norm, "buffer": buffer,
+                                               "lm_head.weight": embed})
+
+
+def test_a_sharded_policys_weights_are_gathered_one_at_a_time_as_consumed_and_a_tied_one_sent_once():
+    log = []
+    weights = gathered_weights(sharded_policy(log))
+    assert log == []  # nothing gathered before the consumer asks
+    name, tensor = next(weights)
+    assert (name, log) == ("embed.weight", ["detach embed", "gather embed"]) and torch.equal(tensor, torch.ones(2))
+    rest = list(weights)
+    assert [name for name, _ in rest] == ["norm.weight", "buffer"]  # lm_head.weight: vLLM ties it again
+    assert log == ["detach embed", "gather embed", "detach norm", "gather norm"]
+    assert torch.equal(rest[1][1], torch.arange(3.0)) and not rest[1][1].requires_grad  # a plain tensor, detached
+
+
+def test_a_sharded_policy_is_pushed_gathered_and_a_whole_one_from_its_own_weights():
+    engine, log = engine_for(sync_check=0.0), []
+    whole = engine.policy.state_dict()
+    engine.update_weights(step=1)
+    assert engine.llm.pushed[-1].keys() == whole.keys()
+    engine.sharded, engine.policy = True, sharded_policy(log)
+    engine.update_weights(step=2)
+    assert list(engine.llm.pushed[-1]) == ["embed.weight", "norm.weight", "buffer"] and "gather norm" in log
+    assert engine.llm.calls == ["reload_weights", "reset_prefix_cache"] * 2
 
 
 def test_the_probe_is_the_documented_32_tokens():
