@@ -2,8 +2,8 @@
 plus a chosen deviation: the check measures the largest deviation of either sign at any position of the probe,
 allows exactly vllm_sync_check plus twice the engine's rounding, refuses NaN, reads each position's log-prob of the
 probe's own next token, and runs after a push of every weight (whole, or gathered from FSDP2's shards one at a
-time) only when vllm_sync_check is above 0. (The real
-engine's check is test_vllm_engine.py's; the engine's construction, test_vllm_wiring.py's.)"""
+time) only when vllm_sync_check is above 0. (The real engine's check is test_vllm_engine.py's; the engine's
+construction, test_vllm_wiring.py's.)"""
 
 from types import SimpleNamespace
 
