@@ -26,9 +26,9 @@ def pytest_configure(config):
     helpers.REQUIRE_SANDBOX = config.getoption("require_sandbox")
 
 
-# Under the mutation audit (scripts/mutation_judges.py sets these): each test session runs in cgroups of its own, with
-# a cap on processes and CPUs and a wall clock, so that a mutant that lifts the sandbox's process bound lets the hostile
-# tests' fork bombs exhaust those only, not the machine nor mutmut's own processes. The session's process returns to
+# Under the mutation audit (scripts/mutation_judges.py sets these): each test session runs in a cgroup of its own, with
+# a cap on processes and a wall clock, so that a mutant that lifts the sandbox's process bound lets the hostile tests'
+# fork bombs exhaust those only, not the machine's pids nor mutmut's own processes. The session's process returns to
 # the parent cgroups when it ends; past the wall clock it ends what is in them, and itself with mutmut's timeout code.
 AUDIT_CGROUPS = [Path(p) for p in os.environ.get("MUTATION_AUDIT_CGROUPS", "").split(os.pathsep) if p]
 AUDIT_SECONDS = float(os.environ.get("MUTATION_AUDIT_SESSION_SECONDS", "0"))
