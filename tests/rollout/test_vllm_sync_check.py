@@ -198,11 +198,11 @@ class Shard:
 
 def sharded_policy(log):
     """A policy's state dict as FSDP2 leaves it: two sharded weights (the output one tied to the embedding: the
-    same object under two names) and a plain buffer."""
+    same object under two names, here before the others) and a plain buffer."""
     embed, norm = Shard("embed", torch.ones(2), log), Shard("norm", torch.zeros(3), log)
     buffer = torch.arange(3.0, requires_grad=True)
-    return SimpleNamespace(state_dict=lambda: {"embed.weight": embed, "norm.weight": norm, "buffer": buffer,
-                                               "lm_head.weight": embed})
+    return SimpleNamespace(state_dict=lambda: {"embed.weight": embed, "lm_head.weight": embed, "norm.weight": norm,
+                                               "buffer": buffer})
 
 
 def test_a_sharded_policys_weights_are_gathered_one_at_a_time_as_consumed_and_a_tied_one_sent_once():
@@ -215,6 +215,15 @@ def test_a_sharded_policys_weights_are_gathered_one_at_a_time_as_consumed_and_a_
     assert [name for name, _ in rest] == ["norm.weight", "buffer"]  # lm_head.weight: vLLM ties it again
     assert log == ["detach embed", "gather embed", "detach norm", "gather norm"]
     assert torch.equal(rest[1][1], torch.arange(3.0)) and not rest[1][1].requires_grad  # a plain tensor, detached
+
+
+def test_a_whole_lora_policy_is_pushed_merged():
+    peft = pytest.importorskip("peft")
+    engine = engine_for(sync_check=0.0)
+    engine.policy = peft.get_peft_model(engine.policy, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    engine.update_weights(step=1)
+    (pushed,) = engine.llm.pushed
+    assert pushed.keys() == hf_weights(engine.policy).keys() and not any("lora_" in name for name in pushed)
 
 
 def test_a_sharded_policy_is_pushed_gathered_and_a_whole_one_from_its_own_weights():
