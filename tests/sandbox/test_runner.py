@@ -1,7 +1,9 @@
 """The runner (grpokit.sandbox.runner) at its edges: the line it logs for each isolation; how ``run_many`` spreads
-jobs over its workers; the deadline's kill and the reap of a run's own uid; each reason a sandbox cannot start, and
-a program that cannot be started; what a program is given (its uid, its directory, its path, its environment, its
-files, its process bound). The first ones need no sandbox (a bare Sandbox holds what they read)."""
+jobs over its workers; the launcher's command line; the deadline's kill and the reap of a run's own uid; how a run's
+output, status and end are collected (``_collect`` on plain processes); each reason a sandbox cannot start, and a
+program that cannot be started; what a program is given (its uid, its directory, its path, its environment, its
+files, its process bound, its session, its wall clock). The first ones need no sandbox (a bare Sandbox holds what
+they read)."""
 
 import json
 import os
