@@ -168,12 +168,14 @@ def main() -> None:
     parser.add_argument("--vllm", nargs="?", type=Path, const=Path(".venv-vllm/bin/python"),
                         help="run the vLLM engine's mutants on its tests with this Python (default .venv-vllm's)")
     parser.add_argument("--judges", action="store_true", help="every mutant of the layers that judge model output, "
-                        "resuming from docs/mutation_audit_judges.json (scripts/mutation_judges.py; --sample, --seed, "
-                        "--again, --report do not apply)")
+                        "resuming from docs/mutation_audit_judges.json (scripts/mutation_judges.py; --sample, --again, "
+                        "--report do not apply)")
     parser.add_argument("--table", action="store_true", help="--judges: print the counts per file; run nothing")
     parser.add_argument("--survivors", action="store_true", help="--judges: run the state's survivors (not those "
                         "explained as equivalent) again, and nothing else")
     parser.add_argument("--limit", type=int, help="--judges: run at most this many of the mutants left")
+    parser.add_argument("--recheck", type=int, help="--judges: run this many of the state's kills again, drawn at "
+                        "random (--seed), and print those alive now; record nothing")
     parser.add_argument("--tests", nargs="+", help="--judges: run these tests (pytest paths) instead of JUDGE_TESTS: "
                         "a fast first pass, whose survivors a run with JUDGE_TESTS and --survivors judges again")
     parser.add_argument("--timeout-multiplier", type=float, help="--judges: mutmut's (15: a mutant may take 15 "

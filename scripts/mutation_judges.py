@@ -10,6 +10,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -64,7 +65,7 @@ APART = {
                                     "tests/algorithms/test_reward_trainer_inputs.py",
                                     "tests/training/test_labelling.py", "tests/algorithms/test_reward_truncation.py"]}
 JUDGE_STATE = Path("docs/mutation_audit_judges.json")
-# A test session under the audit (test_cgroups): its processes and threads (the suite needs a few hundred) and its
+# A test session under the audit (test_cgroup): its processes and threads (the suite needs a few hundred) and its
 # wall clock (the slowest group's clean run takes about 3 minutes). Not its CPUs: each sandboxed run is a session of
 # its own, which the kernel's autogroup gives a fair share of the CPUs beside the machine's other sessions, however
 # many processes it holds; a CPU cgroup would put the runs in one group without autogroups, where the hostile tests'
@@ -112,7 +113,8 @@ def save(state: dict) -> None:
 def judges(args: argparse.Namespace) -> None:
     """``--judges``: every mutant of JUDGE_FILES (JUDGE_ONLY's functions), the results kept per mutant in
     JUDGE_STATE as they come, so that a run stopped anywhere resumes with the mutants not yet judged (or whose function
-    changed since); with ``--survivors``, the state's survivors run again on today's tests instead."""
+    changed since); with ``--survivors``, the state's survivors run again on today's tests instead; with ``--recheck
+    N``, N of its kills drawn at random (``--seed``) run again and are printed, recorded nowhere."""
     from mutmut.__main__ import get_diff_for_mutant
 
     if not args.keep:
@@ -125,13 +127,18 @@ def judges(args: argparse.Namespace) -> None:
     todo = []
     for name in names:
         entry = state["mutants"].get(name)
-        if args.survivors:  # those alive and not explained, on today's tests
+        if args.recheck:
+            if entry is not None and entry["status"] in KILLED:
+                todo.append(name)
+        elif args.survivors:  # those alive and not explained, on today's tests
             if entry is not None and entry["status"] not in KILLED and "equivalent" not in entry:
                 todo.append(name)
         elif entry is None or entry["diff"] != digest(get_diff_for_mutant(name, path=every[name][0])):
             todo.append(name)  # not judged yet, or its function changed since
     if args.part:
         todo = [n for n in todo if any(fnmatch.fnmatchcase(n, pattern) for pattern in args.part)]
+    if args.recheck:
+        todo = sorted(random.Random(args.seed).sample(todo, min(args.recheck, len(todo))))
     todo = todo[:args.limit] if args.limit else todo
     print(f"{len(names)} mutants of the judges in {len({every[n][0] for n in names})} files; {len(todo)} to run")
     if args.list:
@@ -148,10 +155,15 @@ def judges(args: argparse.Namespace) -> None:
         if i:  # mutmut keeps the stats of the last test list in mutants/
             shutil.rmtree("mutants", ignore_errors=True)
             generate(JUDGE_FILES)
-        env = run_mutmut(group, tests, args, state, deadline)
+        env = run_mutmut(group, tests, args, None if args.recheck else state, deadline)
     from mutmut.stats import status_by_exit_code
 
     every = mutants()
+    if args.recheck:
+        status = {n: status_by_exit_code[every[n][1]] for n in todo if every[n][1] is not None}
+        print(f"{len(status)} kills judged again: {sum(s in KILLED for s in status.values())} killed; alive now:",
+              *[n for n, s in status.items() if s not in KILLED] or ["none"])
+        return
     alive = [n for n in todo if every[n][1] is not None and every[n][0] == VLLM_FILE
              and status_by_exit_code[every[n][1]] in ("survived", "no tests")]
     if args.vllm and alive:
@@ -162,11 +174,11 @@ def judges(args: argparse.Namespace) -> None:
             print(f"# {name}: {entry['status']}\n{entry['source']}")
 
 
-def test_cgroups() -> list[str]:
+def test_cgroup() -> str | None:
     """A cgroup for the tests' sessions (tests/conftest.py moves each session's process into it and ends a session
     past SESSION_SECONDS): at most TEST_PIDS processes. As root, a mutant that keeps the sandbox from dropping to a
     uid of its own (``as_root`` false) runs the hostile tests' fork bombs as root, which RLIMIT_NPROC does not bound:
-    they took every pid of the machine, mutmut's fork server included. Empty where none can be made (not root, no
+    they took every pid of the machine, mutmut's fork server included. None where none can be made (not root, no
     pids controller): the audit then runs without."""
     v1 = Path("/sys/fs/cgroup/pids")
     group = (v1 if v1.is_dir() else v1.parent) / "grpokit-mutation-audit"  # (cgroup v2: one hierarchy)
@@ -176,20 +188,20 @@ def test_cgroups() -> list[str]:
     except OSError:
         print("warning: no cgroup could be made for the tests: a mutant that lifts the sandbox's process bound may "
               "take the machine's pids (run the audit as root on a machine with cgroups)", file=sys.stderr)
-        return []
-    return [str(group)]
+        return None
+    return str(group)
 
 
-def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, state: dict,
+def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, state: dict | None,
                deadline: float | None) -> dict[str, str]:
-    """mutmut on the mutants ``todo`` with ``tests``, stopped at ``deadline``, the state harvested as it goes; the
-    environment it ran with."""
+    """mutmut on the mutants ``todo`` with ``tests``, stopped at ``deadline``, the state (if any) harvested as it
+    goes; the environment it ran with."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "mutants" / "src"),
            "MUTATION_AUDIT_SCOPE": json.dumps({"files": JUDGE_FILES, "tests": tests,
                                                "timeout_multiplier": args.timeout_multiplier})}
-    cgroups = test_cgroups()
-    if cgroups:
-        env.update(MUTATION_AUDIT_CGROUPS=os.pathsep.join(cgroups), MUTATION_AUDIT_SESSION_SECONDS=str(SESSION_SECONDS))
+    cgroup = test_cgroup()
+    if cgroup:
+        env.update(MUTATION_AUDIT_CGROUP=cgroup, MUTATION_AUDIT_SESSION_SECONDS=str(SESSION_SECONDS))
     command = [sys.executable, "-c", SCOPED_MUTMUT, "run", "--max-children", str(args.max_children), *todo]
     # in this script's process group, so that /work/tools/quietable pauses it with the script
     with subprocess.Popen(command, env=env) as mutmut_run:
@@ -206,8 +218,10 @@ def run_mutmut(todo: list[str], tests: list[str], args: argparse.Namespace, stat
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 mutmut_run.wait(timeout=60)
-            harvest(state, todo)  # a run stopped anywhere keeps what it judged
-    harvest(state, todo)
+            if state is not None:
+                harvest(state, todo)  # a run stopped anywhere keeps what it judged
+    if state is not None:
+        harvest(state, todo)
     return env
 
 

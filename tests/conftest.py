@@ -28,36 +28,34 @@ def pytest_configure(config):
 
 # Under the mutation audit (scripts/mutation_judges.py sets these): each test session runs in a cgroup of its own, with
 # a cap on processes and a wall clock, so that a mutant that lifts the sandbox's process bound lets the hostile tests'
-# fork bombs exhaust those only, not the machine's pids nor mutmut's own processes. The session's process returns to
-# the parent cgroups when it ends; past the wall clock it ends what is in them, and itself with mutmut's timeout code.
-AUDIT_CGROUPS = [Path(p) for p in os.environ.get("MUTATION_AUDIT_CGROUPS", "").split(os.pathsep) if p]
+# fork bombs exhaust that cgroup only, not the machine's pids nor mutmut's own processes. The session's process returns
+# to the parent cgroup when it ends; past the wall clock it ends what is in it, and itself with mutmut's timeout code.
+AUDIT_CGROUP = Path(os.environ["MUTATION_AUDIT_CGROUP"]) if os.environ.get("MUTATION_AUDIT_CGROUP") else None
 AUDIT_SECONDS = float(os.environ.get("MUTATION_AUDIT_SESSION_SECONDS", "0"))
 _watchdog: list[threading.Timer] = []
 
 
-def _end_the_cgroups(code: int | None) -> None:
-    """SIGKILL every process in the audit's cgroups (what an earlier mutant's bomb left, or this one's) but this one
+def _end_the_cgroup(code: int | None) -> None:
+    """SIGKILL every process in the audit's cgroup (what an earlier mutant's bomb left, or this one's) but this one
     and its ancestors (mutmut's); with a ``code``, end this process too."""
     ancestors, pid = set(), os.getpid()
     while pid > 1:
         ancestors.add(pid)
         pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    for group in AUDIT_CGROUPS:
-        for pid in map(int, (group / "cgroup.procs").read_text().split()):
-            if pid not in ancestors:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    for pid in map(int, (AUDIT_CGROUP / "cgroup.procs").read_text().split()):
+        if pid not in ancestors:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     if code is not None:
         os._exit(code)
 
 
 def pytest_sessionstart(session):
-    if AUDIT_CGROUPS:
-        _end_the_cgroups(None)
-        for group in AUDIT_CGROUPS:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
+    if AUDIT_CGROUP:
+        _end_the_cgroup(None)
+        (AUDIT_CGROUP / "cgroup.procs").write_text(str(os.getpid()))
         if AUDIT_SECONDS:
-            _watchdog.append(threading.Timer(AUDIT_SECONDS, _end_the_cgroups, args=(36,)))  # 36: mutmut's timeout
+            _watchdog.append(threading.Timer(AUDIT_SECONDS, _end_the_cgroup, args=(36,)))  # 36: mutmut's timeout
             _watchdog[-1].daemon = True
             _watchdog[-1].start()
 
@@ -65,8 +63,8 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session, exitstatus):
     for timer in _watchdog:
         timer.cancel()
-    for group in AUDIT_CGROUPS:
-        (group.parent / "cgroup.procs").write_text(str(os.getpid()))
+    if AUDIT_CGROUP:
+        (AUDIT_CGROUP.parent / "cgroup.procs").write_text(str(os.getpid()))
 
 
 @pytest.fixture(autouse=True)

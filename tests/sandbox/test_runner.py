@@ -393,8 +393,8 @@ def test_the_process_isolations_launcher_keeps_the_wall_clock_to_the_millisecond
 
     monkeypatch.setattr(subprocess, "Popen", spy)
     assert sandbox.run("print('ok')").stdout == "ok\n"
-    config = dict(item.split("=", 1) for item in started[-1][started[-1].index(runner.launcher.MARKER) + 1:])
-    assert config["wall_ms"] == "2500", config
+    config = runner.launcher.parse(started[-1][started[-1].index(runner.launcher.MARKER) + 1:])
+    assert config["wall_ms"] == 2500, config
 
 
 def test_the_process_isolations_launcher_leads_a_session_of_its_own_and_the_program_a_group_of_its_own():
