@@ -30,15 +30,15 @@ def bare(**attributes) -> Sandbox:
     """A Sandbox with the given attributes and no start-up probe: what these decisions read, and nothing else."""
     sandbox = object.__new__(Sandbox)
     defaults = dict(isolation="process", limits=LIMITS, site_packages=False, workers=2, as_root=False,
-                    executable="/opt/python3", bwrap=None)
+                    executable="/opt/python3", bwrap=None, landlock=True)
     for key, value in {**defaults, **attributes}.items():
         setattr(sandbox, key, value)
     return sandbox
 
 
 @pytest.mark.parametrize("isolation, as_root, how", [
-    ("process", False, "process (weaker: no namespaces; runs as this user: trusted code only)"),
-    ("process", True, "process (weaker: no namespaces; a uid of its own per run)"),
+    ("process", False, "process (weaker: no namespaces; runs as this user; Landlock and seccomp)"),
+    ("process", True, "process (weaker: no namespaces; a uid of its own per run; Landlock and seccomp)"),
     ("bwrap", False, "bwrap ({bwrap}, bubblewrap 9.9; a user namespace, uid 65534)"),
     ("bwrap", True, "bwrap ({bwrap}, bubblewrap 9.9; as root: no user namespace, a uid of its own per run)"),
 ])
@@ -301,8 +301,9 @@ def test_each_reason_a_sandbox_cannot_start_is_said_whole(tmp_path, monkeypatch)
         Sandbox("process", python="/opt/python3")
     assert str(caught.value) == (
         f"isolation: process: as root, each program runs as an unprivileged uid of its own, which cannot read the "
-        f"interpreter /opt/python3: {tmp_path} is closed to others (mode 700). Use isolation: bwrap, or a Python "
-        "that others can read (Sandbox(python=...), e.g. /usr/bin/python3), or open the directory (chmod o+x)")
+        f"interpreter /opt/python3: {tmp_path} is closed to others (mode 700). Use isolation: bwrap, or run grpokit "
+        "from a Python that others can read (a venv made from /usr/bin/python3, say), or open the directory "
+        "(chmod o+x)")
 
 
 @pytest.mark.parametrize("isolation", ["bwrap", "process"])
@@ -357,11 +358,12 @@ def test_a_program_starts_no_more_processes_than_the_limit(isolation):
 
 
 def test_the_process_isolation_gives_the_program_a_bare_environment():
-    """None of the trainer's variables (tokens, keys): a system PATH, its working directory as HOME, UTF-8."""
+    """None of the trainer's variables (tokens, keys): a system PATH, its working directory as HOME and TMPDIR,
+    UTF-8."""
     result = sandbox_or_skip("process", LIMITS).run("import json, os\nprint(json.dumps([dict(os.environ), "
                                                      "os.getcwd()]))")
     environment, cwd = json.loads(result.stdout)
-    assert environment == {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8"}, result
+    assert environment == {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}, result
 
 
 @pytest.mark.parametrize("own_uid", [False, True])

@@ -138,6 +138,39 @@ def test_site_packages_only_when_asked(sandbox):
     assert "-packages" in with_site.run("import sys\nprint(sys.path)").stdout
 
 
+@pytest.fixture(scope="module")
+def venv():
+    """A venv (``python -m venv``: its python a symlink to the base interpreter) holding one package of its own, in
+    a directory every uid can read (as root, the process isolation's programs run as a uid of their own)."""
+    base = sandbox_or_skip("process", LIMITS).executable if os.geteuid() == 0 else sys.executable
+    where = Path(tempfile.mkdtemp(prefix="grpokit-venv-test-"))
+    try:
+        where.chmod(0o755)
+        subprocess.run([base, "-m", "venv", "--without-pip", str(where / "venv")], check=True, timeout=120)
+        python = where / "venv" / "bin" / "python"
+        purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                 capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+        Path(purelib, "only_in_the_venv.py").write_text("WHERE = 'venv'\n")
+        yield python
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_venvs_packages_are_the_programs_and_the_base_interpreters_are_not(venv, isolation):
+    """A venv's python is run by its link, not the base interpreter it resolves to (where site-packages would
+    be the base's: reasoning-gym's scorer then missed the venv's reasoning_gym)."""
+    sandbox = sandbox_or_skip(isolation, LIMITS)
+    with_site = Sandbox(isolation, LIMITS, site_packages=True, python=str(venv))
+    assert with_site.executable == str(venv) and "venv" in with_site.describe()
+    program = "import sys, only_in_the_venv\nprint(only_in_the_venv.WHERE, sys.prefix)"
+    result = with_site.run(program)
+    assert result.ok and result.stdout.split() == ["venv", str(venv.parent.parent)], result
+    assert "No module named 'only_in_the_venv'" in sandbox.run(program).stderr  # the trainer's own interpreter
+    base_only = "pytest" if sandbox.executable == sys.executable else "_no_such_module_"
+    assert not with_site.run(f"import {base_only}").ok  # the base's site-packages are not the venv's
+
+
 def test_the_process_isolation_removes_its_directory():
     sandbox = sandbox_or_skip("process", LIMITS)
     result = sandbox.run("import os\nprint(os.getcwd())\nopen('x', 'w').write('y')")
@@ -182,10 +215,10 @@ def test_limits_as_the_launcher_sets_them_and_as_the_log_says_them():
 def test_describe_says_how_a_user_that_is_not_root_runs(isolation):
     sandbox = sandbox_or_skip(isolation, LIMITS)
     sandbox.as_root = False
-    said = {"bwrap": "a user namespace, uid 65534)", "process": "runs as this user: trusted code only)"}[isolation]
+    said = {"bwrap": "a user namespace, uid 65534)", "process": "runs as this user; Landlock and seccomp)"}[isolation]
     assert said in sandbox.describe() and "a uid of its own per run" not in sandbox.describe()
     sandbox.as_root = True
-    assert "a uid of its own per run)" in sandbox.describe()
+    assert "a uid of its own per run" in sandbox.describe()
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

@@ -45,6 +45,17 @@ def _parents(path: str) -> list[str]:
     return ["/" + "/".join(parts[: n + 1]) for n in range(len(parts))]
 
 
+def _bind(directory: str, made: set[str]) -> list[str]:
+    """``directory`` bound read-only at its own path, its parents made first where not yet ``made``: bwrap would
+    make them with the host's modes (/root is 0700), which the program's uid could not pass."""
+    args = []
+    for parent in _parents(directory):
+        if parent not in made:
+            args += ["--perms", "0755", "--dir", parent]
+            made.add(parent)
+    return [*args, "--ro-bind", directory, directory]
+
+
 def command(bwrap: str, limits: Limits, *, as_root: bool, files: Sequence[tuple[int, str]],
             launcher: Sequence[str]) -> list[str]:
     """The bwrap command line that runs ``launcher`` (an interpreter's real path and its arguments; its
@@ -69,19 +80,16 @@ def command(bwrap: str, limits: Limits, *, as_root: bool, files: Sequence[tuple[
     for path in SYSTEM_FILES:
         args += ["--ro-bind-try", path, path]
     made = set(SYSTEM_DIRS)
-    for directory in installation(launcher[0]):
-        if any(inside(directory, system) for system in SYSTEM_DIRS):
-            continue
-        # bwrap would make the parents with the host's modes (/root is 0700): the program's uid could not pass
-        for parent in _parents(directory):
-            if parent not in made:
-                args += ["--perms", "0755", "--dir", parent]
-                made.add(parent)
-        args += ["--ro-bind", directory, directory]
+    installed = [path for path in installation(launcher[0]) if not any(inside(path, top) for top in SYSTEM_DIRS)]
+    in_workdir = [path for path in installed if inside(path, WORKDIR)]  # a venv in /tmp: bound after its tmpfs
+    for directory in [path for path in installed if path not in in_workdir]:
+        args += _bind(directory, made)
     size = str(int(limits.disk_mb * (1 << 20)))
     # Every writable place is a tmpfs of its own size (a user namespace owns its /dev and its root: read-only)
     args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--perms", "1777", "--size", size, "--tmpfs", WORKDIR]
+    for directory in in_workdir:
+        args += _bind(directory, made)
     for directory in sorted({parent for _, name in files for parent in _parents(f"{WORKDIR}/{name}")} - {"/tmp"}):
         args += ["--perms", "1777", "--dir", directory]
     for fd, name in files:

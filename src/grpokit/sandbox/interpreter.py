@@ -1,5 +1,6 @@
-"""The interpreter that runs the programs (the trainer's own by default): where its installation lies, which
-bwrap binds read-only, and whether an unprivileged uid can read it, which the process isolation needs as root."""
+"""The interpreter that runs the programs (the trainer's own by default): the path to run it by, where its
+installation lies, which bwrap binds read-only, and whether an unprivileged uid can read it, which the process
+isolation needs as root."""
 
 from __future__ import annotations
 
@@ -19,11 +20,24 @@ def inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
+def executable_path(python: str | None = None) -> str:
+    """The path to run ``python`` (default: this interpreter) by: absolute, its directories' symlinks resolved,
+    but not the file's own. A venv's (or uv's) ``bin/python`` is a symlink to its base interpreter, and only run
+    by that link does it find the ``pyvenv.cfg`` beside it, and with it the venv's site-packages."""
+    given = os.path.abspath(python or sys.executable)
+    return os.path.join(os.path.realpath(os.path.dirname(given)), os.path.basename(given))
+
+
+def is_this(executable: str) -> bool:
+    """Whether ``executable`` (an :func:`executable_path`) is the interpreter running this process, venv and all."""
+    return executable == executable_path()
+
+
 @functools.cache
 def installation(executable: str) -> tuple[str, ...]:
-    """The directories ``executable`` (a real path) needs: its prefixes (a venv's and its base's) and the
-    directory above its ``bin``; none inside another."""
-    if executable == os.path.realpath(sys.executable):
+    """The directories ``executable`` (an :func:`executable_path`) needs: its prefixes (a venv's and its base's) and the
+    directories above its ``bin``, as run and as the link resolves; none inside another."""
+    if is_this(executable):
         prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     else:
         try:
@@ -34,13 +48,14 @@ def installation(executable: str) -> tuple[str, ...]:
         if done.returncode != 0:
             raise SandboxUnavailable(f"sandbox python: {executable} does not run: {done.stderr.strip()[-2000:]}")
         prefixes = done.stdout.splitlines()
-    dirs = sorted({os.path.realpath(path) for path in [*prefixes, os.path.dirname(os.path.dirname(executable))]
-                   if path})
+    above_bin = [os.path.dirname(os.path.dirname(file)) for file in (executable, os.path.realpath(executable))]
+    dirs = sorted({os.path.realpath(directory) for directory in [*prefixes, *above_bin] if directory})
     if "/" in dirs:
         raise SandboxUnavailable(f"sandbox python: {executable} is installed at / itself, so its installation "
                                  "is the whole file system; use a Python installed under a prefix (a venv, "
                                  "pyenv, conda or /usr)")
-    return tuple(path for path in dirs if not any(inside(path, other) and path != other for other in dirs))
+    return tuple(directory for directory in dirs
+                 if not any(inside(directory, other) and directory != other for other in dirs))
 
 
 def closed_to_others(executable: str) -> str | None:

@@ -21,6 +21,17 @@ MARKER = "grpokit-sandbox"  # argv[1]: what leftovers() looks for in a process's
 LIMITS = ("CPU", "AS", "NPROC", "FSIZE", "NOFILE", "CORE")
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+# Landlock (Linux >= 5.13): its syscalls, and the ABI that scopes signals (Linux >= 6.12): a confined program can
+# signal and ptrace only its own processes, whatever its uid
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_SIGNAL_ABI = 6
+READ, READ_WRITE_FILE = 0b1101, 0b100_0000_0000_0110  # execute + read file + read dir; write + read + truncate
+# Syscalls a confined program is refused (EPERM), by machine: socket (no network, no Unix socket to the user's
+# session bus or a container daemon; socketpair stays), ptrace and process_vm_* (another process's memory), and
+# io_uring (whose operations seccomp does not see)
+DEVICES = ("/dev/zero", "/dev/random", "/dev/urandom")  # read only; /dev/null read and write
+SECCOMP = {"x86_64": (0xC000003E, (41, 101, 310, 311, 425)), "aarch64": (0xC00000B7, (198, 117, 270, 271, 425))}
 
 
 def parse(argv: list) -> dict:
@@ -76,10 +87,10 @@ def drop_privileges(config: dict) -> None:
     raise SystemExit(f"{MARKER}: uid 0 could be regained after the drop")
 
 
-def prctl(option: int, value: int) -> None:
+def prctl(option: int, value: int, pointer: int = 0) -> None:
     import ctypes  # only the process isolation needs it (5 ms)
 
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, ctypes.c_void_p(pointer), 0, 0) != 0:
         raise SystemExit(f"{MARKER}: prctl({option}) failed: {os.strerror(ctypes.get_errno())}")
 
 
@@ -121,9 +132,102 @@ def report(fd: int, message: str) -> None:
     os.write(fd, message.encode() + b"\n")
 
 
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where it has none (or it is disabled)."""
+    import ctypes
+
+    abi = ctypes.CDLL(None, use_errno=True).syscall(LANDLOCK_CREATE_RULESET, None, 0, 1)  # 1: the version
+    return max(abi, 0)
+
+
+def landlock(readable: list, workdir: str) -> None:
+    """Confine this process and all it starts: files only under ``readable`` (read and execute) and ``workdir``
+    (anything); no TCP; no signal, ptrace or abstract Unix socket outside the program's own processes."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = landlock_abi()
+    if abi < 1:
+        raise SystemExit(f"{MARKER}: the kernel has no Landlock")
+    every = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1  # the file rights this ABI knows
+    # the files, TCP bind and connect (ABI 4), abstract Unix sockets and signals (ABI 6); an older kernel
+    # reads the fields it knows, the others being zero
+    handled = (ctypes.c_uint64 * 3)(every, 0b11 if abi >= 4 else 0, 0b11 if abi >= LANDLOCK_SIGNAL_ABI else 0)
+    ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, handled, ctypes.sizeof(handled), 0)
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    rules = [(path, READ) for path in [*readable, "/proc/self"]] + [(workdir, every)]  # self: this process's own
+    rules += [("/dev/null", READ_WRITE_FILE)] + [(path, READ_WRITE_FILE & 0b100) for path in DEVICES]
+    try:
+        if ruleset < 0:
+            raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+        for path, access in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:  # not on this system
+                continue
+            if not os.path.isdir(f"/proc/self/fd/{fd}"):
+                access &= READ_WRITE_FILE | 0b1  # a file's rule holds file rights only
+            rule = PathBeneath(access & every, fd)
+            done = libc.syscall(LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)  # 1: a path and beneath
+            os.close(fd)
+            if done != 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule({path})")
+        if libc.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    except OSError as error:
+        raise SystemExit(f"{MARKER}: Landlock: {error}") from None
+    finally:
+        if ruleset >= 0:
+            os.close(ruleset)
+
+
+def seccomp() -> None:
+    """Refuse this process and all it starts the syscalls in :data:`SECCOMP` (EPERM), and every syscall of
+    another machine's ABI (i386's through int 0x80, x32's): the process is killed."""
+    import ctypes
+
+    machine = os.uname().machine
+    if machine not in SECCOMP:
+        raise SystemExit(f"{MARKER}: no seccomp filter for {machine} (x86_64 and aarch64 have one)")
+    arch, refused = SECCOMP[machine]
+    load, equal, at_least, give = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, kill, eperm = 0x7FFF0000, 0x80000000, 0x00050000 | 1
+    deny_at = 6 + len(refused)  # the index of the last instruction, the refusal
+    program = [(load, 0, 0, 4), (equal, 1, 0, arch), (give, 0, 0, kill), (load, 0, 0, 0),
+               (at_least, deny_at - 4 - 1, 0, 0x40000000)]  # x32's syscall numbers have bit 30 set
+    program += [(equal, deny_at - (5 + n) - 1, 0, nr) for n, nr in enumerate(refused)]
+    program += [(give, 0, 0, allow), (give, 0, 0, eperm)]
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Instruction))]
+
+    filters = (Instruction * len(program))(*[Instruction(*op) for op in program])
+    whole = Program(len(program), filters)  # kept alive (named) until the kernel has copied it
+    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(whole))
+
+
+def confine(config: dict) -> None:
+    """The process isolation's walls, the program's own from here on: seccomp's filter, and Landlock's where the
+    trainer asked for it (``landlock=1``; the directories it may read in ``read``, one a line)."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)  # both need it: no setuid binary raises the program's privileges
+    seccomp()
+    if config.get("landlock"):
+        landlock(config["read"].split("\n"), os.path.dirname(config["main"]))
+
+
 def start_program(config: dict) -> None:
-    """In the program's own process: the uid drop, the "started" line, then the program."""
+    """In the program's own process: the uid drop, the walls, the "started" line, then the program."""
     drop_privileges(config)
+    if config.get("supervise"):
+        confine(config)
     report(config["status_fd"], "started")
     os.closerange(3, 1 << 16)  # the status pipe, the files bwrap copied: nothing of the sandbox's own
     run_program(config)

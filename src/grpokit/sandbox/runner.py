@@ -32,6 +32,7 @@ LAUNCHER_SOURCE = Path(launcher.__file__).read_text()
 LAUNCHER_CODE = marshal.dumps(compile(LAUNCHER_SOURCE, "<string>", "exec")).hex()
 LOAD_CODE = "import marshal, sys; exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
 MAIN = "main.py"
+BARE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 GRACE = 1.0  # seconds past the deadline for the last pipe to close before the sandbox stops reading
 # As root, each run gets a uid of its own from this range: RLIMIT_NPROC counts per uid, so the process bound is
 # per run, and kill(-1) from that uid reaches exactly the run's processes.
@@ -78,8 +79,9 @@ class Sandbox:
         self.isolation, self.limits, self.site_packages = isolation, limits, site_packages
         self.workers = workers or os.cpu_count() or 1
         self.as_root = os.geteuid() == 0
-        self.executable = os.path.realpath(python or sys.executable)
+        self.executable = interpreter.executable_path(python)
         self.bwrap = None
+        self.landlock = False
         if isolation == "bwrap":
             self.bwrap = bwrap.bwrap_path()
             if self.bwrap is None:
@@ -93,13 +95,23 @@ class Sandbox:
                     f"isolation: bwrap: {self.bwrap} cannot start a sandbox here: {reason}. Bubblewrap needs "
                     f"user namespaces (or root); some containers disallow them. {WEAKER}")
         else:
+            abi = launcher.landlock_abi()
+            if not self.as_root and abi < launcher.LANDLOCK_SIGNAL_ABI:
+                raise SandboxUnavailable(
+                    "isolation: process: not as root, each program runs as this user, and only Landlock's ABI "
+                    f"{launcher.LANDLOCK_SIGNAL_ABI} (Linux 6.12 or later, Landlock enabled) keeps it from this "
+                    f"user's files and processes; this kernel's is {abi or 'missing'}. Use isolation: bwrap "
+                    "(it needs unprivileged user namespaces: docs/sandbox.md), a newer kernel, or run the "
+                    "trainer as root (each program then runs as a uid of its own)")
+            self.landlock = abi > 0
             closed = self.as_root and interpreter.closed_to_others(self.executable)
             if closed:
                 raise SandboxUnavailable(
                     f"isolation: process: as root, each program runs as an unprivileged uid of its own, which "
                     f"cannot read the interpreter {self.executable}: {closed} is closed to others (mode "
-                    f"{os.stat(closed).st_mode & 0o777:o}). Use isolation: bwrap, or a Python that others can "
-                    "read (Sandbox(python=...), e.g. /usr/bin/python3), or open the directory (chmod o+x)")
+                    f"{os.stat(closed).st_mode & 0o777:o}). Use isolation: bwrap, or run grpokit from a Python "
+                    "that others can read (a venv made from /usr/bin/python3, say), or open the directory "
+                    "(chmod o+x)")
             reason = self._cannot_run()
             if reason:
                 raise SandboxUnavailable(f"isolation: process: cannot run a program here: {reason}")
@@ -112,7 +124,8 @@ class Sandbox:
                       "a user namespace, uid 65534") + ")")
         else:
             how = "process (weaker: no namespaces; " + (
-                "a uid of its own per run)" if self.as_root else "runs as this user: trusted code only)")
+                "a uid of its own per run" if self.as_root else "runs as this user") + (
+                "; Landlock and seccomp)" if self.landlock else "; seccomp)")
         return f"sandbox: {how}; python {self.executable}; limits: {self.limits.describe()}; {self.workers} workers"
 
     def run(self, code: str, stdin: str = "", files: Mapping[str, str] | None = None) -> Result:
@@ -148,6 +161,8 @@ class Sandbox:
 
     def _run(self, code: str, stdin: str, files: dict[str, str], start: float, limits: Limits) -> Result:
         config = {**limits.rlimits(), "site": int(self.site_packages)}
+        if self.bwrap and not self.as_root:  # bwrap's own process, the PID namespace's 1, is the user's too
+            config["NPROC"] += 1
         if self.as_root:
             config.update(uid=FRESH_UIDS[0] + secrets.randbelow(FRESH_UIDS[1]), gid=bwrap.NOBODY)
         status_read, status_write = os.pipe()
@@ -164,8 +179,9 @@ class Sandbox:
                 config["main"] = f"{bwrap.WORKDIR}/{MAIN}"
                 argv = bwrap.command(self.bwrap, limits, as_root=self.as_root, files=list(zip(fds, contents)),
                                      launcher=self._launcher(config))
+                # bwrap gets no environment either: its own process (the PID namespace's 1) is readable inside
                 proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        pass_fds=[status_write, *fds], start_new_session=True)
+                                        pass_fds=[status_write, *fds], start_new_session=True, env=BARE_ENV)
                 deadline = start + limits.wall_seconds
             else:
                 workdir = tempfile.mkdtemp(prefix="grpokit-sandbox-")
@@ -173,7 +189,9 @@ class Sandbox:
                 config.update(main=os.path.join(workdir, MAIN), supervise=1, wall_ms=int(limits.wall_seconds * 1000))
                 if not self.as_root:
                     config["nproc_relative"] = 1
-                env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
+                if self.landlock:
+                    config.update(landlock=1, read="\n".join(self._readable()))
+                env = {**BARE_ENV, "HOME": workdir, "TMPDIR": workdir}
                 proc = subprocess.Popen(self._launcher(config), stdin=stdin_fd, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, pass_fds=[status_write], cwd=workdir, env=env,
                                         start_new_session=True)
@@ -189,9 +207,13 @@ class Sandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
         return self._result(proc.returncode, out, err, status, truncated, killed, time.monotonic() - start)
 
+    def _readable(self) -> list[str]:
+        """What a program may read under Landlock: what bwrap would bind."""
+        return [*bwrap.SYSTEM_DIRS, *bwrap.SYSTEM_FILES, *interpreter.installation(self.executable)]
+
     def _launcher(self, config: dict) -> list[str]:
         """The interpreter's command line that runs the launcher with ``config``."""
-        if self.executable == os.path.realpath(sys.executable):
+        if os.path.realpath(self.executable) == os.path.realpath(sys.executable):  # one marshal format
             start = [self.executable, "-I", "-S", "-c", LOAD_CODE, LAUNCHER_CODE]
         else:  # another interpreter (another version, another marshal format): the source
             start = [self.executable, "-I", "-S", "-c", LAUNCHER_SOURCE]
