@@ -124,6 +124,21 @@ def test_a_scorer_that_evals_the_answer_runs_it_in_the_sandbox_not_here(any_isol
     assert got == [0.0, 0.1] and not target.exists()
 
 
+def test_a_scorer_sandbox_that_cannot_import_reasoning_gym_is_named_not_the_answers(any_isolation, monkeypatch):
+    """The sandbox's interpreter without reasoning-gym (as a venv's base interpreter lacked it): the error is the
+    sandbox's and says where to install it, never a reward's return value."""
+    from grpokit.sandbox import Sandbox
+
+    rows = rg.train_rows("reasoning_gym:chain_sum", {"size": 1}, 0)
+    score = rg.TaskScore(isolation=any_isolation)
+    monkeypatch.setattr(score, "start_sandbox", lambda answers=1: Sandbox(any_isolation, site_packages=False))
+    with pytest.raises(RuntimeError, match=rf"(?s)reasoning_gym: the scorer's sandbox \({any_isolation} isolation\) "
+                       r"failed before scoring any answer, so no answer is at fault: exit 1: .*No module named "
+                       r"'reasoning_gym'\. The sandbox runs .*python.* install reasoning-gym there"):
+        score(prompts=[rows[0]["prompt"]], completions=["<answer>1</answer>"], answer=[rows[0]["answer"]],
+              metadata=[rows[0]["metadata"]])
+
+
 def test_rows_without_a_task_are_refused_by_name():
     with pytest.raises(ValueError, match="reasoning_gym: the metadata of completion 0's row names no task"):
         rg.TaskScore()(prompts=["q"], completions=["a"], answer=["a"], metadata=[{}])

@@ -212,8 +212,8 @@ class TaskScore:
         return self._score(jobs)
 
     def _score(self, jobs: list[list[Any]]) -> list[float]:
-        result = self.start_sandbox(len(jobs)).run(SCORER, json.dumps({"configs": self.configs,
-                                                                      "seconds": self.seconds, "jobs": jobs}))
+        sandbox = self.start_sandbox(len(jobs))
+        result = sandbox.run(SCORER, json.dumps({"configs": self.configs, "seconds": self.seconds, "jobs": jobs}))
         if result.timed_out and len(jobs) > 1:  # an answer stuck where no alarm reaches (C code): find it alone
             return [score for job in jobs for score in self._score([job])]
         if result.timed_out:
@@ -224,7 +224,11 @@ class TaskScore:
             return [0.0]
         if result.sandbox_error is not None or result.exit_code != 0:
             why = result.sandbox_error or f"exit {result.exit_code}: {result.stderr.strip()[-1500:]}"
-            raise RuntimeError(f"{self.__name__}: the scorer's sandbox failed: {why}")
+            if "No module named" in result.stderr:
+                why += (f". The sandbox runs {sandbox.executable} with that environment's site-packages: install "
+                        "reasoning-gym there (pip install 'grpokit[reasoning_gym]')")
+            raise RuntimeError(f"{self.__name__}: the scorer's sandbox ({sandbox.isolation} isolation) failed before "
+                               f"scoring any answer, so no answer is at fault: {why}")
         scored = json.loads(result.stdout)
         failed = [error for _, error in scored if error is not None]
         if failed and not self.errors:

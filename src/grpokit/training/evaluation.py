@@ -128,12 +128,15 @@ def check_eval_rows(rows: Sequence[dict[str, Any]], judge: RewardFunction | None
 def judge_scores(judge: RewardFunction, prompts: list[Any], completions: list[str],
                  columns: dict[str, list]) -> torch.Tensor:
     """``judge``'s score of each completion, called as reward functions are in training (None: 0). One that
-    returns anything but one number (or None) per completion is refused, naming it as ``eval_reward``."""
+    raises, or returns anything but one number (or None) per completion, is refused, naming it as
+    ``eval_reward``."""
     try:
         _, per_function = score_completions([judge], [1.0], prompts, completions, columns)
     except RewardError as error:
-        raise RewardError(f"eval_reward: {error}; held-out evaluation needs one number (or None) per completion") \
-            from error
+        # what it returned is at fault, or what it raised (a scorer whose sandbox failed: no return to blame)
+        wrong_return = " returned " in str(error)
+        raise RewardError(f"eval_reward: {error}" + ("; held-out evaluation needs one number (or None) per "
+                                                    "completion" if wrong_return else "")) from error
     return torch.nan_to_num(per_function[reward_name(judge)], nan=0.0)
 
 
