@@ -2,5 +2,6 @@
 # Install grpokit and run the built-in demo end to end (arguments go to `grpokit demo`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/python.sh
 bash scripts/install.sh
-"${PYTHON:-python3}" -m grpokit demo "$@"
+"$PYTHON" -m grpokit demo "$@"

@@ -276,6 +276,45 @@ def test_workers_are_as_given_else_the_cpu_count_else_one(monkeypatch):
     assert sandbox_or_skip("process", LIMITS).workers == 1
 
 
+@pytest.mark.parametrize("abi, starts", [(0, False), (5, False), (6, True)])
+def test_a_normal_user_gets_the_process_isolation_only_where_landlock_scopes_signals(monkeypatch, abi, starts):
+    """Not root, a program runs as the trainer's own user: without Landlock's signal scope (ABI 6) nothing keeps
+    it from killing the user's processes, so the isolation refuses, naming the ways out."""
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(runner.launcher, "landlock_abi", lambda: abi)
+    monkeypatch.setattr(Sandbox, "_cannot_run", lambda self: None)
+    if starts:
+        assert Sandbox("process").landlock
+        return
+    with pytest.raises(SandboxUnavailable) as caught:
+        Sandbox("process")
+    assert str(caught.value) == (
+        "isolation: process: not as root, each program runs as this user, and only Landlock's ABI 6 (Linux 6.12 or "
+        f"later, Landlock enabled) keeps it from this user's files and processes; this kernel's is "
+        f"{abi or 'missing'}. Use isolation: bwrap (it needs unprivileged user namespaces: docs/sandbox.md), a newer "
+        "kernel, or run the trainer as root (each program then runs as a uid of its own)")
+
+
+@pytest.mark.parametrize("abi", [0, 6])
+def test_as_root_landlock_is_added_where_the_kernel_has_it(monkeypatch, abi):
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(runner.launcher, "landlock_abi", lambda: abi)
+    monkeypatch.setattr(runner.interpreter, "closed_to_others", lambda python: None)
+    monkeypatch.setattr(Sandbox, "_cannot_run", lambda self: None)
+    sandbox = Sandbox("process")
+    assert sandbox.landlock == bool(abi)
+    assert ("Landlock and seccomp" in sandbox.describe()) == bool(abi)
+
+
+def test_the_confined_program_is_told_what_it_may_read(monkeypatch):
+    """The launcher's Landlock rules: what bwrap would bind, one a line."""
+    sandbox = bare(landlock=True, executable=sys.executable)
+    readable = sandbox._readable()
+    assert {"/usr", "/bin", "/etc/ld.so.cache"} <= set(readable)
+    assert os.path.realpath(sys.base_prefix) in readable or any(
+        os.path.realpath(sys.base_prefix).startswith(path + "/") for path in readable)
+
+
 def test_each_reason_a_sandbox_cannot_start_is_said_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(runner.bwrap, "bwrap_path", lambda: None)
     with pytest.raises(SandboxUnavailable) as caught:

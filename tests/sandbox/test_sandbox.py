@@ -171,6 +171,26 @@ def test_a_venvs_packages_are_the_programs_and_the_base_interpreters_are_not(ven
     assert not with_site.run(f"import {base_only}").ok  # the base's site-packages are not the venv's
 
 
+def test_world_readable_files_outside_the_sandbox_are_not_read(sandbox):
+    """What any uid may read (a 0644 file in a 0755 directory of /tmp) stays out of reach: under bwrap it is not
+    there; under the process isolation Landlock refuses it, for a run's own uid as for the trainer's user."""
+    public = Path(tempfile.mkdtemp(prefix="grpokit-public-"))
+    try:
+        public.chmod(0o755)
+        (public / "notes.txt").write_text("public")
+        (public / "notes.txt").chmod(0o644)
+        program = (f"import os\nfor attempt in (lambda: open({str(public / 'notes.txt')!r}).read(), "
+                   f"lambda: os.listdir({str(public)!r}), lambda: open({str(public / 'new')!r}, 'w')):\n"
+                   "    try:\n        print(attempt())\n    except OSError as error:\n"
+                   "        print(type(error).__name__)")
+        result = sandbox.run(program)
+        expected = {"bwrap": "FileNotFoundError", "process": "PermissionError"}[sandbox.isolation]
+        assert result.ok and result.stdout.split() == [expected] * 3, result
+        assert os.listdir(public) == ["notes.txt"]
+    finally:
+        shutil.rmtree(public)
+
+
 def test_the_process_isolation_removes_its_directory():
     sandbox = sandbox_or_skip("process", LIMITS)
     result = sandbox.run("import os\nprint(os.getcwd())\nopen('x', 'w').write('y')")
