@@ -20,6 +20,16 @@ class DataError(ValueError):
     """A dataset file or row is unusable; the message names the file, row and column."""
 
 
+def refuse_unknown(given: Iterable[str], known: Sequence[str], what: str, kind: str, kinds: str) -> None:
+    """A DataError naming the first of ``given`` that ``known`` lacks (``"{what}: unknown {kind} 'x'"``), the closest
+    known name and all of them (``"({kinds}: ...)"``); nothing when every one is known."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise DataError(f"{what}: unknown {kind} {unknown[0]!r}{hint} ({kinds}: {', '.join(known)})")
+
+
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a JSON-lines file (one JSON object per line; blank lines skipped)."""
     path = Path(path)
