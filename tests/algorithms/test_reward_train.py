@@ -316,7 +316,7 @@ GOOD = {"prompt": "q", "completion": "ab\ncd", "steps": [[2, 1], [5, 0]]}
     ([{"prompt": "q", "chosen": "a"}], {"form": "pairs"}, "line 1 has no column 'rejected'"),
     ([{"prompt": "q", "completion": "a", "label": 1}, {"prompt": "q", "completion": "b"}], {},
      "line 2 has no column 'label'"),
-    ([{"prompt": "q", "text": "a", "score": 1}], {}, "row 0's columns ['prompt', 'score', 'text'] make none of the "
+    ([{"prompt": "q", "text": "a", "score": 1}], {}, "line 1's columns ['prompt', 'score', 'text'] make none of the "
                                                      "three forms"),
     ([GOOD, {**GOOD, "steps": [[2, 1], [9, 0]]}], {}, "line 2 column 'steps': step 1 ends at character 9, outside "
                                                       "the completion's 1..5"),

@@ -78,8 +78,8 @@ def detect_form(rows: Sequence[dict[str, Any]], config: RewardConfig, source: st
             return form
     wanted = "; ".join(f"{form}: {[config.prompt_column, *(getattr(config, k) for k in keys)]}"
                        for form, keys in FORMS.items())
-    raise DataError(f"{source}: row 0's columns {sorted(first)} make none of the three forms ({wanted}); "
-                    "rename the columns or set the *_column keys")
+    raise DataError(f"{source}: {row_place(first, 0)}'s columns {sorted(first)} make none of the three forms "
+                    f"({wanted}); rename the columns or set the *_column keys")
 
 
 def _text(value: Any, where: str, allow_empty: bool) -> Text:
