@@ -30,7 +30,7 @@ class _TaskKeys(_DataKeys):
         "dataset_train_split) — with a prompt column, an answer column, and any other columns, which reward functions "
         "receive as keyword lists; 'gsm8k:SOURCE' for GSM8K rows (question, answer ending '#### N') from any of them; "
         "'reasoning_gym:TASK' for a reasoning-gym task's generated rows (options: the reasoning_gym key; pip install "
-        "'grpokit[reasoning_gym]'); or 'builtin:arithmetic'.",
+        "'grpokit[reasoning_gym,sandbox]': its scorer runs in the sandbox); or 'builtin:arithmetic'.",
     )
     reasoning_gym: dict | None = _field(
         None, "Options of a 'reasoning_gym:TASK' dataset (or 'reasoning_gym:TASK1,TASK2', a mix): size (rows "
