@@ -80,8 +80,8 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
 def silent_rewards(metrics: dict[str, Any], first_step: bool) -> list[str]:
     """The reward functions that returned None ("not applicable") for every completion of a step (their
     ``rewards/NAME`` metric is None), which gave the step no signal. On the first step a run takes, every function
-    silent is an error naming them: no completion has a reward, so the advantages are all 0 and the policy does not
-    move — more steps would sample the same and learn nothing (a function that always returns None, by mistake)."""
+    silent is an error naming them: no completion has a reward, so every advantage is 0 and the step teaches nothing,
+    as every later one would where the functions always return None (a mistake this catches at step 1)."""
     names = [key.removeprefix("rewards/") for key in metrics if key.startswith("rewards/")]
     silent = [name for name in names if metrics[f"rewards/{name}"] is None]
     if first_step and silent and silent == names:
