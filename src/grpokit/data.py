@@ -20,8 +20,36 @@ class DataError(ValueError):
     """A dataset file or row is unusable; the message names the file, row and column."""
 
 
+class FileRow(dict):
+    """A row of a JSONL or CSV file that knows the file line it starts on (1-based; a CSV file's header is line 1), so
+    that errors name the line an editor shows rather than the row's index among the rows (:func:`row_place`)."""
+
+    __slots__ = ("line",)
+
+    def __init__(self, values: Mapping[str, Any], line: int) -> None:
+        super().__init__(values)
+        self.line = line
+
+
+def row_place(row: Mapping[str, Any], index: int) -> str:
+    """How an error names a row: ``"line N"`` for a row of a JSONL or CSV file (:class:`FileRow`), else
+    ``"row INDEX"`` (0-based: rows from the Hub, a Parquet file, a dataset folder or Python)."""
+    line = getattr(row, "line", None)
+    return f"line {line}" if line is not None else f"row {index}"
+
+
+def refuse_unknown(given: Iterable[str], known: Sequence[str], what: str, kind: str, kinds: str) -> None:
+    """A DataError naming the first of ``given`` that ``known`` lacks (``"{what}: unknown {kind} 'x'"``), the closest
+    known name and all of them (``"({kinds}: ...)"``); nothing when every one is known."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise DataError(f"{what}: unknown {kind} {unknown[0]!r}{hint} ({kinds}: {', '.join(known)})")
+
+
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file (one JSON object per line; blank lines skipped)."""
+    """Rows of a JSON-lines file (one JSON object per line, each a :class:`FileRow`; blank lines skipped)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"dataset file {str(path)!r} does not exist")
@@ -40,14 +68,15 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise DataError(f"{path}: line {line_number} is not valid JSON: {error.msg}") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}: line {line_number} is a JSON {type(row).__name__}, expected an object")
-            rows.append(row)
+            rows.append(FileRow(row, line_number))
     if not rows:
         raise DataError(f"dataset file {str(path)!r} has no rows")
     return rows
 
 
 def load_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a CSV file with a header line (UTF-8); every value is text. Errors name the file and line."""
+    """Rows of a CSV file with a header line (UTF-8); every value is text, each row a :class:`FileRow`. Errors name
+    the file and line."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"dataset file {str(path)!r} does not exist")
@@ -59,7 +88,8 @@ def load_csv(path: str | Path) -> list[dict[str, Any]]:
                 if None in row:  # more cells than header columns
                     raise DataError(f"{path}: line {reader.line_num} has more cells than the header's "
                                     f"{len(reader.fieldnames or [])} columns")
-                rows.append(row)
+                # reader.line_num is the record's last line; a quoted value's line breaks put its first above
+                rows.append(FileRow(row, reader.line_num - sum(value.count("\n") for value in row.values())))
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not valid UTF-8 ({error.reason} at byte {error.start})") from None
     except csv.Error as error:
@@ -199,7 +229,8 @@ def rename_columns(rows: list[dict[str, Any]], columns: Mapping[str, str] | None
     if taken or len(set(columns.values())) < len(columns):
         raise DataError(f"{source}: dataset_columns {dict(columns)} gives two columns one name "
                         f"({taken or list(columns.values())}); rename or drop the other one too")
-    return [{columns.get(key, key): value for key, value in row.items()} for row in rows]
+    renamed = [{columns.get(key, key): value for key, value in row.items()} for row in rows]
+    return [FileRow(new, row.line) if isinstance(row, FileRow) else new for new, row in zip(renamed, rows)]
 
 
 def given_rows(rows: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -219,34 +250,36 @@ def check_columns(
     rows: Sequence[dict[str, Any]], required: Sequence[str], *, source: str = "dataset"
 ) -> None:
     """Every row has every required column (a near miss is suggested), the prompt column holds
-    non-empty text, and an ``id`` column, if any, has no duplicates."""
+    non-empty text, and an ``id`` column, if any, has no duplicates. Errors name a file's row by its line
+    (:func:`row_place`)."""
     if not rows:
         raise DataError(f"{source} has no rows")
-    seen_ids: dict[Any, int] = {}
+    seen_ids: dict[Any, str] = {}
     for index, row in enumerate(rows):
+        place = row_place(row, index)
         for column in required:
             if column not in row:
                 close = difflib.get_close_matches(column, [str(k) for k in row], n=1)
                 hint = f"; did you mean {close[0]!r}? (set the config's column name)" if close else ""
                 raise DataError(
-                    f"{source}: row {index} has no column {column!r} (its columns: {sorted(row)}){hint}"
+                    f"{source}: {place} has no column {column!r} (its columns: {sorted(row)}){hint}"
                 )
             if row[column] is None:
-                raise DataError(f"{source}: row {index} column {column!r} is null")
+                raise DataError(f"{source}: {place} column {column!r} is null")
         prompt = row[required[0]]
         if isinstance(prompt, list):  # chat messages
             if not prompt or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                      and isinstance(m.get("content"), str) for m in prompt):
-                raise DataError(f"{source}: row {index} column {required[0]!r} must be text or a non-empty list "
+                raise DataError(f"{source}: {place} column {required[0]!r} must be text or a non-empty list "
                                 "of {\"role\": ..., \"content\": ...} messages")
         elif not isinstance(prompt, str) or not prompt:
-            raise DataError(f"{source}: row {index} column {required[0]!r} must be a non-empty string (or a list "
+            raise DataError(f"{source}: {place} column {required[0]!r} must be a non-empty string (or a list "
                             "of chat messages)")
         if "id" in row:  # an id column, when there is one, must identify rows
             key = json.dumps(row["id"], sort_keys=True)
             if key in seen_ids:
-                raise DataError(f"{source}: rows {seen_ids[key]} and {index} share id {row['id']!r}")
-            seen_ids[key] = index
+                raise DataError(f"{source}: {seen_ids[key]} and {place} share id {row['id']!r}")
+            seen_ids[key] = place
 
 
 def check_prompt_lengths(prompts: Sequence[str], tokenizer: Any, max_completion_length: int,

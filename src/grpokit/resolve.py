@@ -79,7 +79,22 @@ def model_directory(name: str | None, seed: int = 0, progress: bool = True) -> s
             return str(converted_gguf(name[len(GGUF_PREFIX):]))
         except ConversionError as error:
             raise ConversionError(f"model: {error}") from None
-    return name
+    return checked_model_path(name)
+
+
+def checked_model_path(name: str) -> str:
+    """``model`` as from_pretrained takes it (``~`` expanded), refused naming the key where it is a file, or a
+    local-looking path that does not exist (``./x``, ``/x``, ``x/y/z``: nothing a Hub id ``name`` or ``owner/name``
+    looks like), before transformers reads it as a Hub repo id and answers "Repo id must be in the form ..."."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        gguf = f"; a llama.cpp GGUF file is 'gguf:{name}'" if name.lower().endswith(".gguf") else ""
+        raise ConfigError(f"model: {name!r} is a file; give the directory save_pretrained wrote (config.json, the "
+                          f"weights and the tokenizer's files) or a Hugging Face Hub id 'owner/name'{gguf}")
+    if not path.exists() and not HUB_ID.fullmatch(name):  # a Hub id is from_pretrained's to look up
+        raise ConfigError(f"model: {name!r} does not exist (relative to {Path.cwd()}); give a model directory that "
+                          "does, or a Hugging Face Hub id 'owner/name'")
+    return str(path) if path.exists() else name
 
 
 def load_model_and_tokenizer(name: str | None, seed: int = 0, progress: bool = True, dtype: str = "auto"):
@@ -175,7 +190,7 @@ def eval_judge(config: Any, rows: list[dict[str, Any]], environment: Environment
             return by_name[config.eval_reward]
     if config.eval_reward is not None:
         return reward_function(config.eval_reward, {**code_options(config), "binary": False}, task_options(config),
-                               device=resolve_device(config.device))
+                               key="eval_reward", device=resolve_device(config.device))
     if rows and "tests" in rows[0]:
         return make_code_tests(**{**code_options(config), "binary": False})
     return reasoning_gym.TaskScore(**task_options(config)) if _reasoning_gym_source(config) else None
@@ -226,14 +241,15 @@ def builtin_rewards() -> dict[str, RewardFunction]:
             "arithmetic_substeps": arithmetic.arithmetic_substeps_reward}
 
 
-def reward_function(spec: str, code: dict[str, Any] | None = None, task: dict[str, Any] | None = None,
-                    **model_options: Any) -> RewardFunction:
+def reward_function(spec: str, code: dict[str, Any] | None = None, task: dict[str, Any] | None = None, *,
+                    key: str = "reward_funcs", **model_options: Any) -> RewardFunction:
     """One ``reward_funcs`` entry that is not a callable → the function: a built-in name, a reward model
     (``model:PATH`` or a directory → :class:`~grpokit.rewards.learned.OutcomeRewardModel`, ``process_model:PATH`` →
     :class:`~grpokit.rewards.learned.ProcessRewardModel`, loaded with ``model_options``: ``device``,
     ``mixed_precision``, ``batch_size``, ...), or ``FILE.py:NAME`` / ``package.module:NAME``; ``code``: the
     ``code_tests`` reward's settings (:func:`code_options`), ``task`` the ``reasoning_gym`` reward's
-    (:func:`task_options`). Errors name the key, and for an unknown name the closest built-in one."""
+    (:func:`task_options`). Errors name the config ``key`` that gave ``spec`` (``reward_funcs``, ``eval_reward``), and
+    for an unknown name the closest built-in one."""
     if spec == "code_tests" and code:
         return make_code_tests(**code)
     if spec == "reasoning_gym" and task:
@@ -248,11 +264,11 @@ def reward_function(spec: str, code: dict[str, Any] | None = None, task: dict[st
     if Path(spec).is_dir():
         return OutcomeRewardModel(spec, **model_options)
     if ":" in spec:
-        return load_callable(spec, "reward_funcs")
+        return load_callable(spec, key)
     close = difflib.get_close_matches(spec, sorted(builtin), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(
-        f"reward_funcs: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
+        f"{key}: unknown reward {spec!r}; {hint}built-in rewards are {sorted(builtin)}; a function "
         "of your own is 'path/to/file.py:name' or 'package.module:name' (or a callable in Python); a reward "
         "model is 'model:DIR' or 'process_model:DIR'"
     )

@@ -173,7 +173,7 @@ def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, files, capsys):
     no_answer = tmp_path / "no_answer.jsonl"
     no_answer.write_text(json.dumps({"prompt": "What is 1 + 1?"}) + "\n")
     assert run(tiny_model_dir, no_answer, out) == 2
-    assert "no_answer.jsonl: row 0 has no column 'answer'" in capsys.readouterr().err
+    assert "no_answer.jsonl: line 1 has no column 'answer'" in capsys.readouterr().err
     assert run(tiny_model_dir, data, out, "--reward_funcs", f"{rewards}:has_a", "--judge", "accuracy_reward") == 2
     assert "judge 'accuracy_reward' is not one of the run's reward functions (has_a)" in capsys.readouterr().err
     assert run(tiny_model_dir, data, out, "--reward_funcs", f"{rewards}:missing") == 2

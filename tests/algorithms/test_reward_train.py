@@ -306,27 +306,27 @@ GOOD = {"prompt": "q", "completion": "ab\ncd", "steps": [[2, 1], [5, 0]]}
 
 @pytest.mark.parametrize("rows, extra, message", [
     ([{"prompt": "q", "completion": "a", "label": 1}, {"prompt": "q", "completion": "b", "label": "yes"}], {},
-     "row 1 column 'label' must be a finite number, got str 'yes'"),
+     "line 2 column 'label' must be a finite number, got str 'yes'"),
     ([{"prompt": "q", "completion": "a", "label": 1}, {"prompt": "q", "completion": "b", "label": 2}],
-     {"label_loss": "bce"}, "row 1 column 'label': label 2.0 is out of range for binary cross-entropy"),
-    ([{"prompt": "q", "completion": "a", "label": None}], {}, "row 0 column 'label' is null"),
+     {"label_loss": "bce"}, "line 2 column 'label': label 2.0 is out of range for binary cross-entropy"),
+    ([{"prompt": "q", "completion": "a", "label": None}], {}, "line 1 column 'label' is null"),
     ([{"prompt": "q", "chosen": "a", "rejected": "b"}, {"prompt": "q", "chosen": "a", "rejected": " "}], {},
-     "row 1 column 'rejected' is empty: a pair needs a completion on each side"),
-    ([{"prompt": "q", "chosen": "", "rejected": "b"}], {}, "row 0 column 'chosen' is empty"),
-    ([{"prompt": "q", "chosen": "a"}], {"form": "pairs"}, "row 0 has no column 'rejected'"),
+     "line 2 column 'rejected' is empty: a pair needs a completion on each side"),
+    ([{"prompt": "q", "chosen": "", "rejected": "b"}], {}, "line 1 column 'chosen' is empty"),
+    ([{"prompt": "q", "chosen": "a"}], {"form": "pairs"}, "line 1 has no column 'rejected'"),
     ([{"prompt": "q", "completion": "a", "label": 1}, {"prompt": "q", "completion": "b"}], {},
-     "row 1 has no column 'label'"),
-    ([{"prompt": "q", "text": "a", "score": 1}], {}, "row 0's columns ['prompt', 'score', 'text'] make none of the "
+     "line 2 has no column 'label'"),
+    ([{"prompt": "q", "text": "a", "score": 1}], {}, "line 1's columns ['prompt', 'score', 'text'] make none of the "
                                                      "three forms"),
-    ([GOOD, {**GOOD, "steps": [[2, 1], [9, 0]]}], {}, "row 1 column 'steps': step 1 ends at character 9, outside "
+    ([GOOD, {**GOOD, "steps": [[2, 1], [9, 0]]}], {}, "line 2 column 'steps': step 1 ends at character 9, outside "
                                                       "the completion's 1..5"),
     ([GOOD, {**GOOD, "steps": [[0, 1]]}], {}, "step 0 ends at character 0, outside the completion's 1..5"),
-    ([{**GOOD, "steps": [[5, 1], [2, 0]]}], {}, "row 0 column 'steps': step 1 ends at character 2, not after step 0 "
+    ([{**GOOD, "steps": [[5, 1], [2, 0]]}], {}, "line 1 column 'steps': step 1 ends at character 2, not after step 0 "
                                                 "(5): offsets must increase"),
     ([{**GOOD, "steps": [[2, 1], [2, 0]]}], {}, "not after step 0 (2)"),
     ([{**GOOD, "steps": [[2, 1.5]]}], {}, "step 0's label 1.5 is out of range"),
     ([{**GOOD, "steps": [[2.5, 1]]}], {}, "step 0 is [2.5, 1]; expected [offset, label] with an integer offset"),
-    ([{**GOOD, "steps": []}], {}, "row 0 column 'steps' must be a non-empty list of [offset, label] pairs"),
+    ([{**GOOD, "steps": []}], {}, "line 1 column 'steps' must be a non-empty list of [offset, label] pairs"),
     ([GOOD], {"label_loss": "hinge"}, "label_loss='hinge' is not valid"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, capsys, rows, extra, message):
@@ -334,7 +334,7 @@ def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, capsys, rows, ext
     assert main(["reward", "train", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
-    if "row" in message:
+    if "line" in message or "row" in message:
         assert str(tmp_path / "rows.jsonl") in err
 
 

@@ -74,7 +74,7 @@ def test_a_bad_held_out_row_is_named_by_its_own_file(tmp_path, tiny_model_dir):
     held.write_text(row % ("a", 1) + row % ("b", '"x"'))
     with pytest.raises(DataError) as caught:
         RewardTrainer(reward_config(tmp_path, model=str(tiny_model_dir), dataset=str(train), eval_dataset=str(held)))
-    assert str(caught.value) == f"{held}: row 1 column 'label' must be a finite number, got str 'x'"
+    assert str(caught.value) == f"{held}: line 2 column 'label' must be a finite number, got str 'x'"
 
 
 def test_labelled_held_out_rows_with_the_training_loss_are_taken(tmp_path, tiny_model_dir):

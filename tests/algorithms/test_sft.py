@@ -319,16 +319,16 @@ def test_sft_from_flags_alone_through_the_cli(tmp_path, tiny_model_dir, capsys):
 @pytest.mark.parametrize(
     "rows, extra, message",
     [
-        ([{"prompt": "1+1=", "completions": "2"}], [], "row 0 has no column 'completion' (its columns: ['completions', "
-                                                       "'prompt']); did you mean 'completions'?"),
+        ([{"prompt": "1+1=", "completions": "2"}], [], "line 1 has no column 'completion' (its columns: "
+                                                       "['completions', 'prompt']); did you mean 'completions'?"),
         ([{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": ""}], [],
-         "row 1 column 'completion' is empty"),
-        ([{"prompt": "1+1=", "completion": 2}], [], "row 0 column 'completion' must be text (or a list of chat "
+         "line 2 column 'completion' is empty"),
+        ([{"prompt": "1+1=", "completion": 2}], [], "line 1 column 'completion' must be text (or a list of chat "
                                                     "messages), got int 2"),
-        ([{"prompt": 11, "completion": "2"}], [], "row 0 column 'prompt' must be a non-empty string"),
-        ([{"prompt": "1+1=", "completion": [{"role": "assistant"}]}], [], "row 0 column 'completion' must be text "
+        ([{"prompt": 11, "completion": "2"}], [], "line 1 column 'prompt' must be a non-empty string"),
+        ([{"prompt": "1+1=", "completion": [{"role": "assistant"}]}], [], "line 1 column 'completion' must be text "
                                                                          "or a non-empty list"),
-        ([{"q": "1+1=", "a": "2"}], ["--prompt_column", "q", "--completion_column", "b"], "row 0 has no column 'b'"),
+        ([{"q": "1+1=", "a": "2"}], ["--prompt_column", "q", "--completion_column", "b"], "line 1 has no column 'b'"),
         (ROWS, ["--num_train_epochs", "2"], "TRL's 'num_train_epochs' is epochs here"),
         (ROWS, ["--epochs", "0"], "epochs=0.0 is out of range"),
     ],
@@ -338,7 +338,7 @@ def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, capsys, rows, ext
     assert main(["sft", str(config), *extra]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
-    if "row" in message:
+    if "line" in message or "row" in message:
         assert str(tmp_path / "cold_start.jsonl") in err
 
 

@@ -17,6 +17,7 @@ from grpokit.cli.options import load_run_config, parse_config_args
 from grpokit.config import ConfigError, GRPOConfig, SFTConfig, load_config
 from grpokit.rollout.tool_templates import TemplateProtocol
 from grpokit.rollout.tools import PlainProtocol
+from grpokit.sandbox import Sandbox, SandboxUnavailable
 from grpokit.tasks.demo import DEMO_CONFIG
 from helpers import write_config
 
@@ -40,7 +41,7 @@ def test_train_with_yaml_and_overrides(tmp_path, tiny_model_dir, data_file, caps
         (["--bta", "0"], "unknown config key 'bta'; did you mean 'beta'"),
         (["--num_generations", "1"], "num_generations=1 is out of range"),
         (["--dataset", "missing.jsonl"], "dataset file 'missing.jsonl' does not exist"),
-        (["--model", "no/such/dir"], "model: cannot load 'no/such/dir'"),
+        (["--model", "no/such/dir"], "model: 'no/such/dir' does not exist"),
         (["--reward_funcs", "[accuracy, vibes]"], "unknown reward 'vibes'"),
     ],
 )
@@ -49,6 +50,21 @@ def test_train_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, data_file, 
     assert main(["train", str(config), *extra]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_a_sandbox_that_cannot_start_is_an_error_naming_the_sandbox_key(tmp_path, tiny_model_dir, data_file, capsys,
+                                                                        monkeypatch):
+    """As `--sandbox process` as root with an interpreter others cannot read: no traceback, exit 2, the key named."""
+    def cannot_start(self, isolation="bwrap", **options):
+        raise SandboxUnavailable(f"isolation: {isolation}: cannot run a program here: (this test)")
+
+    monkeypatch.setattr(Sandbox, "__init__", cannot_start)
+    config = write_config(tmp_path, tiny_model_dir, data_file)
+    assert main(["train", str(config), "--sandbox", "process", "--tools", "[python]"]) == 2
+    err = capsys.readouterr().err
+    assert "error: sandbox: isolation: process: cannot run a program here: (this test)" in err
+    assert "The config key `sandbox` chooses" in err and "--sandbox bwrap" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_train_without_a_model_or_a_dataset_says_what_to_give(tmp_path, tiny_model_dir, data_file, monkeypatch,

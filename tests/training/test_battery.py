@@ -9,7 +9,8 @@ import yaml
 
 from grpokit import GRPOConfig
 from grpokit.config import ConfigError, load_config
-from grpokit.data import DataError, check_columns, load_jsonl
+from grpokit.data import DataError, check_columns, load_csv, load_jsonl, rename_columns
+from grpokit.resolve import model_directory
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.calling import RewardError, score_completions, score_steps
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
@@ -20,7 +21,9 @@ from helpers import make_trainer
 GOOD = '{"prompt": "What is 1 + 1?", "answer": "2"}\n'
 
 DATA_CASES = {
-    "missing column": ('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n', r"row 1 has no column 'answer'"),
+    "missing column": ('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n', r"line 2 has no column 'answer'"),
+    # the line an editor shows, blank lines counted: not the row's index (1)
+    "after a blank line": ('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b"}\n', r": line 3 has no column 'answer'"),
     "misnamed column": ('{"prompt": "a", "answr": "1"}\n', r"no column 'answer' .*did you mean 'answr'\?"),
     "empty file": ("", r"has no rows"),
     "only blank lines": ("\n\n  \n", r"has no rows"),
@@ -28,9 +31,9 @@ DATA_CASES = {
     "broken JSON": (GOOD + '{"prompt": "a", \n', r"line 2 is not valid JSON"),
     "not an object": (GOOD + "[1, 2]\n", r"line 2 is a JSON list, expected an object"),
     "duplicate ids": ('{"id": 7, "prompt": "a", "answer": "1"}\n{"id": 8, "prompt": "b", "answer": "1"}\n'
-                      '{"id": 7, "prompt": "c", "answer": "1"}\n', r"rows 0 and 2 share id 7"),
-    "null answer": ('{"prompt": "a", "answer": null}\n', r"row 0 column 'answer' is null"),
-    "empty prompt": ('{"prompt": "", "answer": "1"}\n', r"row 0 column 'prompt' must be a non-empty string"),
+                      '{"id": 7, "prompt": "c", "answer": "1"}\n', r"line 1 and line 3 share id 7"),
+    "null answer": ('{"prompt": "a", "answer": null}\n', r"line 1 column 'answer' is null"),
+    "empty prompt": ('{"prompt": "", "answer": "1"}\n', r"line 1 column 'prompt' must be a non-empty string"),
 }
 
 
@@ -41,6 +44,25 @@ def test_bad_data_files(tmp_path, content, match):
     with pytest.raises(DataError, match=match) as error:
         check_columns(load_jsonl(path), ["prompt", "answer"], source=str(path))
     assert str(path) in str(error.value)  # the file is named
+
+
+def test_a_csv_row_is_named_by_its_line_the_header_and_a_quoted_line_break_counted(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text('prompt,answer\n"two\nlines",1\n,2\n')
+    with pytest.raises(DataError, match=r"train.csv: line 4 column 'prompt' must be a non-empty string"):
+        check_columns(load_csv(path), ["prompt", "answer"], source=str(path))
+    with pytest.raises(DataError, match=r"train.csv: line 2 has no column 'solution'"):
+        check_columns(load_csv(path), ["prompt", "solution"], source=str(path))
+
+
+def test_rows_from_python_are_named_by_index_and_renaming_keeps_the_line(tmp_path):
+    with pytest.raises(DataError, match=r"^rows: row 1 has no column 'answer'"):
+        check_columns([{"prompt": "a", "answer": "1"}, {"prompt": "b"}], ["prompt", "answer"], source="rows")
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"q": "a"}\n\n{"q": ""}\n')
+    renamed = rename_columns(load_jsonl(path), {"q": "prompt"}, str(path))
+    with pytest.raises(DataError, match=r"line 3 column 'prompt' must be a non-empty string"):
+        check_columns(renamed, ["prompt"], source=str(path))
 
 
 def test_a_10_megabyte_line_is_named_by_row(tokenizer, tiny_model, tmp_path):
@@ -93,6 +115,31 @@ def test_bad_config_files_name_the_file(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match) as error:
         load_config(path)
     assert "run.yaml" in str(error.value)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("model.safetensors", r"model: 'model.safetensors' is a file; give the directory save_pretrained wrote"),
+    ("tiny.gguf", r"model: 'tiny.gguf' is a file; .*a llama.cpp GGUF file is 'gguf:tiny.gguf'"),
+    ("./missing", r"model: './missing' does not exist \(relative to "),
+    ("/no/such/model", r"model: '/no/such/model' does not exist"),
+    ("runs/grpo/model", r"model: 'runs/grpo/model' does not exist"),
+])
+def test_a_model_path_that_is_a_file_or_missing_names_the_model_key(tmp_path, monkeypatch, name, match):
+    """Before transformers reads it as a Hub repo id ("Repo id must be in the form ...")."""
+    monkeypatch.chdir(tmp_path)
+    for file in ("model.safetensors", "tiny.gguf"):
+        (tmp_path / file).write_bytes(b"\0")
+    with pytest.raises(ConfigError, match=match):
+        model_directory(name)
+
+
+def test_a_hub_id_or_a_directory_is_left_to_from_pretrained(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "model").mkdir(parents=True)
+    assert model_directory("owner/name") == "owner/name" and model_directory("gpt2") == "gpt2"
+    assert model_directory("runs/model") == "runs/model" and model_directory("./runs/model") == "runs/model"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert model_directory("~/runs/model") == str(tmp_path / "runs" / "model")
 
 
 # ---- reward functions ------------------------------------------------------------------------------
@@ -148,6 +195,28 @@ REWARD_CASES = {
 def test_bad_reward_functions(fn, options, match):
     with pytest.raises(RewardError, match=match):
         score_completions([fn], [1.0], ["q", "q"], ["a", "b"], {}, **options)
+
+
+def never_applies(completions, **kwargs):
+    return [None] * len(completions)
+
+
+def test_rewards_that_all_return_none_on_the_first_step_stop_the_run_naming_them(tokenizer, tiny_model, tmp_path):
+    """None is 'not applicable': a run in which no completion has a reward cannot learn, so it stops at step 1."""
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(never_applies,), max_steps=3)
+    with pytest.raises(RewardError, match=r"step 1: every reward function \(never_applies\) returned None for every "
+                                          r"completion.*return a number"):
+        trainer.train()
+
+
+def test_a_reward_that_returns_none_for_a_whole_step_is_named_once(tokenizer, tiny_model, tmp_path, capsys):
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(format_reward, never_applies), max_steps=2)
+    history = trainer.train()
+    assert [m["rewards/never_applies"] for m in history] == [None, None]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert warnings == ["warning: reward function 'never_applies' returned None ('not applicable') for every "
+                        "completion of step 1, so it gave the step no signal (said once per function; its metric "
+                        "rewards/never_applies is null on such steps)"]
 
 
 def test_bad_step_is_named():

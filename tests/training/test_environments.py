@@ -3,6 +3,7 @@ loss), and an environment that fails stops the run naming it, with the steps don
 resume exactly as an uninterrupted run does it."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,15 @@ def test_a_failing_environment_is_named_and_the_resumed_run_matches_an_uninterru
     keep = lambda m: {k: v for k, v in m.items() if not k.startswith(drop)}  # noqa: E731
     assert [keep(m) for m in resumed] == approx_scores([keep(m) for m in whole])
 
+
+def test_every_openenv_environment_arg_is_documented():
+    """docs/environments.md's table lists each key of the OpenEnv adapter's environment_args, with its default."""
+    from grpokit.tasks.openenv import OPTIONS
+    page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" `") for line in page.splitlines()
+            if line.startswith("| `")}
+    def shown(value):  # as YAML writes it
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else json.dumps(value) \
+            if isinstance(value, (str, dict)) else str(value)
+
+    assert {key: rows.get(key) for key in OPTIONS} == {key: shown(value) for key, value in OPTIONS.items()}

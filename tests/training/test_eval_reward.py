@@ -105,4 +105,4 @@ def test_grpokit_eval_takes_an_eval_reward(tmp_path, tiny_model_dir):
 
 def test_grpokit_eval_names_an_eval_reward_it_cannot_find(tmp_path, tiny_model_dir, data_file, capsys):
     assert main(["eval", str(tiny_model_dir), "--dataset", str(data_file), "--eval_reward", "acuracy"]) == 2
-    assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in capsys.readouterr().err
+    assert "eval_reward: unknown reward 'acuracy'; did you mean 'accuracy'?" in capsys.readouterr().err

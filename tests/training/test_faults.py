@@ -71,6 +71,7 @@ def test_unscored_groups_and_empty_completions_are_counted(tokenizer, tiny_model
         return forced
 
     tiny_model.lm_head.register_forward_hook(eos_first)
+    trainer.rewards_checked = True  # as on a later step: said, not refused (a first step of none is: test_battery.py)
     metrics = trainer.training_step()
     assert metrics["empty_frac"] == 1.0 and metrics["completion_length_max"] == 1.0  # the EOS alone
     assert metrics["unscored_groups"] == 4 and metrics["reward"] == 0.0 and metrics["frac_zero_std_groups"] == 1.0

@@ -77,7 +77,7 @@ def test_held_out_settings_are_checked(tokenizer, tiny_model, tmp_path):
 def test_held_out_rows_missing_the_answer_column_are_named(tokenizer, tiny_model, tmp_path):
     path = tmp_path / "held.jsonl"
     path.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n" + json.dumps({"prompt": "b"}) + "\n")
-    with pytest.raises(ValueError, match=r"held.jsonl.*row 1 has no column 'answer'"):
+    with pytest.raises(ValueError, match=r"held.jsonl.*line 2 has no column 'answer'"):
         make_trainer(tokenizer, tiny_model, tmp_path, eval_dataset=str(path))
 
 

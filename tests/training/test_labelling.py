@@ -149,7 +149,7 @@ def test_bad_sample_arguments_are_one_clear_line(tmp_path, tiny_model_dir, capsy
     data.write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
     out = str(tmp_path / "out.jsonl")
     assert main(["sample", str(tiny_model_dir), "--dataset", str(data), "--num_generations", "2", "--output", out]) == 2
-    assert "row 0 has no column 'prompt'" in capsys.readouterr().err
+    assert "line 1 has no column 'prompt'" in capsys.readouterr().err
     assert main(["sample", str(tiny_model_dir), "--dataset", str(data), "--prompt_column", "question",
                  "--num_generations", "2", "--output", out, "--reward_funcs", "acuracy"]) == 2
     assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in capsys.readouterr().err

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from grpokit.config import ConfigError, RewardConfig
 from grpokit.core.answers import Text, text_of
-from grpokit.data import DataError, check_columns, given_rows
+from grpokit.data import DataError, check_columns, given_rows, row_place
 from grpokit.models.loading import ensure_pad_token, load_pretrained, save_pretrained
 from grpokit.resolve import dataset_options, load_rows, model_directory
 from grpokit.rewards.learned import context_length, encode_texts, reward_text, right_pad, step_tokens
@@ -78,8 +78,8 @@ def detect_form(rows: Sequence[dict[str, Any]], config: RewardConfig, source: st
             return form
     wanted = "; ".join(f"{form}: {[config.prompt_column, *(getattr(config, k) for k in keys)]}"
                        for form, keys in FORMS.items())
-    raise DataError(f"{source}: row 0's columns {sorted(first)} make none of the three forms ({wanted}); "
-                    "rename the columns or set the *_column keys")
+    raise DataError(f"{source}: {row_place(first, 0)}'s columns {sorted(first)} make none of the three forms "
+                    f"({wanted}); rename the columns or set the *_column keys")
 
 
 def _text(value: Any, where: str, allow_empty: bool) -> Text:
@@ -140,7 +140,7 @@ def parse_rows(rows: Sequence[dict[str, Any]], form: str, config: RewardConfig,
     check_columns(rows, [config.prompt_column, *columns], source=source)
     parsed = []
     for index, row in enumerate(rows):
-        where = {c: f"{source}: row {index} column {c!r}" for c in columns}
+        where = {c: f"{source}: {row_place(row, index)} column {c!r}" for c in columns}
         texts = [_text(row[c], where[c], allow_empty=form != "pairs") for c in columns[:2 if form == "pairs" else 1]]
         targets: list[float] = []
         ends: list[int] = []
@@ -155,9 +155,9 @@ def parse_rows(rows: Sequence[dict[str, Any]], form: str, config: RewardConfig,
         loss = config.label_loss if config.label_loss != "auto" else "bce" if binary else "mse"
         for index, (_, _, (label,), _) in enumerate(parsed):
             if loss == "bce" and not 0 <= label <= 1:
-                raise DataError(f"{source}: row {index} column {config.label_column!r}: label {label} is out of "
-                                "range for binary cross-entropy (label_loss: bce takes labels in [0, 1]; "
-                                "label_loss: mse any number)")
+                raise DataError(f"{source}: {row_place(rows[index], index)} column {config.label_column!r}: label "
+                                f"{label} is out of range for binary cross-entropy (label_loss: bce takes labels in "
+                                "[0, 1]; label_loss: mse any number)")
     return parsed, loss
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from grpokit.config import ConfigError, SFTConfig
-from grpokit.data import DataError, check_columns, given_rows, render_prompt
+from grpokit.data import DataError, check_columns, given_rows, render_prompt, row_place
 from grpokit.models.loading import ensure_pad_token, save_pretrained
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.models.lora import with_lora
@@ -59,19 +59,19 @@ def check_completions(rows: Sequence[dict[str, Any]], column: str, source: str) 
     """Every completion is non-empty text or a non-empty list of ``{role, content}`` messages (the
     column's presence is :func:`~grpokit.data.check_columns`'s)."""
     for index, row in enumerate(rows):
-        value = row[column]
+        value, where = row[column], f"{source}: {row_place(row, index)} column {column!r}"
         if isinstance(value, list):
             if not value or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                     and isinstance(m.get("content"), str) for m in value):
-                raise DataError(f"{source}: row {index} column {column!r} must be text or a non-empty list of "
-                                "{\"role\": ..., \"content\": ...} messages")
+                raise DataError(f"{where} must be text or a non-empty list of {{\"role\": ..., \"content\": ...}} "
+                                "messages")
             if not any(m["content"] for m in value):
-                raise DataError(f"{source}: row {index} column {column!r} has no content")
+                raise DataError(f"{where} has no content")
         elif not isinstance(value, str):
-            raise DataError(f"{source}: row {index} column {column!r} must be text (or a list of chat messages), "
-                            f"got {type(value).__name__} {value!r:.40}")
+            raise DataError(f"{where} must be text (or a list of chat messages), got {type(value).__name__} "
+                            f"{value!r:.40}")
         elif not value:
-            raise DataError(f"{source}: row {index} column {column!r} is empty")
+            raise DataError(f"{where} is empty")
 
 
 def completion_text(tokenizer: Any, prompt: str | list[dict[str, str]], completion: str | list[dict[str, str]],
@@ -112,7 +112,7 @@ def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, config: SFTCon
             completions.append(completion_text(tokenizer, prompt, row[config.completion_column], text,
                                                system_prompt=config.system_prompt, chat_template=config.chat_template))
         except ValueError as error:
-            raise DataError(f"{source}: row {index} column {column!r}: {error}") from None
+            raise DataError(f"{source}: {row_place(row, index)} column {column!r}: {error}") from None
     # Prompts as Sampler.tokenize_prompts tokenizes them (special tokens included); completions bare.
     prompt_ids = tokenizer(prompts)["input_ids"]
     completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]

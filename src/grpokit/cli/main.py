@@ -12,8 +12,8 @@ One convention for all (docs/usage.md, "The command line"):
 - ``--output`` is the file (or folder) a command writes; ``--output_dir`` a run directory, as configs call it;
 - a flag is spelled with ``_`` or ``-``, and an old spelling fails naming the new one.
 
-Bad input (config, data, reward functions) ends with a one-line ``error:`` naming the culprit and
-exit status 2, not a traceback.
+Bad input (config, data, reward functions), or a sandbox that cannot start here, ends with a one-line ``error:``
+naming the culprit (and the key that fixes it) and exit status 2, not a traceback.
 """
 
 from __future__ import annotations
@@ -28,10 +28,15 @@ from grpokit.cli.options import config_keys_epilog, normalize_flags, refuse_opti
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig
 from grpokit.resolve import BUILTIN
 from grpokit.runtime.versions import installed_version
+from grpokit.sandbox import SandboxUnavailable
 from grpokit.tasks.demo import DEMO_CONFIG, OUTPUT_DIRS
 from grpokit.training.update import TrainingError
 
 RAW = argparse.RawDescriptionHelpFormatter
+# After a sandbox that cannot start: the config key that chooses the isolation, and where each one's needs are
+SANDBOX_FIX = ("The config key `sandbox` chooses how model-written programs run: --sandbox bwrap (the default: pip "
+               "install 'grpokit[sandbox]', and user namespaces or root) or --sandbox process (no namespaces); "
+               "docs/sandbox.md, \"The isolations\", says what each needs.")
 CONFIG_USAGE = "[CONFIG.yaml | recipe:NAME] [--resume [PATH|latest|auto]] [--key value ...]"
 CONFIG_HELP = ("CONFIG.yaml: a YAML config file, or recipe:NAME, a recipe packaged with grpokit (`grpokit recipes` "
                "lists them); omit it to use the defaults. Every config key below is also a flag, --key value, "
@@ -219,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, extra)
     except ValueError as error:  # ConfigError, DataError, RewardError and other bad input
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except SandboxUnavailable as error:  # the run's isolation cannot start here: name the key that chooses it
+        print(f"error: sandbox: {error}\n{SANDBOX_FIX}", file=sys.stderr)
         return 2
     except TrainingError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -213,3 +213,17 @@ def check_reward_weights(weights: list[float] | None, num_functions: int) -> Non
     if weights is not None and len(weights) != num_functions:
         raise ConfigError(f"reward_weights has {len(weights)} values but reward_funcs has {num_functions}; give "
                           "one weight per function")
+
+
+@dataclasses.dataclass
+class _DataKeys(_Config):
+    """The keys every trainer starts its listing with: ``model``, ``dataset``, then how the dataset's source is read
+    (``_COMMON``'s four dataset keys, declared here once). Each config re-declares ``model`` and ``dataset`` with its
+    own help; a re-declared dataclass field keeps its place, so the order holds."""
+
+    model: str | None = _field(None, "Required. The model.")
+    dataset: str | None = _field(None, "The rows.")
+    dataset_config: str | None = _common("dataset_config")
+    dataset_train_split: str = _common("dataset_train_split")
+    dataset_test_split: str = _common("dataset_test_split")
+    dataset_columns: dict[str, str] | None = _common("dataset_columns")

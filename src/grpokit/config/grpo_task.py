@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpokit.config.fields import _common, _Config, _field
+from grpokit.config.fields import _common, _DataKeys, _field
 from grpokit.core.answers import ANSWER_EXTRACTIONS
 
 
 @dataclass
-class _TaskKeys(_Config):
+class _TaskKeys(_DataKeys):
     """GRPOConfig's keys of the model, the data, held-out evaluation and the rewards."""
 
     # ---- model and data --------------------------------------------------------------------------
@@ -30,12 +30,8 @@ class _TaskKeys(_Config):
         "dataset_train_split) — with a prompt column, an answer column, and any other columns, which reward functions "
         "receive as keyword lists; 'gsm8k:SOURCE' for GSM8K rows (question, answer ending '#### N') from any of them; "
         "'reasoning_gym:TASK' for a reasoning-gym task's generated rows (options: the reasoning_gym key; pip install "
-        "'grpokit[reasoning_gym]'); or 'builtin:arithmetic'.",
+        "'grpokit[reasoning_gym,sandbox]': its scorer runs in the sandbox); or 'builtin:arithmetic'.",
     )
-    dataset_config: str | None = _common("dataset_config")
-    dataset_train_split: str = _common("dataset_train_split")
-    dataset_test_split: str = _common("dataset_test_split")
-    dataset_columns: dict[str, str] | None = _common("dataset_columns")
     reasoning_gym: dict | None = _field(
         None, "Options of a 'reasoning_gym:TASK' dataset (or 'reasoning_gym:TASK1,TASK2', a mix): size (rows "
         "generated, 1000), seed (the run's), config (the task's settings; for a mix, task -> settings), weights (a "
@@ -64,9 +60,11 @@ class _TaskKeys(_Config):
 
     # ---- held-out evaluation during training (docs/metrics.md, "Held-out evaluation") ---------------
     eval_dataset: str | None = _field(
-        None, "Held-out rows (the dataset's formats and columns; a Hub id: its dataset_test_split; a built-in task's "
-        "name: its held-out set), evaluated before the first step, every eval_every steps and after the last, as "
-        "`grpokit eval` evaluates; eval_dataset= in Python takes rows instead.")
+        None,
+        "Held-out rows (the dataset's formats and columns; a Hub id: its dataset_test_split; a built-in task's name: "
+        "its held-out set), evaluated before the first step, every eval_every steps and after the last, as `grpokit "
+        "eval` evaluates; eval_dataset= in Python takes rows instead.",
+    )
     eval_reward: str | None = _field(
         None, "What judges held-out completions (held-out evaluation, `grpokit eval`, the reward-gaming alarm): any "
         "reward_funcs entry giving one number per completion (a built-in name, 'reasoning_gym', 'FILE.py:NAME', "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _field, _with_default
+from grpokit.config.fields import TRL_OPTIM, ConfigError, _common, _Config, _DataKeys, _field, _with_default
 
 # Names TRL's SFTConfig uses for what SFTConfig calls otherwise: an unknown key says which one it is.
 TRL_SFT_NAMES = {
@@ -78,7 +78,7 @@ class _SupervisedKeys(_Config):
 # (_SupervisedKeys, _ItsOwnKeys) lists its own keys first, then the shared ones.
 
 @dataclass
-class _SFTKeys(_Config):
+class _SFTKeys(_DataKeys):
     """SFTConfig's own keys."""
 
     # ---- model and data --------------------------------------------------------------------------
@@ -89,10 +89,6 @@ class _SFTKeys(_Config):
         "file, a CSV file with a header, a .parquet file, a directory written by datasets' save_to_disk, a dataset "
         "folder, or a Hugging Face Hub dataset id (as grpokit train's dataset)."
     )
-    dataset_config: str | None = _common("dataset_config")
-    dataset_train_split: str = _common("dataset_train_split")
-    dataset_test_split: str = _common("dataset_test_split")
-    dataset_columns: dict[str, str] | None = _common("dataset_columns")
     prompt_column: str = _field(
         "prompt", "Column holding the prompt: text, or a list of {role, content} chat messages."
     )
@@ -167,7 +163,7 @@ class SFTConfig(_SupervisedKeys, _SFTKeys):
 
 
 @dataclass
-class _RewardKeys(_Config):
+class _RewardKeys(_DataKeys):
     """RewardConfig's own keys: the model, the rows and their form, the held-out rows, the run directory, the
     seed and the precision."""
 
@@ -183,10 +179,6 @@ class _RewardKeys(_Config):
         "file, a directory written by datasets' save_to_disk, a dataset folder, or a Hugging Face Hub dataset id (as "
         "grpokit train's dataset), in one of the three forms of `form` (what `grpokit sample` writes)."
     )
-    dataset_config: str | None = _common("dataset_config")
-    dataset_train_split: str = _common("dataset_train_split")
-    dataset_test_split: str = _common("dataset_test_split")
-    dataset_columns: dict[str, str] | None = _common("dataset_columns")
     form: str = _field(
         "auto", "The rows' form: 'labelled' {prompt, completion, label} (outcome model), 'pairs' {prompt, "
         "chosen, rejected} (outcome model, Bradley-Terry), 'steps' {prompt, completion, steps: [[offset, "

@@ -240,18 +240,9 @@ def _check_steps(name: str, i: int, value: Sequence, prompts: list[str], complet
     return steps
 
 
-def score_completions(
-    reward_funcs: Sequence[RewardFunction],
-    weights: Sequence[float],
-    prompts: list[Text],
-    completions: list[str],
-    columns: dict[str, list],
-    *,
-    completion_ids: list[list[int]] | None = None,
-    trainer_state: TrainerState | None = None,
-    messages: list[list[dict[str, Any]]] | None = None,
-    **options: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def score_completions(reward_funcs: Sequence[RewardFunction], weights: Sequence[float], prompts: list[Text],
+                      completions: list[str], columns: dict[str, list],
+                      **options: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Outcome supervision: call each reward function once on the batch; return the weighted total
     (N,) and, per function, its raw scores (N,) with NaN where it returned None.
 
@@ -263,26 +254,17 @@ def score_completions(
     The total is the weighted sum over the functions that applied; a completion to which none applied
     gets 0. Any exception, wrong length, non-number or non-finite value raises :class:`RewardError`
     naming the function (and the completion, where one is at fault); so does a step list (a process
-    reward), which needs :func:`score_steps`. ``options``: ``timeout``, ``on_error`` and ``errors`` of
-    :func:`_call`.
+    reward), which needs :func:`score_steps`. ``options``: the keywords ``completion_ids``, ``trainer_state`` and
+    ``messages`` above, ``log`` (a :class:`RewardLog`), and ``timeout``, ``on_error`` and ``errors`` of :func:`_call`.
     """
-    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, completion_ids,
-                                    trainer_state, messages, steps_allowed=False, **options)
+    total, per_function, _ = _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=False,
+                                    **options)
     return total, per_function
 
 
-def score_steps(
-    reward_funcs: Sequence[RewardFunction],
-    weights: Sequence[float],
-    prompts: list[Text],
-    completions: list[str],
-    columns: dict[str, list],
-    *,
-    completion_ids: list[list[int]] | None = None,
-    trainer_state: TrainerState | None = None,
-    messages: list[list[dict[str, Any]]] | None = None,
-    **options: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
+def score_steps(reward_funcs: Sequence[RewardFunction], weights: Sequence[float], prompts: list[Text],
+                completions: list[str], columns: dict[str, list],
+                **options: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
     """Process supervision: every reward function's output as weighted steps per completion.
 
     A process reward returns, per completion, a list of ``(character offset where the step ends,
@@ -295,12 +277,16 @@ def score_steps(
     ``total`` their weighted sum, for logging. The arguments reach the functions as in
     :func:`score_completions`; offsets count characters of the completion's text.
     """
-    return _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, messages,
-                  steps_allowed=True, **options)
+    return _score(reward_funcs, weights, prompts, completions, columns, steps_allowed=True, **options)
 
 
-def _score(reward_funcs, weights, prompts, completions, columns, completion_ids, trainer_state, messages, *,
-           steps_allowed: bool, **options: Any):
+def _score(
+    reward_funcs: Sequence[RewardFunction], weights: Sequence[float], prompts: list[Text], completions: list[str],
+    columns: dict[str, list], *, steps_allowed: bool, completion_ids: list[list[int]] | None = None,
+    trainer_state: TrainerState | None = None, messages: list[list[dict[str, Any]]] | None = None, **options: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[list[Step]]]:
+    """Both supervisions' scoring (:func:`score_completions`, :func:`score_steps`); ``options``: ``log`` (a
+    :class:`RewardLog`) and ``timeout``, ``on_error`` and ``errors`` of :func:`_call`."""
     n = len(completions)
     # As TRL passes them: a conversational prompt's completion as the assistant's message (with tools, its
     # messages: the assistant's turns and the tool results).

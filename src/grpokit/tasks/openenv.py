@@ -25,7 +25,6 @@ process``) giving each step's reward where its turn ends in the completion. ``en
 
 from __future__ import annotations
 
-import difflib
 import json
 import numbers
 import re
@@ -34,7 +33,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from grpokit.data import DataError
+from grpokit.data import DataError, refuse_unknown
 from grpokit.tasks.environment_task import EnvironmentTask
 from grpokit.tasks.openenv_episode import Backend, OpenEnvEpisode, OpenEnvError, openenv_reward, openenv_steps
 from grpokit.user_code import load_callable
@@ -72,11 +71,7 @@ def _openenv() -> Any:
 
 def options(given: dict[str, Any]) -> dict[str, Any]:
     """``environment_args`` with the defaults filled in; an unknown one is refused with the closest name."""
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], list(OPTIONS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise DataError(f"openenv: unknown environment_args key {unknown[0]!r}{hint} (keys: {', '.join(OPTIONS)})")
+    refuse_unknown(given, list(OPTIONS), "openenv", "environment_args key", "keys")
     merged = {**OPTIONS, **given}
     for key, least in (("episodes", 1), ("eval_episodes", 0)):
         if not isinstance(merged[key], int) or merged[key] < least:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.core.answers import ANSWER_EXTRACTIONS, Text, extract_by, text_of
-from grpokit.data import DataError
+from grpokit.data import DataError, refuse_unknown
 from grpokit.sandbox import Limits, Sandbox
 
 PREFIX = "reasoning_gym:"
@@ -93,11 +93,7 @@ def task_names(spec: str) -> list[str]:
 def options(given: dict[str, Any] | None, seed: int) -> dict[str, Any]:
     """The ``reasoning_gym`` key's options, defaults filled in (``seed`` is the run's); an unknown one is refused."""
     given = dict(given or {})
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], list(OPTIONS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise DataError(f"reasoning_gym: unknown option {unknown[0]!r}{hint} (options: {', '.join(OPTIONS)})")
+    refuse_unknown(given, list(OPTIONS), "reasoning_gym", "option", "options")
     merged = {**OPTIONS, **given}
     merged["seed"] = seed if merged["seed"] is None else merged["seed"]
     for key in ("size", "eval_size"):

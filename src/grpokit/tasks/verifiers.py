@@ -3,7 +3,7 @@
 holding verifiers' ``state`` (:mod:`grpokit.tasks.environments` describes the protocol). This speaks verifiers' v0 API
 (``load_environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``Rubric``, ``RubricGroup``, the parsers), which 0.3.x
 serves (0.3.1 from ``verifiers.legacy``, at the same names); 0.4 replaced it (``verifiers.v1``) and is refused by
-name, as is ``ToolEnv`` (tool calls in OpenAI's format).
+name, as are a v1 taskset (0.3 holds a preview of v1) and ``ToolEnv`` (tool calls in OpenAI's format).
 
 In place of verifiers' rollout loop (``MultiTurnEnv.rollout``), step by step the same calls:
 ``reset`` runs ``init_state`` and ``setup_state``; each assistant turn goes in through ``add_model_response`` (as a
@@ -286,14 +286,23 @@ def _load(vf: Any, name: str, args: dict[str, Any], seed: int) -> Any:
     install = (f"install it: vf-install {name} (from ./environments/{module}, or OWNER/{name} from the Environments "
                f"Hub), or pip install the package that holds the module {module!r}")
     try:
-        loader = getattr(import_env_module(name), "load_environment", None)
+        env_module = import_env_module(name)
     except Exception as error:
         if isinstance(error, ModuleNotFoundError) and error.name == module:
             raise VerifiersError(f"verifiers environment {name!r} is not installed (no module {module!r}): "
                                  f"{install}") from None
         raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} failed to import: "
                              f"{type(error).__name__}: {error}") from error
+    loader = getattr(env_module, "load_environment", None)
     if loader is None:
+        tasksets = _v1_tasksets(env_module)
+        if tasksets:
+            raise VerifiersError(
+                f"verifiers environment {name!r} is a verifiers v1 taskset ({', '.join(tasksets)}: a verifiers.v1."
+                f"Taskset), which grpokit's adapter does not run: it speaks verifiers' v0 API (a module's "
+                f"load_environment() returning a SingleTurnEnv or MultiTurnEnv), which verifiers {SUPPORTED} serves; "
+                "v1 tasksets are the API that replaced it in verifiers 0.4 (0.3 holds a preview, verifiers.v1). Use "
+                "a v0 environment, one whose module defines load_environment()")
         raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} has no load_environment(); "
                              "a verifiers environment's module defines it")
     if "seed" not in args and "seed" in inspect.signature(loader).parameters:
@@ -310,6 +319,16 @@ def _load(vf: Any, name: str, args: dict[str, Any], seed: int) -> Any:
             for number, handler in handlers.items():
                 signal.signal(number, handler if handler is not None else signal.SIG_DFL)
     return env
+
+
+def _v1_tasksets(env_module: Any) -> list[str]:
+    """The names of the verifiers v1 tasksets (subclasses of ``verifiers.v1.Taskset``) an environment's module
+    exports: what a v1 environment package exports instead of ``load_environment``."""
+    def is_taskset(value: Any) -> bool:
+        return isinstance(value, type) and any(base.__name__ == "Taskset" and base.__module__.startswith("verifiers.v1")
+                                               for base in value.__mro__[1:])
+
+    return sorted(name for name, value in vars(env_module).items() if is_taskset(value))
 
 
 def _check_kind(vf: Any, env: Any, name: str) -> None:

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from grpokit.config import ConfigError
+from grpokit.rewards.calling import RewardError
 from grpokit.training.sampling import Batch
 
 
@@ -74,6 +75,22 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
         tokens_per_sec=float(rollout.completion_mask.sum()) / (updated - start),
     )
     return metrics
+
+
+def silent_rewards(metrics: dict[str, Any], first_step: bool) -> list[str]:
+    """The reward functions that returned None ("not applicable") for every completion of a step (their
+    ``rewards/NAME`` metric is None), which gave the step no signal. On the first step a run takes, every function
+    silent is an error naming them: no completion has a reward, so every advantage is 0 and the step teaches nothing,
+    as every later one would where the functions always return None (a mistake this catches at step 1)."""
+    names = [key.removeprefix("rewards/") for key in metrics if key.startswith("rewards/")]
+    silent = [name for name in names if metrics[f"rewards/{name}"] is None]
+    if first_step and silent and silent == names:
+        raise RewardError(
+            f"step {metrics['step']}: every reward function ({', '.join(silent)}) returned None for every completion, "
+            "so no completion has a reward and the run cannot learn; None means 'not applicable': return a number "
+            "(e.g. 0.0 for a wrong answer) for the completions a reward applies to"
+        )
+    return silent
 
 
 def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt_column: str, group_size: int,
