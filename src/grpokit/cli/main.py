@@ -35,7 +35,8 @@ from grpokit.training.update import TrainingError
 RAW = argparse.RawDescriptionHelpFormatter
 # After a sandbox that cannot start: the config key that chooses the isolation, and where each one's needs are
 SANDBOX_FIX = ("The config key `sandbox` chooses how model-written programs run: --sandbox bwrap (the default: pip "
-               "install 'grpokit[sandbox]', and user namespaces or root) or --sandbox process (no namespaces); "
+               "install 'grpokit[sandbox]', and user namespaces or root) or --sandbox process (no namespaces: Landlock "
+               "and seccomp; as a normal user, Linux 6.12 or later); "
                "docs/sandbox.md, \"The isolations\", says what each needs.")
 CONFIG_USAGE = "[CONFIG.yaml | recipe:NAME] [--resume [PATH|latest|auto]] [--key value ...]"
 CONFIG_HELP = ("CONFIG.yaml: a YAML config file, or recipe:NAME, a recipe packaged with grpokit (`grpokit recipes` "
