@@ -293,7 +293,10 @@ def _exit(code, text=None):
 
 def _count_below_cap(result, context):
     assert result.ok, result
-    assert 0 < int(result.stdout) < LIMITS.processes, result  # the bound holds for a root trainer too
+    # The bound holds for a root trainer too. A normal user's process isolation bounds the user's count, which the
+    # batch's fork bomb, running beside it as the same user, may already hold: then it starts none
+    shared = context["isolation"] == "process" and os.geteuid() != 0
+    assert (0 if shared else 1) <= int(result.stdout) < LIMITS.processes, result
 
 
 def _canaries_intact(result, context):

@@ -195,6 +195,32 @@ def test_shard_metadata_that_would_run_code_is_refused(straight, tmp_path):
     assert not marker.exists()
 
 
+def test_shard_metadata_may_name_an_enum_member_by_getattr_and_nothing_else():
+    """Some Pythons (Debian 12's 3.11.2) pickle an enum member as getattr(its enum, its name): that member loads;
+    any other attribute through getattr is refused before it is called."""
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from grpokit.training.sharded_checkpoint import _MetadataUnpickler
+
+    class ByName:
+        def __init__(self, owner, name):
+            self.owner, self.name = owner, name
+
+        def __reduce__(self):
+            return (getattr, (self.owner, self.name))
+
+    def load(owner, name):
+        return _MetadataUnpickler(io.BytesIO(pickle.dumps(ByName(owner, name)))).load()
+
+    assert load(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT") is _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    for name in ("__init_subclass__", "_missing_", "nope"):
+        with pytest.raises(pickle.UnpicklingError, match=r"getattr\(.* is not part of a checkpoint's shard metadata"):
+            load(_MEM_FORMAT_ENCODING, name)
+
+
 def test_a_timed_out_launch_is_killed_with_what_it_started(tmp_path):
     """helpers.kill_tree (run_group's timeout): the launch and the process it started (as torchrun starts its
     workers) are both killed."""

@@ -14,6 +14,7 @@ sampling stream is seeded by its rank, so another layout could not continue the 
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from pathlib import Path
@@ -71,6 +72,14 @@ def read_shards(path: Path, state: dict[str, Any], groups: dict[str, Any]) -> No
         set_optimizer_state_dict(module, optimizer, {"state": saved["state"], "param_groups": groups[name]})
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """``getattr(cls, name)`` for a member of an enum the unpickler allowed, and nothing else (a general getattr
+    would reach any attribute, a method to call among them)."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not part of a checkpoint's shard metadata")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Rebuilds DCP's metadata and nothing else: any other global (a function a crafted file would call) is
     refused before anything runs."""
@@ -85,6 +94,8 @@ class _MetadataUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         if (module, name) in SAFE_GLOBALS:  # a layout looked up by its name; the path the checkpoint was written to
             return getattr(__import__(module, fromlist=[name]), name)
+        if (module, name) == ("builtins", "getattr"):  # how some Pythons (3.11.2, Debian 12's) pickle an enum member
+            return _enum_member
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's shard metadata")
 
 
