@@ -39,7 +39,7 @@ from grpokit.training.checkpoint import (
     save_checkpoint,
 )
 from grpokit.training.distributed import SINGLE, World, all_max, broadcast_object
-from grpokit.training.run_dir import claim
+from grpokit.training.run_dir import claim, reads_of
 from grpokit.training.runlog import RunLog, check_trackers
 from grpokit.training.update import Learner, NonfiniteGuard
 
@@ -210,8 +210,8 @@ class Trainer:
             try:
                 checkpoint_id = checkpoint_run_id(checkpoint) if checkpoint is not None else None
                 run_id = claim(self.config.output_dir, resume, checkpoint, checkpoint_id,
-                               self.config.overwrite_output_dir, act)
-            except ValueError as failed:
+                               self.config.overwrite_output_dir, act, reads_of(self.config))
+            except Exception as failed:  # (an OSError too) every process must hear it, or the others would wait
                 error = failed
         run_id, error = broadcast_object((run_id, error), self.world)
         if error is not None:
@@ -222,7 +222,7 @@ class Trainer:
     def start_run_log(self) -> None:
         if not self.claimed:  # a step logged outside train() (only the first process writes): a fresh run's claim
             self.run_id, self.claimed = claim(self.config.output_dir, None, None, None,
-                                              self.config.overwrite_output_dir), True
+                                              self.config.overwrite_output_dir, reads=reads_of(self.config)), True
         if self.run_log is not None:
             self.run_log.finish()
         self.run_log = RunLog(self.config.output_dir, trackers=self.trackers)

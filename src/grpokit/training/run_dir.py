@@ -70,35 +70,48 @@ def folder_run_id(output_dir: str | Path) -> str | None:
 
 
 def claim(output_dir: str | Path, resume: str | None, checkpoint: Path | None, checkpoint_id: str | None,
-          overwrite: bool, act: bool = True) -> str | None:
+          overwrite: bool, act: bool = True, reads: Sequence[str | None] = ()) -> str | None:
     """The id under which a run writes ``output_dir``, or a refusal (the module docstring's rules): ``resume`` is the
     config's, ``checkpoint`` the one it resolved to (None: none) and ``checkpoint_id`` the run id in that checkpoint.
     With ``act`` (the first process, once, just before the run's first write), another run's files are removed
-    (``overwrite``) and ``run.json`` is written for a new run; without, nothing is touched (a check)."""
+    (``overwrite``) and ``run.json`` is written for a new run; without, nothing is touched (a check). ``reads``: paths
+    the run reads (its model, its data), which ``overwrite`` must not delete."""
     folder = Path(output_dir)
     inside = checkpoint is not None and _is_within(checkpoint, folder / "checkpoints")
     if overwrite and (resume in ("latest", "auto") or inside):
         raise ConfigError(f"overwrite_output_dir would delete the run in {folder} that resume: {resume} continues; "
                           "set one of them, not both")
-    if checkpoint is not None and inside:
-        held_id = folder_run_id(folder)
-        if checkpoint_id != held_id:
-            raise CheckpointError(
-                f"checkpoint {checkpoint} was written by run {checkpoint_id or '(none recorded)'}, but {folder} holds "
-                f"run {held_id or '(none recorded)'} ({RUN_FILE}): it is another run's and is not read. Resume a "
-                f"checkpoint of {folder}'s own run, or start a new run from this one in another folder "
-                f"(--resume {checkpoint} --output_dir NEW_DIR)")
-        return checkpoint_id  # this folder's run goes on
-    if checkpoint is None and resume == "auto" and held_files(folder):
-        return folder_run_id(folder)  # the folder's run, without a checkpoint yet: it starts again from step 0
+    if inside:
+        return _own_run(folder, checkpoint, checkpoint_id)  # type: ignore[arg-type]
     held = held_files(folder)
+    if held and checkpoint is None and resume == "auto":
+        return folder_run_id(folder)  # the folder's run, without a checkpoint yet: it starts again from step 0
     if held and not overwrite:
         raise OutputDirInUse(
             f"output_dir {folder} already holds a run ({', '.join(held)}); a new run there would overwrite it. "
             "Continue that run with --resume latest (resume: latest), or start over, deleting those files, with "
             "--overwrite_output_dir (overwrite_output_dir: true), or choose another --output_dir", folder, held)
-    if not act:
-        return None
+    for read in reads:  # e.g. model: runs/x/model, output_dir: runs/x (a resume would rebuild its reference from it)
+        if read and Path(read).exists() and any(_is_within(Path(read), folder / name) for name in held):
+            raise ConfigError(f"overwrite_output_dir would delete {read}, which this run reads; copy it out of "
+                              f"{folder} first, or choose another --output_dir")
+    return _start(folder, held, checkpoint) if act else None
+
+
+def _own_run(folder: Path, checkpoint: Path, checkpoint_id: str | None) -> str | None:
+    """The id of the folder's run, which ``checkpoint`` (under ``folder/checkpoints``) must be of."""
+    held_id = folder_run_id(folder)
+    if checkpoint_id != held_id:
+        holds = f"holds run {held_id} ({RUN_FILE})" if held_id else f"has no {RUN_FILE} naming that run"
+        raise CheckpointError(
+            f"checkpoint {checkpoint} was written by run {checkpoint_id or '(none recorded)'}, but {folder} {holds}: "
+            f"it is another run's and is not read. Resume a checkpoint of {folder}'s own run, or start a new run "
+            f"from this one in another folder (--resume {checkpoint} --output_dir NEW_DIR)")
+    return checkpoint_id
+
+
+def _start(folder: Path, held: list[str], checkpoint: Path | None) -> str:
+    """A new run in ``folder``: the old run's files (``held``) removed, ``run.json`` written; its id."""
     # checkpoints first (the old run's most misleading part), run.json last: a removal cut short leaves a folder
     # that is still refused, never one that passes for a new run's
     for name in sorted(held, key=lambda name: (name != "checkpoints", name == RUN_FILE)):
@@ -135,4 +148,11 @@ def check_early(config: Any) -> None:
         checkpoint_id = checkpoint_run_id(checkpoint) if checkpoint is not None else None
     except CheckpointError:
         return  # a missing or unreadable checkpoint: the run names it where it reads it
-    claim(config.output_dir, config.resume, checkpoint, checkpoint_id, config.overwrite_output_dir, act=False)
+    claim(config.output_dir, config.resume, checkpoint, checkpoint_id, config.overwrite_output_dir, act=False,
+          reads=reads_of(config))
+
+
+def reads_of(config: Any) -> list[str | None]:
+    """The paths a run with ``config`` reads that may lie in a run directory: its model and its data."""
+    return [getattr(config, key, None) for key in ("model", "dataset", "eval_dataset")
+            if isinstance(getattr(config, key, None), (str, type(None)))]

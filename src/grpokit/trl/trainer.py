@@ -173,6 +173,8 @@ class GRPOTrainer:
         try:
             path = inner.begin(which)  # output_dir claimed (another run's is refused), resumed, its files started
         except OutputDirInUse as error:  # said with this front's way out
+            if not error.held:
+                raise
             raise OutputDirInUse(f"output_dir {error.folder} already holds a run ({', '.join(error.held)}); continue "
                                  "it with trainer.train(resume_from_checkpoint=True), or choose another output_dir "
                                  "(or remove that one) to start over") from None
