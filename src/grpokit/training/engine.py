@@ -59,8 +59,8 @@ class Trainer:
     postfix: Sequence[str] = ("loss",)  # the metrics the bar shows
     world: World = SINGLE
 
-    config: Any  # output_dir, resume, overwrite_output_dir, save_every, keep_checkpoints, progress_bar, seed,
-    # mixed_precision
+    # output_dir, resume, overwrite_output_dir, save_every, keep_checkpoints, progress_bar, seed, mixed_precision
+    config: Any
     device: torch.device
     mixed_precision: str  # 'no' or 'bf16', decided by set_up
     model: torch.nn.Module
