@@ -196,3 +196,13 @@ def test_auto_starts_the_folders_run_again_where_it_has_no_checkpoint(used, tmp_
     old_id = run_id(folder)
     assert main(["train", str(config), "--output_dir", str(folder), "--resume", "auto"]) == 0
     assert metric_steps(folder) == [1, 2] and run_id(folder) == old_id
+
+
+def test_overwrite_never_deletes_what_the_run_reads(used, capsys):
+    """Training on the old run's model/ in place of it: --overwrite_output_dir would delete the model being trained
+    (and a resume rebuilds the reference from it), so it is refused."""
+    config, folder = used
+    before = snapshot(folder)
+    assert main(["train", str(config), "--model", str(folder / "model"), "--overwrite_output_dir"]) == 2
+    assert f"overwrite_output_dir would delete {folder / 'model'}, which this run reads" in capsys.readouterr().err
+    assert snapshot(folder) == before

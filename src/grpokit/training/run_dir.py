@@ -16,6 +16,10 @@ id in ``state.json``. Before anything else is written (the trainer's ``train``, 
   on purpose) starts a new run in ``output_dir`` from that checkpoint, so the folder must hold no other run, or
   ``overwrite_output_dir`` clears it; ``run.json`` records the checkpoint it started from.
 
+``overwrite_output_dir`` with a resume of the same folder is refused (it would delete what the resume reads), and so is
+one that would delete the run's own model or data. Under torchrun the first process claims the folder, before any
+process writes, and every process raises its refusal (:meth:`grpokit.training.engine.Trainer.claim_output_dir`).
+
 Folders and checkpoints written before grpokit recorded run ids have none: such a checkpoint is read as the run of
 its own folder when that folder has no ``run.json`` either.
 """
