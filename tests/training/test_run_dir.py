@@ -40,8 +40,9 @@ def checkpoints(folder: Path) -> list[str]:
 def used(tmp_path_factory, tiny_model_dir):
     """A finished run's folder holding every file a run writes: a LoRA run (adapter/) of 2 steps with a checkpoint
     after each, TensorBoard's events, `grpokit report`'s page and `grpokit plot`'s curves; and, written here because
-    their runs are too slow for this test (or need wandb), the files of Weights & Biases (wandb/), iterative RL
-    (reward_model/) and the demo (demo.json). Returns (its config file, the folder)."""
+    their runs are too slow for this test (a wandb service, a reward model retrained, a warm start), the files of
+    Weights & Biases (wandb/), iterative RL (reward_model/) and the demo (demo.json). Returns (its config file, the
+    folder)."""
     tmp = tmp_path_factory.mktemp("used")
     data = tmp / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n"
