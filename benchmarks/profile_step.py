@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         mode = "bf16" if args.mixed_precision == "bf16" else "fp32"
         for fast in (False, True):
-            config = GRPOConfig.from_dict(grpokit_settings(args.config, mode, directory, str(Path(tmp) / "run"),
+            config = GRPOConfig.from_dict(grpokit_settings(args.config, mode, directory, str(Path(tmp) / f"run-{fast}"),
                                                            max_steps=3, overrides={"fast_path": fast}))
             trainer = GRPOTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer, train_dataset=rows())
             for _ in range(2):

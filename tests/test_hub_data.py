@@ -250,7 +250,8 @@ def test_the_command_line_trains_on_a_hub_id_and_evaluates_its_test_split(cached
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert logged[0]["eval_prompts"] == 2  # main's test split
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["dataset_config"] == "main"
-    assert main(["train", str(config), "--dataset", "someowner/missing", "--max_steps", "1"]) == 2
+    assert main(["train", str(config), "--dataset", "someowner/missing", "--max_steps", "1", "--output_dir",
+                 str(tmp_path / "missing")]) == 2
     assert "error: dataset 'someowner/missing' (config 'main', split 'train') is not in datasets' cache" in \
         capsys.readouterr().err
 

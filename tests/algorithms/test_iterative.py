@@ -107,6 +107,7 @@ def test_a_resumed_iterative_run_is_bit_exact(reward_dirs, tmp_path):
     (resumed_dir / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-000002", resumed_dir / "checkpoints" / "step-000002")
     shutil.copytree(tmp_path / "whole" / "reward_model" / "iteration-1", resumed_dir / "reward_model" / "iteration-1")
+    shutil.copy(tmp_path / "whole" / "run.json", resumed_dir)  # the run's id: resume reads only that run's checkpoints
     resumed = trainer_for(config_for(reward_dirs, resumed_dir, resume="latest"))
     resumed.train()
     assert untimed(resumed.history) == untimed(whole.history)

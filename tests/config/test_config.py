@@ -79,7 +79,8 @@ def test_bad_device_is_named():
 
 # What a resumed run may change, per trainer (the math stays the same): pinned, as checkpoints rely on it.
 RESUMABLE_ANYWHERE = {"max_steps", "output_dir", "progress_bar", "save_every", "keep_checkpoints", "resume", "device",
-                      "micro_batch_size", "max_nonfinite_updates", "mixed_precision", "tensorboard"}
+                      "overwrite_output_dir", "micro_batch_size", "max_nonfinite_updates", "mixed_precision",
+                      "tensorboard"}
 
 
 @pytest.mark.parametrize("config_class, also", [

@@ -89,7 +89,7 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, uninterrupted, kill):
     # nothing half-written looks complete
     for path in (out / "checkpoints").glob("step-*"):
         verify(path)
-    resume = "latest" if list((out / "checkpoints").glob("step-*")) else ""
+    resume = "auto"  # the newest checkpoint, or (killed before the first) the run again from step 0
     code, stderr = run(tmp_path, out, resume=resume)
     assert code == 0, stderr
     expected, got = final_weights(uninterrupted), final_weights(out)
@@ -107,7 +107,7 @@ def test_random_kill_points(tmp_path, uninterrupted):
     out, rng = tmp_path / "run", random.Random(0)
     code = None
     for _ in range(3):
-        resume = "latest" if list((out / "checkpoints").glob("step-*")) else ""
+        resume = "auto"  # the newest checkpoint, or (killed before the first) the run again from step 0
         code, stderr = run(tmp_path, out, resume=resume, kill_after=rng.uniform(0.05, 0.6))
         if code == 0:  # the kill came after the run had finished
             break
@@ -115,7 +115,7 @@ def test_random_kill_points(tmp_path, uninterrupted):
         for path in (out / "checkpoints").glob("step-*"):
             verify(path)  # nothing half-written looks complete
     if code != 0:  # (on a loaded machine every kill may come before the first checkpoint)
-        code, stderr = run(tmp_path, out, resume="latest" if list((out / "checkpoints").glob("step-*")) else "")
+        code, stderr = run(tmp_path, out, resume="auto")
         assert code == 0, stderr
     expected, got = final_weights(uninterrupted), final_weights(out)
     assert all(torch.equal(expected[k], got[k]) for k in expected)

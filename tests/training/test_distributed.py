@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from grpokit.config import ConfigError
 from grpokit.training.distributed import init_world
-from helpers import approx_scores, free_port, run_groups, run_to_success, torchrun
+from helpers import approx_scores, free_port, run_group, run_groups, run_to_success, torchrun
 
 TESTS = Path(__file__).parents[1]
 STEPS = 3
@@ -315,7 +315,8 @@ RESUME_SCRIPT = textwrap.dedent(f"""
 
 def test_two_processes_resume_bit_exact(tmp_path):
     """Each process's random streams are in the checkpoint: a resumed 2-process run ends where an
-    uninterrupted one does, bit for bit (real sampling, no fed rollouts)."""
+    uninterrupted one does, bit for bit (real sampling, no fed rollouts). Between the legs, a new run into the used
+    folder is refused by both processes (rank 0 decides before any writes) and changes nothing."""
     script = tmp_path / "resume.py"
     script.write_text(RESUME_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -326,6 +327,11 @@ def test_two_processes_resume_bit_exact(tmp_path):
 
     run(tmp_path / "straight", 4)
     run(tmp_path / "resumed", 2)
+    files = lambda: {p: p.read_bytes() for p in sorted((tmp_path / "resumed").rglob("*")) if p.is_file()}  # noqa: E731
+    before = files()
+    refused = run_group([*torchrun(2), str(script), str(tmp_path / "resumed"), "4", ""], env)
+    assert refused.returncode != 0 and "already holds a run" in refused.stderr, refused.stderr[-4000:]
+    assert files() == before
     run(tmp_path / "resumed", 4, "latest")
     a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)

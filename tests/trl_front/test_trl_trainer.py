@@ -1,5 +1,6 @@
 """grpokit.trl.GRPOTrainer: a TRL-style script (TRL's signature, a datasets.Dataset, TrainerCallbacks) training the
-tiny model two steps; TRL's metric names in log_history and on_log; save_model; resume_from_checkpoint."""
+tiny model two steps; TRL's metric names in log_history and on_log; save_model; resume_from_checkpoint (and a new
+run into a used output_dir refused)."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback, TrainerState
 
 from grpokit.config import ConfigError
+from grpokit.training.run_dir import OutputDirInUse
 from grpokit.trl import GRPOConfig, GRPOTrainer
 from grpokit.trl.convert import lora_settings, prompt_format, reward_functions
 from helpers import ROWS, ones
@@ -87,6 +89,11 @@ def test_resume_from_checkpoint_continues_the_state(tiny_model_dir, tmp_path):
     resumed = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[ones], args=script_args(tmp_path / "out",
                                                                                           max_steps=3),
                           train_dataset=rows, callbacks=[recorder])
+    files = lambda: {p: p.read_bytes() for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}  # noqa: E731
+    before = files()
+    with pytest.raises(OutputDirInUse, match=r"holds a run .*train\(resume_from_checkpoint=True\)"):
+        resumed.train()  # a new run there would write over the first: refused, nothing written
+    assert files() == before
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 3
     assert [entry["step"] for entry in resumed.log_history if "loss" in entry] == [1, 2, 3]

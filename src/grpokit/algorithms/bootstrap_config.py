@@ -71,8 +71,9 @@ def bootstrap_from_config(config: GRPOConfig, output: str | Path, settings: Boot
         if (out_dir / "model" / "config.json").is_file():  # trained before a crash
             return str(out_dir / "model")
         resume = "latest" if any((out_dir / "checkpoints").glob("step-*")) else None
+        # The folder is this bootstrap's own: one left by a crash before its first checkpoint is started over.
         sft = SFTConfig.from_dict({**sft_file, "model": config.model, "dataset": str(kept), "dataset_columns": None,
-                                   "output_dir": str(out_dir),
+                                   "output_dir": str(out_dir), "overwrite_output_dir": resume is None,
                                    "system_prompt": config.system_prompt, "chat_template": config.chat_template,
                                    "seed": config.seed, "progress_bar": config.progress_bar, "resume": resume})
         SFTTrainer(sft).train()

@@ -23,6 +23,7 @@ from grpokit.runtime.progress import quiet_unless
 from grpokit.tasks.demo import SETTINGS, TABLES, greedy_completion, held_out, table
 from grpokit.tasks.warm_start import warm_started_model_path
 from grpokit.training.evaluation import evaluate, summarize
+from grpokit.training.run_dir import check_early
 
 DATASETS = {"arithmetic": BUILTIN, "tools": BUILTIN_TOOLS}
 
@@ -51,7 +52,7 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the whole demo of ``task`` ('arithmetic' or 'tools'); return (and write to ``output_dir/demo.json``)
     the before/after numbers."""
-    demo_config(task, seed, output_dir, progress, **overrides)
+    check_early(demo_config(task, seed, output_dir, progress, **overrides))  # before the warm start
     with quiet_unless(progress):
         return _run_demo(seed, output_dir, task, eval_prompts, samples_per_prompt, progress, overrides)
 

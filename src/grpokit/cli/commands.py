@@ -77,9 +77,13 @@ TRAINING: dict[str, tuple[type, Callable[[Any], int]]] = {
 
 
 def run_training(command: str, args: Sequence[str]) -> int:
+    from grpokit.training.run_dir import check_early
+
     config_class, run = TRAINING[command]
     source, overrides = parse_config_args(args, config_class)
-    return run(load_run_config(source, overrides, config_class))
+    config = load_run_config(source, overrides, config_class)
+    check_early(config)  # a used output_dir is refused before the model loads
+    return run(config)
 
 
 def sampling_config(args: argparse.Namespace, extra: Sequence[str], keys: Sequence[str], *,

@@ -29,6 +29,8 @@ RENAMED = {"data": "--dataset", "samples": "--num_generations", "max_new_tokens"
 # Renamed only where the name is not a config key: sample, bootstrap and eval's prompts per generation pass (SFT's and
 # reward training's batch_size, rows per optimizer step, is another key).
 RENAMED_FOR_SAMPLING = {"batch_size": "--prompts_per_step"}
+# A flag given without a value means this: --resume (continue from the newest checkpoint), --overwrite_output_dir.
+BARE = {"resume": "latest", "overwrite_output_dir": "true"}
 
 
 def is_flag(arg: str) -> bool:
@@ -61,7 +63,8 @@ def parse_config_args(
     """``[CONFIG] [--key value ...]`` → ``(CONFIG or None, overrides)``. A key takes one value, read as YAML (a
     number, true/false, null, ``[a, b]``) except where the key holds text, which is kept as written; a list key
     also takes several values (``--tools calculator FILE.py:NAME``) or one (a list of one). A bare ``--resume``
-    means ``latest``. ``model_first``: the first positional is a MODEL unless it is a config (``is_config``).
+    means ``latest``, a bare ``--overwrite_output_dir`` ``true``. ``model_first``: the first positional is a MODEL
+    unless it is a config (``is_config``).
     ``keys``: the only config keys accepted as flags (``sample``, ``eval``), ``others`` the command's own flags,
     for suggestions; without ``keys`` an unknown key is left for the config class to refuse, with its hints."""
     hints = typing.get_type_hints(config_class)
@@ -96,9 +99,9 @@ def parse_config_args(
         if keys is not None and key not in keys:
             raise ConfigError(_not_an_option(key, hints, keys, others, command))
         if not values:
-            if key != "resume":
+            if key not in BARE:
                 raise ConfigError(f"--{name} needs a value")
-            values = ["latest"]
+            values = [BARE[key]]
         overrides[key] = _value(name, values, hints.get(key))
     return source, overrides
 

@@ -71,6 +71,10 @@ _COMMON: dict[str, tuple[Any, str, dict[str, Any]]] = {
     "resume": (None, "Resume from a checkpoint: 'latest' (the newest under output_dir/checkpoints), 'auto' (the "
                "newest if there is one, else start: for torchrun --max-restarts) or its path.",
                {"resumable": True}),
+    "overwrite_output_dir": (False, "Start this run in an output_dir that holds another run's files (run.json, "
+                             "config.yaml, metrics.jsonl, checkpoints/, model/, ...), deleting them first; false: "
+                             "such a run is refused (resume: latest continues the old run instead). Other files in the "
+                             "folder are left alone.", {"resumable": True}),
     "max_nonfinite_updates": (3, "A non-finite loss or gradient norm skips the update; this many in a row stop "
                               "training.", {"min": 1, "resumable": True}),
     "progress_bar": (True, "Show a progress bar on the console.", {"resumable": True}),

@@ -342,6 +342,7 @@ class GRPOConfig(_TaskKeys):
     )
     keep_checkpoints: int = _common("keep_checkpoints")
     resume: str | None = _common("resume")
+    overwrite_output_dir: bool = _common("overwrite_output_dir")
     on_reward_error: str = _field(
         "raise", "A reward function that raises: 'raise' stops, naming the function, prompt and completion; "
         "'skip' scores that completion None and counts it (metric reward_errors).", choices=("raise", "skip"),

@@ -58,6 +58,7 @@ class _SupervisedKeys(_Config):
     )
     keep_checkpoints: int = _common("keep_checkpoints")
     resume: str | None = _common("resume")
+    overwrite_output_dir: bool = _common("overwrite_output_dir")
     max_nonfinite_updates: int = _common("max_nonfinite_updates")
     tensorboard: bool = _field(
         False, "Also write every metric to output_dir/tensorboard (pip install 'grpokit[tensorboard]').",

@@ -7,8 +7,8 @@ A checkpoint is a directory ``output_dir/checkpoints/step-NNNNNN/`` holding:
 - ``value_model.safetensors`` (PPO): the value model;
 - ``trainer_state.pt``: optimizer and scheduler state dicts and each process's torch RNG states —
   tensors and plain containers only, read back with ``torch.load(weights_only=True)``;
-- ``state.json``: step, data position, each process's Python and NumPy RNG states, the config and
-  every metric so far;
+- ``state.json``: step, data position, each process's Python and NumPy RNG states, the id of the run that wrote
+  it (:mod:`grpokit.training.run_dir`), the config and every metric so far;
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
 
 With FSDP2 (``parallelism: fsdp``) every process writes its shards of the models and optimizers to ``shards/``
@@ -146,6 +146,7 @@ def _write(state: dict[str, Any], staging: Path, final: Path, rng: list[dict[str
         "layout": SHARDED if sharded else FULL,
         **{f"{kind}_rng": [_jsonable(per_rank[kind]) for per_rank in rng] for kind in JSON_RNG},
         "nonfinite_streak": state["nonfinite_streak"],
+        "run_id": state.get("run_id"),  # the run that wrote it (training.run_dir): resume reads only its own run's
         "config": state["config"],
         "history": state["history"],
     }
@@ -199,6 +200,16 @@ def find_checkpoint(output_dir: str | Path, which: str) -> Path | None:
     if not complete and which == "latest":
         raise CheckpointError(f"resume: latest: no complete checkpoint under {root}")
     return complete[-1] if complete else None
+
+
+def checkpoint_run_id(path: Path) -> str | None:
+    """The id of the run that wrote the checkpoint at ``path`` (None: written before grpokit recorded run ids)."""
+    try:
+        saved = json.loads((path / "state.json").read_text())
+        return saved.get("run_id")
+    except (OSError, json.JSONDecodeError, AttributeError) as error:
+        raise CheckpointError(f"checkpoint {path}: state.json is missing or unreadable ({error}); is it a "
+                              "checkpoint directory (output_dir/checkpoints/step-N)?") from None
 
 
 def verify(path: Path) -> dict[str, Any]:

@@ -4,7 +4,8 @@ A trainer (:class:`Trainer`'s subclass) writes what is its own: the step (:meth:
 its checkpoint holds beyond the common part (:meth:`Trainer.modules`, :meth:`Trainer.data_state`,
 :meth:`Trainer.generators`) and how it saves its model. Everything around the step is written here once:
 
-    resume (config.resume: a path, latest, auto) → run directory → for each step: step, progress bar, checkpoint every
+    claim output_dir (training.run_dir: another run's folder is refused) and resume (config.resume: a path, latest,
+    auto) → run directory → for each step: step, progress bar, checkpoint every
     save_every steps or on SIGINT/SIGTERM (then TrainingInterrupted) → final checkpoint → save(output_dir/model)
     → trackers
 
@@ -30,8 +31,15 @@ from grpokit.rollout.episodes import EnvironmentFailure
 from grpokit.runtime.device import describe_precision, resolve_precision
 from grpokit.runtime.progress import follows_progress_bar
 from grpokit.runtime.seeding import rng_states, seed_everything, set_rng_states
-from grpokit.training.checkpoint import StopSignals, find_checkpoint, load_checkpoint, save_checkpoint
-from grpokit.training.distributed import SINGLE, World, all_max
+from grpokit.training.checkpoint import (
+    StopSignals,
+    checkpoint_run_id,
+    find_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from grpokit.training.distributed import SINGLE, World, all_max, broadcast_object
+from grpokit.training.run_dir import claim, reads_of
 from grpokit.training.runlog import RunLog, check_trackers
 from grpokit.training.update import Learner, NonfiniteGuard
 
@@ -51,7 +59,8 @@ class Trainer:
     postfix: Sequence[str] = ("loss",)  # the metrics the bar shows
     world: World = SINGLE
 
-    config: Any  # output_dir, resume, save_every, keep_checkpoints, progress_bar, seed, mixed_precision
+    # output_dir, resume, overwrite_output_dir, save_every, keep_checkpoints, progress_bar, seed, mixed_precision
+    config: Any
     device: torch.device
     mixed_precision: str  # 'no' or 'bf16', decided by set_up
     model: torch.nn.Module
@@ -66,6 +75,8 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_log: RunLog | None = None  # the run directory, started by train() or the first logged step
+        self.run_id: str | None = None  # this run's, in output_dir/run.json and each checkpoint (training.run_dir)
+        self.claimed = False  # whether output_dir was claimed for this run (claim_output_dir)
 
     def set_up(self, config: Any, device: torch.device, trackers: list[str]) -> None:
         """What every trainer does first: seed every random stream, decide the precision for ``device`` (here and
@@ -119,15 +130,7 @@ class Trainer:
         """Run to ``max_steps`` (from the checkpoint when ``config.resume`` is set), writing a checkpoint every
         ``save_every`` steps, at the end, and on SIGINT/SIGTERM; then save the model to ``output_dir/model``."""
         config, world = self.config, self.world
-        if config.resume:
-            self.resume(config.resume)
-        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and world.main:
-            # Not resumed implicitly: output_dir may hold an earlier run's checkpoints, which a first launch ignores.
-            print("torchrun restarted this run's processes but resume is not set, so it starts again at step 0; "
-                  "launch with --resume auto to continue from the newest checkpoint", file=sys.stderr)
-        if world.main:
-            self.start_run_log()
-            self.announce()
+        self.begin(config.resume)
         bar = tqdm(range(self.step, self.max_steps), desc=self.label,
                    disable=not (config.progress_bar and world.main), dynamic_ncols=True)
         saved_at = None
@@ -155,6 +158,25 @@ class Trainer:
             self.run_log.finish()  # the trackers' runs (stopped runs are ended by their own exit handlers)
         return self.history
 
+    def begin(self, which: str | None) -> Path | None:
+        """What a run does before its first step: claim ``output_dir`` and resume from ``which`` (a checkpoint's path,
+        'latest' or 'auto'; None: start afresh), then, on the first process, start the run directory's files and
+        announce the run. Returns the checkpoint resumed (None: none)."""
+        path = None
+        if which:
+            path = self.resume(which)
+        elif not self.claimed:
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and self.world.main:
+                # Not resumed implicitly: output_dir may hold an earlier run's checkpoints (then it is refused below).
+                print("torchrun restarted this run's processes but resume is not set, so it is not continued from "
+                      "output_dir's checkpoints; launch with --resume auto to continue from the newest checkpoint",
+                      file=sys.stderr)
+            self.claim_output_dir(None)
+        if self.world.main:
+            self.start_run_log()
+            self.announce()
+        return path
+
     def sampling_state(self) -> tuple[Any, ...]:
         """What a step's sampling moves before any update: the random streams and the data's order (cheap: no
         weights), so that a step whose sampling failed can be taken back."""
@@ -178,7 +200,29 @@ class Trainer:
 
     # ---- the run directory -----------------------------------------------------------------------
 
+    def claim_output_dir(self, resume: str | None, checkpoint: Path | None = None, act: bool = True) -> None:
+        """Whether this run may write ``output_dir`` (:func:`~grpokit.training.run_dir.claim`: another run's files are
+        refused, or removed with ``overwrite_output_dir``; a checkpoint of another run is refused), decided by the
+        first process before any process writes there; every process raises its refusal or takes the run's id.
+        ``act=False``: the check alone (nothing removed or written)."""
+        run_id = error = None
+        if self.world.main:
+            try:
+                checkpoint_id = checkpoint_run_id(checkpoint) if checkpoint is not None else None
+                run_id = claim(self.config.output_dir, resume, checkpoint, checkpoint_id,
+                               self.config.overwrite_output_dir, act, reads_of(self.config))
+            except Exception as failed:  # (an OSError too) every process must hear it, or the others would wait
+                error = failed
+        run_id, error = broadcast_object((run_id, error), self.world)
+        if error is not None:
+            raise error
+        if act:
+            self.run_id, self.claimed = run_id, True
+
     def start_run_log(self) -> None:
+        if not self.claimed:  # a step logged outside train() (only the first process writes): a fresh run's claim
+            self.run_id, self.claimed = claim(self.config.output_dir, None, None, None,
+                                              self.config.overwrite_output_dir, reads=reads_of(self.config)), True
         if self.run_log is not None:
             self.run_log.finish()
         self.run_log = RunLog(self.config.output_dir, trackers=self.trackers)
@@ -199,7 +243,7 @@ class Trainer:
         """Everything a checkpoint holds (:mod:`grpokit.training.checkpoint` reads nothing else of the trainer):
         ``modules`` (:meth:`modules`), ``tokenizer``, ``optimizers`` (each learner's optimizer and schedule
         state), ``rng`` (this process's random streams), ``data`` (:meth:`data_state`), ``step``,
-        ``nonfinite_streak``, ``history`` (every step's metrics) and ``config``."""
+        ``nonfinite_streak``, ``history`` (every step's metrics), ``run_id`` and ``config``."""
         rng = {**rng_states(), **{name: g.get_state() for name, g in self.generators().items()}}
         optimizers, sharded = {}, {}
         for learner in self.learners:
@@ -208,7 +252,7 @@ class Trainer:
             else:
                 optimizers[learner.prefix + "optimizer"] = learner.optimizer.state_dict()
             optimizers[learner.prefix + "scheduler"] = learner.scheduler.state_dict()
-        return {"step": self.step, "config": self.config.to_dict(), "modules": self.modules(),
+        return {"step": self.step, "run_id": self.run_id, "config": self.config.to_dict(), "modules": self.modules(),
                 "tokenizer": self.tokenizer, "optimizers": optimizers, "sharded": sharded, "rng": rng,
                 "data": self.data_state(), "nonfinite_streak": self.guard.streak, "history": list(self.history)}
 
@@ -227,10 +271,14 @@ class Trainer:
 
     def resume(self, which: str = "latest") -> Path | None:
         """Continue from a checkpoint (``"latest"`` under ``output_dir``, ``"auto"``: the latest if there is one, or
-        a path), exactly; returns it (None: ``"auto"`` found none, and the run starts from its first step)."""
+        a path), exactly; returns it (None: ``"auto"`` found none, and the run starts from its first step). Only a
+        checkpoint of the run in ``output_dir`` is read, unless named by a path outside it
+        (:meth:`claim_output_dir`)."""
         path = find_checkpoint(self.config.output_dir, which)
+        self.claim_output_dir(which, path, act=False)  # refused before it is read
         if path is not None:
             self.load_state_dict(load_checkpoint(path, self.state_dict(), self.world))
+        self.claim_output_dir(which, path)  # once it has loaded: a checkpoint that fails to load leaves nothing behind
         if self.world.main:
             print(f"resume: {which}: " + (f"from {path} (step {self.step})" if path else
                                            f"no checkpoint under {self.config.output_dir}; starting at step 0"),

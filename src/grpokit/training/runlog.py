@@ -131,7 +131,9 @@ class RunLog:
         """Write config.yaml (``notes`` atop it as comments: what was decided at start-up, e.g. the precision
         'auto' chose; the file stays a config that ``grpokit train`` reads); start metrics.jsonl and
         completions.jsonl afresh, or, when resuming at ``step``, rewrite them up to it from ``history`` so that
-        each step appears once; start each tracker's run (a resumed run is a new tracker run from ``step`` on)."""
+        each step appears once; start each tracker's run (a resumed run is a new tracker run from ``step`` on).
+        Called once the run may write ``output_dir`` (:func:`grpokit.training.run_dir.claim`): nothing of another
+        run is truncated here."""
         self.dir.mkdir(parents=True, exist_ok=True)
         header = "".join(f"# {line}\n" for note in notes for line in note.splitlines())
         (self.dir / "config.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))

@@ -34,6 +34,7 @@ from grpokit.algorithms.grpo import GRPOTrainer as GrpokitTrainer
 from grpokit.config import ConfigError
 from grpokit.data import given_rows
 from grpokit.resolve import load_model_and_tokenizer
+from grpokit.training.run_dir import OutputDirInUse
 from grpokit.trl.config import GRPOConfig
 from grpokit.trl.convert import lora_settings, prompt_format, reward_functions, trl_metrics, window_mean
 from grpokit.trl.evaluation import evaluate_rewards
@@ -166,14 +167,21 @@ class GRPOTrainer:
             raise ConfigError(f"train(): {', '.join(kwargs)} not supported (TRL's train takes "
                               "resume_from_checkpoint)")
         inner, args = self.grpokit_trainer, self.args
+        which = None
         if resume_from_checkpoint:
-            path = inner.resume("latest" if resume_from_checkpoint is True else str(resume_from_checkpoint))
+            which = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
+        try:
+            path = inner.begin(which)  # output_dir claimed (another run's is refused), resumed, its files started
+        except OutputDirInUse as error:  # said with this front's way out
+            if not error.held:
+                raise
+            raise OutputDirInUse(f"output_dir {error.folder} already holds a run ({', '.join(error.held)}); continue "
+                                 "it with trainer.train(resume_from_checkpoint=True), or choose another output_dir "
+                                 "(or remove that one) to start over") from None
+        if which:
             if path is not None and (path / STATE_FILE).is_file():  # (None: 'auto' found no checkpoint)
                 self.state = self._run_state(TrainerState.load_from_json(str(path / STATE_FILE)))
             self.state.global_step = inner.step * self.updates
-        if inner.world.main:
-            inner.start_run_log()
-            inner.announce()
         start, window, losses = time.perf_counter(), [], []
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and not resume_from_checkpoint:
