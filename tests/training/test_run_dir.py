@@ -207,3 +207,34 @@ def test_overwrite_never_deletes_what_the_run_reads(used, capsys):
     assert main(["train", str(config), "--model", str(folder / "model"), "--overwrite_output_dir"]) == 2
     assert f"overwrite_output_dir would delete {folder / 'model'}, which this run reads" in capsys.readouterr().err
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("given, replaced", [([], True), (["--output_dir", "runs/demo"], False)])
+def test_the_demo_replaces_its_own_last_run_but_not_a_folder_the_user_named(tmp_path, monkeypatch, capsys, given,
+                                                                             replaced):
+    """`grpokit demo` twice: its own folder (runs/demo, not named by the user) holds the last demo, which the rerun
+    replaces, saying so; named with --output_dir, the folder is the user's and the rule holds (refused)."""
+    import grpokit.algorithms.demo as demo
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    (tmp_path / "runs" / "demo" / "demo.json").write_text('{"seed": 0}')
+    seen = {}
+
+    def stop_after_the_check(seed, output_dir, **kwargs):
+        seen.update(kwargs, output_dir=output_dir)
+        demo.check_early(demo.demo_config(kwargs["task"], seed, output_dir, False, **{
+            key: value for key, value in kwargs.items() if key not in ("task", "eval_prompts", "progress")}))
+        raise SystemExit("checked")
+
+    monkeypatch.setattr(demo, "run_demo", stop_after_the_check)
+    if replaced:
+        with pytest.raises(SystemExit, match="checked"):
+            main(["demo", *given])
+        assert seen["overwrite_output_dir"] is True and seen["output_dir"] == "runs/demo"
+        assert "runs/demo holds the last demo run: replacing it" in capsys.readouterr().out
+    else:
+        assert main(["demo", *given]) == 2
+        err = capsys.readouterr().err
+        assert all(way in err for way in WAYS_OUT), err
+    assert (tmp_path / "runs" / "demo" / "demo.json").read_text() == '{"seed": 0}'  # nothing removed before the run

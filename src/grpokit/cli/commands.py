@@ -169,12 +169,18 @@ def cmd_eval(args: argparse.Namespace, extra: Sequence[str]) -> int:
 def cmd_demo(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from grpokit.algorithms.demo import run_demo
     from grpokit.tasks.demo import OUTPUT_DIRS, format_table
+    from grpokit.training.run_dir import held_files
 
     source, overrides = parse_config_args(extra, GRPOConfig, others=args.own_flags, command="demo")
     if source is not None:
         raise ConfigError(f"unexpected argument {source!r}: grpokit demo takes no CONFIG; set its keys as --key value")
     seed = overrides.pop("seed", 0)
-    output_dir = overrides.pop("output_dir", OUTPUT_DIRS[args.task])
+    output_dir = overrides.pop("output_dir", None)
+    if output_dir is None:  # the demo's own folder, not one the user named: a rerun of the demo replaces the last
+        output_dir = OUTPUT_DIRS[args.task]
+        if held_files(output_dir) and not {"resume", "overwrite_output_dir"} & overrides.keys():
+            print(f"{output_dir} holds the last demo run: replacing it (--output_dir DIR keeps it and runs there)")
+            overrides["overwrite_output_dir"] = True
     result = run_demo(seed, output_dir, task=args.task, eval_prompts=args.eval_prompts,
                       progress=overrides.pop("progress_bar", True), **overrides)
     seconds = result["seconds"]
