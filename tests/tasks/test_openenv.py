@@ -421,25 +421,24 @@ def train(url: str, model: Path, output_dir: Path, stderr: Path, max_steps: int)
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=PATH)
 
 
-def wait_for(what: str, ready: Callable[[], bool], process: subprocess.Popen, seconds: float = 180) -> None:
-    """Until ``ready()``; fails if the process ends first, or ``seconds`` pass."""
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if process.poll() is not None:
-            assert ready(), f"the run ended (exit {process.returncode}) before its {what}"
-            return
-        assert time.monotonic() < deadline, f"no {what} after {seconds} s"
-        time.sleep(0.1)
-
-
-def ends_within(process: subprocess.Popen, seconds: float) -> int:
-    """The process's exit status, once it has exited within ``seconds`` (else it is killed and the test fails)."""
+def exits_after(fault: str, ready: Callable[[Path], bool], process: subprocess.Popen, run: Path,
+                cause: Callable[[], None] = lambda: None) -> int:
+    """Once ``ready(run)`` (within 180 s; fails if the process ends first), ``cause()`` the fault: the process must
+    then exit within 30 s. Its exit status."""
+    deadline = time.monotonic() + 180
     try:
-        return process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
+        while not ready(run):
+            assert process.poll() is None or ready(run), f"the run ended (exit {process.returncode}) before {fault}"
+            assert time.monotonic() < deadline, f"no {fault} after 180 s"
+            time.sleep(0.1)
+        cause()
+        try:
+            return process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the failed run was still running 30 s after {fault}")
+    finally:
         process.kill()
         process.wait()
-        pytest.fail(f"the failed run was still running {seconds} s after its error")
 
 
 def test_a_run_whose_server_is_killed_exits_with_its_error(tmp_path, tiny_model_dir):
@@ -447,14 +446,9 @@ def test_a_run_whose_server_is_killed_exits_with_its_error(tmp_path, tiny_model_
     nonzero within 30 s, its error naming the server and the checkpoint to resume from."""
     stderr, run = tmp_path / "stderr.txt", tmp_path / "run"
     with serving(tmp_path) as (url, server):
-        process = train(url, tiny_model_dir, run, stderr, max_steps=1000)
-        try:
-            wait_for("first step", lambda: (run / "metrics.jsonl").exists()
-                     and (run / "metrics.jsonl").read_text().strip() != "", process)
-            server.kill()
-            code = ends_within(process, 30)
-        finally:
-            process.kill()
+        code = exits_after("the first step", lambda run: (run / "metrics.jsonl").exists()
+                           and (run / "metrics.jsonl").read_text().strip() != "",
+                           train(url, tiny_model_dir, run, stderr, max_steps=1000), run, cause=server.kill)
     text = stderr.read_text()
     assert code != 0, text[-3000:]
     assert f"openenv {url}, episode seed" in text and "raised" in text, text[-3000:]
@@ -464,14 +458,10 @@ def test_a_run_whose_server_is_killed_exits_with_its_error(tmp_path, tiny_model_
 def test_a_run_on_a_server_at_capacity_exits_with_its_error(tmp_path, tiny_model_dir):
     """A server that holds 2 sessions, a rollout of 8 episodes: the resets it refuses fail the run, which exits
     nonzero within 30 s of saying so, the sessions it did open notwithstanding."""
-    stderr = tmp_path / "stderr.txt"
+    stderr, run = tmp_path / "stderr.txt", tmp_path / "run"
     with serving(tmp_path, sessions=2) as (url, _):
-        process = train(url, tiny_model_dir, tmp_path / "run", stderr, max_steps=2)
-        try:
-            wait_for("error", lambda: "CAPACITY_REACHED" in stderr.read_text(), process)
-            code = ends_within(process, 30)
-        finally:
-            process.kill()
+        code = exits_after("its error", lambda _: "CAPACITY_REACHED" in stderr.read_text(),
+                           train(url, tiny_model_dir, run, stderr, max_steps=2), run)
     text = stderr.read_text()
     assert code != 0, text[-3000:]
     assert f"openenv {url}, episode seed" in text and "max_concurrent_envs=N" in text, text[-3000:]
