@@ -20,7 +20,7 @@ import pytest
 
 GRACE = 60  # seconds from the error on stderr to the exit (a torch process's teardown on a loaded 2-core machine)
 # this interpreter's import path, so that the process imports the grpokit under test
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "WANDB_MODE": "offline"}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 USER_CODE = '''
 import time
