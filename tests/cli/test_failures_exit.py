@@ -117,6 +117,17 @@ def test_a_reward_that_fails_ends_the_run(tmp_path, tiny_model_dir, user_code, f
     assert code == 2
 
 
+def test_the_trackers_do_not_hold_up_a_failed_run(tmp_path, tiny_model_dir, user_code, monkeypatch):
+    """Every tracker at once (tensorboard, wandb offline, trackio in a folder of the test's), then a reward that
+    raises: their threads and exit handlers end with the process."""
+    monkeypatch.setitem(ENV, "WANDB_MODE", "offline")
+    monkeypatch.setitem(ENV, "TRACKIO_DIR", str(tmp_path / "trackio"))
+    process = start(tmp_path, tiny_model_dir, "--dataset=builtin:arithmetic", "--reward_funcs=user.py:raises",
+                    "--report_to=[tensorboard, wandb, trackio]")
+    code, _ = exits_after(process, tmp_path / "stderr.txt", "error: reward function 'raises' raised RuntimeError")
+    assert code == 2
+
+
 def test_a_bad_row_ends_the_run(tmp_path, tiny_model_dir):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": 5, "answer": "3"}\n')
     process = start(tmp_path, tiny_model_dir, "--dataset=bad.jsonl", "--reward_funcs=accuracy")
