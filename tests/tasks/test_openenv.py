@@ -6,6 +6,7 @@ Marked ``openenv`` (deselected by default): bash scripts/test_openenv.sh builds 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,20 +142,21 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 def factory():  # failing as the in-process tests' env_kwargs make it fail
     return module.GuessEnv(fail_on="boom", fail_seed=4, slow_on="slow")
-app = create_app(factory, module.GuessAction, module.GuessObservation, max_concurrent_envs=64)
+app = create_app(factory, module.GuessAction, module.GuessObservation, max_concurrent_envs=int(sys.argv[3]))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
+# this interpreter's import path, for the processes the tests start (they import grpokit and tests/helpers.py)
+PATH = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory):
-    """OpenEnv's server app for GuessEnv in a uvicorn process of its own, on a free port; killed at the end."""
-    port, log = free_port(), tmp_path_factory.mktemp("server") / "log.txt"
-    # this interpreter's import path (the test module imports grpokit and tests/helpers.py)
-    path = os.pathsep.join(p for p in sys.path if p)
+@contextlib.contextmanager
+def serving(folder: Path, sessions: int = 64) -> Iterator[tuple[str, subprocess.Popen]]:
+    """OpenEnv's server app for GuessEnv (``sessions`` at once) in a uvicorn process of its own, on a free port:
+    its URL and process, killed at the end."""
+    port, log = free_port(), folder / "server.txt"
     with open(log, "w") as out:  # a file, not a pipe that nobody reads and that could fill
-        process = subprocess.Popen([sys.executable, "-c", SERVER, str(HERE), str(port)], stdout=out,
-                                   stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path})
+        process = subprocess.Popen([sys.executable, "-c", SERVER, str(HERE), str(port), str(sessions)], stdout=out,
+                                   stderr=subprocess.STDOUT, env=PATH)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -169,14 +172,16 @@ def server_url(tmp_path_factory):
                 process.wait()
                 pytest.fail(f"the OpenEnv server did not start: {log.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield url
+        yield url, process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("server")) as (url, _):
+        yield url
 
 
 @pytest.fixture(params=["in_process", "server"])
@@ -400,3 +405,63 @@ def test_the_cli_trains_on_a_server_named_alone(tmp_path, tiny_model_dir, server
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(history) == 2 and all("rewards/openenv_reward" in m for m in history)
     assert sum(m.get("env_replies", 0) for m in history) > 0
+
+
+# ---- a failed run exits: each fault in a real interpreter, as a user's `grpokit train` meets it -------------------
+
+
+def train(url: str, model: Path, output_dir: Path, stderr: Path, max_steps: int) -> subprocess.Popen:
+    """``python -m grpokit train`` on the server at ``url`` (rows seeded from 10: no seed the server's env fails),
+    in a process of its own, its stderr to a file."""
+    command = [sys.executable, "-m", "grpokit", "train", f"--model={model}", f"--environment=openenv:{url}",
+               "--environment_args={episodes: 8, prompt: 'Guess:'}", f"--output_dir={output_dir}", "--seed=10",
+               "--prompts_per_step=2", "--num_generations=4", "--max_completion_length=24",
+               f"--max_steps={max_steps}", "--progress_bar=false", "--mixed_precision=no"]
+    with open(stderr, "w") as err:
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=PATH)
+
+
+def exits_after(fault: str, ready: Callable[[Path], bool], process: subprocess.Popen, run: Path,
+                cause: Callable[[], None] = lambda: None) -> int:
+    """Once ``ready(run)`` (within 180 s; fails if the process ends first), ``cause()`` the fault: the process must
+    then exit within 30 s. Its exit status."""
+    deadline = time.monotonic() + 180
+    try:
+        while not ready(run):
+            assert process.poll() is None or ready(run), f"the run ended (exit {process.returncode}) before {fault}"
+            assert time.monotonic() < deadline, f"no {fault} after 180 s"
+            time.sleep(0.1)
+        cause()
+        try:
+            return process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the failed run was still running 30 s after {fault}")
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_run_whose_server_is_killed_exits_with_its_error(tmp_path, tiny_model_dir):
+    """The server killed after the run's first step: the next reset or step fails, and the process exits
+    nonzero within 30 s, its error naming the server and the checkpoint to resume from."""
+    stderr, run = tmp_path / "stderr.txt", tmp_path / "run"
+    with serving(tmp_path) as (url, server):
+        code = exits_after("the first step", lambda run: (run / "metrics.jsonl").exists()
+                           and (run / "metrics.jsonl").read_text().strip() != "",
+                           train(url, tiny_model_dir, run, stderr, max_steps=1000), run, cause=server.kill)
+    text = stderr.read_text()
+    assert code != 0, text[-3000:]
+    assert f"openenv {url}, episode seed" in text and "raised" in text, text[-3000:]
+    assert "checkpoint" in text and "continue with --resume latest" in text, text[-3000:]
+
+
+def test_a_run_on_a_server_at_capacity_exits_with_its_error(tmp_path, tiny_model_dir):
+    """A server that holds 2 sessions, a rollout of 8 episodes: the resets it refuses fail the run, which exits
+    nonzero within 30 s of saying so, the sessions it did open notwithstanding."""
+    stderr, run = tmp_path / "stderr.txt", tmp_path / "run"
+    with serving(tmp_path, sessions=2) as (url, _):
+        code = exits_after("its error", lambda _: "CAPACITY_REACHED" in stderr.read_text(),
+                           train(url, tiny_model_dir, run, stderr, max_steps=2), run)
+    text = stderr.read_text()
+    assert code != 0, text[-3000:]
+    assert f"openenv {url}, episode seed" in text and "max_concurrent_envs=N" in text, text[-3000:]

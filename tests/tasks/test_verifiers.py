@@ -8,9 +8,12 @@ Run in verifiers' own environment: bash scripts/test_verifiers.sh (these tests a
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -416,3 +419,36 @@ def test_held_out_rows_are_judged_by_the_rubric_or_one_of_its_functions(envs, to
     assert trainer.held_out.judge.__name__ == key or eval_judge(config, [], trainer.environment).__name__ == key
     history = trainer.train()
     assert 0 <= history[-1]["eval_accuracy"] <= 1 and history[-1]["eval_score"] >= 0
+
+
+@pytest.mark.parametrize("fail_on, error", [("setup", "raised KeyError: 'no board' in reset"),
+                                            ("reply", "raised ValueError: the board broke in reply")])
+def test_a_run_whose_environment_fails_exits_with_its_error(envs, tokenizer, tmp_path, fail_on, error):
+    """A real interpreter (python -m grpokit train) whose verifiers environment raises in reset or in reply: the
+    process exits nonzero within 60 s of its error, which names the environment and the call (a run that raises
+    inside pytest's process would never show whether the exit waits on a thread)."""
+    tokenizer.chat_template = CHAT_TEMPLATE
+    build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                         max_positions=256), seed=0).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    command = [sys.executable, "-m", "grpokit", "train", f"--model={tmp_path / 'model'}",
+               "--environment=verifiers:vf-guess", f"--environment_args={{fail_on: {fail_on}, max_turns: 3}}",
+               f"--output_dir={tmp_path / 'run'}", "--prompts_per_step=2", "--num_generations=2",
+               "--max_completion_length=24", "--max_steps=2", "--temperature=1.5", "--progress_bar=false",
+               "--mixed_precision=no"]
+    # this interpreter's import path, the environments' modules (tmp_path) first
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=environ)
+    try:
+        deadline = time.monotonic() + 300
+        while error not in stderr.read_text() and process.poll() is None:
+            assert time.monotonic() < deadline, stderr.read_text()[-3000:]
+            time.sleep(0.1)
+        code = process.wait(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    text = stderr.read_text()
+    assert code != 0 and error in text and "'vf-guess'" in text, text[-3000:]

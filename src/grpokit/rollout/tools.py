@@ -13,7 +13,6 @@ The built-in tools: ``calculator`` (:mod:`grpokit.rollout.calculator`): arithmet
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import torch
@@ -33,6 +32,7 @@ from grpokit.rollout.episodes import (
 from grpokit.rollout.python_tool import make_python_tool, python, sandbox_limits
 from grpokit.rollout.tool_calls import MAX_RESULT, PlainProtocol, ToolCall, parse_tool_call, run_tool
 from grpokit.rollout.tool_use import ToolUse, environment_tools, tool_messages
+from grpokit.runtime.threads import DaemonPool
 from grpokit.user_code import call_with_timeout, load_callable
 
 __all__ = ["INERT", "TOOL_COUNTS", "EnvironmentFailure", "InertSession", "PlainProtocol", "ToolBox", "ToolCall",
@@ -137,7 +137,7 @@ class ToolBox:
         self.protocol = protocol or PlainProtocol()
         self.listed_in_prompt = protocol is not None and self.active  # a chat template's protocol: prompts list them
         self.environment_methods: dict[str, Callable] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._turn_markup: tuple[str, str] | None = None
         if environment_factory is not None:
             probe = environment_factory()
@@ -160,10 +160,11 @@ class ToolBox:
     def __bool__(self) -> bool:
         return self.active
 
-    def pool(self) -> ThreadPoolExecutor:
-        """The threads calls run in (made at the first call: a box that never calls starts none)."""
+    def pool(self) -> DaemonPool:
+        """The threads calls run in (made at the first call: a box that never calls starts none): daemon threads,
+        so that a call still running when another's error stops the run never holds up the process's exit."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="grpokit-call")
+            self._pool = DaemonPool(self.workers, "grpokit-call")
         return self._pool
 
     def closing_tokens(self, ids: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ import json
 import math
 import numbers
 import re
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -195,10 +196,14 @@ class OpenEnvEpisode:
             except Exception as error:
                 warnings.warn(f"{self._where()}: close() raised {type(error).__name__}: {error}", stacklevel=2)
 
-    def __del__(self) -> None:  # an episode dropped unended (a rollout stopped by an error) frees its session
+    def __del__(self) -> None:
+        """An episode dropped unended (its rollout stopped by another episode's error) frees its session; not while
+        the interpreter exits: OpenEnv's client closes on its event loop's thread, which finalisation has stopped
+        (its close would wait forever), and the process's exit closes the socket, which ends the session as well."""
+        if getattr(self, "_session", None) is None or sys.is_finalizing():
+            return
         try:
-            if self._session is not None:
-                self._session.close()
+            self._session.close()
         except Exception:
             pass
 
@@ -209,11 +214,15 @@ class OpenEnvEpisode:
         return f"openenv {self._backend.name}, episode seed {self.seed}"
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the session. A failure closes the session first (a refused or broken session then holds
+        nothing, so the run that stops here leaves nothing for its exit to close), then is raised naming the
+        environment, the episode and the call."""
         try:
             return fn()
-        except OpenEnvError:
-            raise
         except Exception as error:
+            self._finish()
+            if isinstance(error, OpenEnvError):
+                raise
             hint = ""
             if "CAPACITY_REACHED" in str(error):
                 hint = ("; the server holds fewer sessions than a rollout's episodes (one per completion): "
