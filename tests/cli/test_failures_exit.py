@@ -146,8 +146,9 @@ def test_an_environment_that_fails_ends_the_run(tmp_path, tiny_model_dir, user_c
     # temperature 2: near-uniform picks, so that a completion soon ends a turn with the stop token (reply's cue)
     process = start(tmp_path, tiny_model_dir, "--dataset=rows.jsonl", "--reward_funcs=accuracy",
                     f"--environment_factory=user.py:{factory}", "--max_completion_length=56", "--temperature=2")
-    code, text = exits_after(process, tmp_path / "stderr.txt", error)
+    code, text = exits_after(process, tmp_path / "stderr.txt", f"error: {error}")
     assert code == 1 and re.search("no step was done|continue with --resume latest", text)
+    assert "Traceback" not in text, text[-3000:]  # a failed run's one-line error, as every other failure's
 
 
 def test_a_sandbox_that_cannot_start_ends_the_run(tmp_path, tiny_model_dir):

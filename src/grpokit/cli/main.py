@@ -27,6 +27,7 @@ from grpokit.cli import commands
 from grpokit.cli.options import config_keys_epilog, normalize_flags, refuse_options
 from grpokit.config import GRPOConfig, RewardConfig, SFTConfig
 from grpokit.resolve import BUILTIN
+from grpokit.rollout.episodes import EnvironmentFailure
 from grpokit.runtime.versions import installed_version
 from grpokit.sandbox import SandboxUnavailable
 from grpokit.tasks.demo import DEMO_CONFIG, OUTPUT_DIRS
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxUnavailable as error:  # the run's isolation cannot start here: name the key that chooses it
         print(f"error: sandbox: {error}\n{SANDBOX_FIX}", file=sys.stderr)
         return 2
-    except TrainingError as error:
+    except (TrainingError, EnvironmentFailure) as error:  # the run failed; its message says where it stopped
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as interrupt:  # TrainingInterrupted says where its checkpoint is
