@@ -8,10 +8,11 @@ status pipe that the program is starting (so that a failure before that is the s
 and runs ``main.py`` in this same interpreter as ``__main__``: one interpreter start per program, not two.
 
 Under bwrap, the PID namespace ends every process of the program with it. The ``process`` isolation has no
-namespace, so there the launcher forks: the child runs the program, the parent supervises it — enforces the wall
-clock, then kills every process the program left, including ones that ``setsid`` or double-fork (as root: every
-process of the run's own uid, with ``kill(-1)`` from that uid; otherwise: every child of the parent, which is the
-program's subreaper), and writes the program's wait status to the status pipe."""
+namespace, so there the launcher forks: the child puts up its walls (:func:`confine`: a seccomp filter, and
+Landlock's rules on files, TCP, signals and ptrace) and runs the program, the parent supervises it — enforces the
+wall clock, then kills every process the program left, including ones that ``setsid`` or double-fork (as root:
+every process of the run's own uid, with ``kill(-1)`` from that uid; otherwise: every child of the parent, which is
+the program's subreaper), and writes the program's wait status to the status pipe."""
 
 import os
 import resource
@@ -27,10 +28,10 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_SIGNAL_ABI = 6
 READ, READ_WRITE_FILE = 0b1101, 0b100_0000_0000_0110  # execute + read file + read dir; write + read + truncate
+DEVICES = ("/dev/zero", "/dev/random", "/dev/urandom")  # read only; /dev/null read and write
 # Syscalls a confined program is refused (EPERM), by machine: socket (no network, no Unix socket to the user's
 # session bus or a container daemon; socketpair stays), ptrace and process_vm_* (another process's memory), and
 # io_uring (whose operations seccomp does not see)
-DEVICES = ("/dev/zero", "/dev/random", "/dev/urandom")  # read only; /dev/null read and write
 SECCOMP = {"x86_64": (0xC000003E, (41, 101, 310, 311, 425)), "aarch64": (0xC00000B7, (198, 117, 270, 271, 425))}
 
 
@@ -136,6 +137,8 @@ def landlock_abi() -> int:
     """The kernel's Landlock ABI version; 0 where it has none (or it is disabled)."""
     import ctypes
 
+    if not sys.platform.startswith("linux"):  # the syscall's number is Linux's
+        return 0
     abi = ctypes.CDLL(None, use_errno=True).syscall(LANDLOCK_CREATE_RULESET, None, 0, 1)  # 1: the version
     return max(abi, 0)
 
