@@ -171,7 +171,8 @@ class GRPOConfig(_TaskKeys):
         "bwrap", "How the code_tests reward and the python tool run model-written programs: 'bwrap' (a separate "
         "process tree in bubblewrap's namespaces: no network, none of the trainer's files or environment; the run "
         "stops at start-up if bwrap cannot start here) or 'process' (the weaker mode, chosen explicitly: a separate "
-        "process with resource limits, a cleared environment and a fresh temporary directory, but no namespaces).",
+        "process with resource limits, a cleared environment and a fresh temporary directory, walled in by Landlock "
+        "and seccomp but no namespaces; as a normal user it needs Linux 6.12 or later: docs/sandbox.md).",
         choices=("bwrap", "process"),
     )
     sandbox_timeout: float = _field(
