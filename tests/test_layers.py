@@ -13,7 +13,7 @@ PACKAGE = ROOT / "src" / "grpokit"
 LAYERS = [("grpokit.user_code",), ("grpokit.sandbox",), ("grpokit.runtime",), ("grpokit.core",), ("grpokit.config",),
           ("grpokit.data",), ("grpokit.models",), ("grpokit.rollout",), ("grpokit.rewards",), ("grpokit.training",),
           ("grpokit.tasks",), ("grpokit.resolve",), ("grpokit.from_config",), ("grpokit.algorithms",),
-          ("grpokit.trl",), ("grpokit.cli",)]
+          ("grpokit.trl",), ("grpokit.serving",), ("grpokit.cli",)]
 # The public API and the entry point sit above every layer: they may import anything, and nothing in a layer may
 # import them.
 ABOVE_ALL = {"grpokit", "grpokit.__main__"}
