@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit import resolve
-from grpokit.config import GRPOConfig, reward_funcs_of
+from grpokit.config import ConfigError, GRPOConfig, reward_funcs_of
 from grpokit.data import check_columns, render_prompt
 from grpokit.rollout.engines import Engine, build_engine
 from grpokit.rollout.python_tool import start_sandboxes
@@ -40,6 +40,19 @@ def sampling_engine(config: GRPOConfig, environment_factory: Any = None) -> tupl
         print(describe_precision(config.mixed_precision, device), file=sys.stderr)
     options = SamplingOptions.from_config(config, resolve_precision(config.mixed_precision, device))
     return build_engine(options, model.to(device), tokenizer, seed=config.seed), tokenizer, toolbox
+
+
+def serving_engine(config: GRPOConfig) -> tuple[Any, Any, Engine]:
+    """``(model, tokenizer, engine)`` for ``grpokit serve``: the model loaded as ``grpokit sample`` loads it, on
+    ``config.device``, with the native engine in the config's precision (the policy server batches into it)."""
+    if config.generation_engine != "native":
+        raise ConfigError(f"grpokit serve samples with the native engine; generation_engine "
+                          f"{config.generation_engine!r} is not served: leave generation_engine at 'native'")
+    model, tokenizer = resolve.load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
+                                                        dtype=config.dtype)
+    device = resolve_device(config.device)
+    options = SamplingOptions.from_config(config, resolve_precision(config.mixed_precision, device))
+    return model, tokenizer, build_engine(options, model.to(device), tokenizer, seed=config.seed)
 
 
 def announce_sandboxes(users: Sequence[Any], say: bool = True) -> None:

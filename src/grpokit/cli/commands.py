@@ -29,6 +29,9 @@ SAMPLING_KEYS = ("model", "dataset", "dataset_config", "dataset_train_split", "d
                  "vllm_sync_check")
 SAMPLE_KEYS = (*SAMPLING_KEYS, "reward_funcs", "reward_weights", "code_tests_mode")
 EVAL_KEYS = (*SAMPLING_KEYS, "eval_reward")
+# The GRPOConfig keys `serve` reads: the model and how the native engine samples it
+SERVE_KEYS = ("model", "seed", "device", "dtype", "progress_bar", "generation_engine", "rollout_precision",
+              "mixed_precision", "fast_path", "cuda_graphs", "top_k", "min_p", "repetition_penalty")
 
 
 def _last_step(history: list[dict[str, Any]], keys: Sequence[str], digits: int) -> str:
@@ -125,6 +128,29 @@ def cmd_sample(args: argparse.Namespace, extra: Sequence[str]) -> int:
     print(f"wrote {len(out)} {form} to {output} from {counts['completions']} completions of {counts['prompts']} "
           f"prompts (left out: {left_out}); train a reward model on them with `grpokit reward train --dataset "
           f"{output} --model ...`")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    import signal
+
+    from grpokit.from_config import serving_engine
+    from grpokit.serving import PolicyServer
+
+    config, _ = sampling_config(args, extra, SERVE_KEYS, minimum=0)
+    model, tokenizer, engine = serving_engine(config)
+    server = PolicyServer(model, tokenizer, engine=engine, model_name=args.model_name or str(config.model),
+                          host=args.host, port=args.port, max_context=args.max_context)
+
+    def stop(signum, frame):  # SIGTERM ends the server as Ctrl-C does (uvicorn re-raises it once it has stopped)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever(lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        pass
+    print("stopped", flush=True)
     return 0
 
 

@@ -1,5 +1,5 @@
 """The ``grpokit`` command's parser and dispatch: ``demo``, ``train``, ``sft``, ``reward train``, ``sample``,
-``bootstrap``, ``eval``, ``recipes``, ``plot``, ``report``, ``convert``, ``--version`` (what each calls:
+``bootstrap``, ``eval``, ``serve``, ``recipes``, ``plot``, ``report``, ``convert``, ``--version`` (what each calls:
 :mod:`grpokit.cli.commands`).
 
 One convention for all (docs/usage.md, "The command line"):
@@ -91,6 +91,11 @@ SAMPLING_COMMANDS = {
         "(builtin:arithmetic, builtin:tools and reasoning_gym:TASK: their held-out sets): greedy, and over "
         "num_generations samples per prompt (0: greedy only), with pass@k; with tools, how often the model calls "
         "them."),
+    "serve": (
+        "serve a model over OpenAI's API on localhost until Ctrl-C (docs/serving.md)",
+        "Serve the model on http://HOST:PORT/v1 (/v1/models, /v1/completions, /v1/chat/completions, with tools in the "
+        "chat template's format), sampled by grpokit's native engine with concurrent requests batched; "
+        "http://HOST:PORT/episodes/ID/v1 attributes requests to episode ID. Needs pip install 'grpokit[serve]'."),
 }
 
 
@@ -178,6 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
                           "num_generations)")
     _own_flags(evaluate, GRPOConfig, commands.EVAL_KEYS)
 
+    help, description = SAMPLING_COMMANDS["serve"]
+    serve = sub.add_parser(
+        "serve", help=help, formatter_class=RAW, allow_abbrev=False,
+        epilog=config_keys_epilog(GRPOConfig, commands.SERVE_KEYS),
+        usage="grpokit serve [CONFIG.yaml | recipe:NAME] [MODEL] [--host H] [--port P] [--key value ...]",
+        description=f"{description}\n\nMODEL: a model directory, gguf:FILE or builtin:arithmetic (or --model). "
+        "CONFIG.yaml or recipe:NAME: a training config, whose keys below are read, so that this samples as that run "
+        "does; --key value overrides them.")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this "
+                       "machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: a free one)")
+    serve.add_argument("--model_name", default=None, metavar="NAME",
+                       help="the model id /v1/models lists and requests name (default: MODEL as given)")
+    serve.add_argument("--max_context", type=int, default=None, metavar="N",
+                       help="the most tokens of a request's prompt and completion together (default: the model's "
+                       "context); a request over it gets OpenAI's context_length_exceeded error")
+    _own_flags(serve, GRPOConfig, commands.SERVE_KEYS)
+
     _own_flags(sub.add_parser("recipes", help="list the recipes packaged with grpokit (`grpokit train recipe:NAME`)",
                               allow_abbrev=False))
 
@@ -211,7 +234,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.command in ("train", "sft", "reward"):
         return commands.run_training("reward train" if args.command == "reward" else args.command, extra)
     with_keys = {"demo": commands.cmd_demo, "sample": commands.cmd_sample, "bootstrap": commands.cmd_bootstrap,
-                 "eval": commands.cmd_eval}
+                 "eval": commands.cmd_eval, "serve": commands.cmd_serve}
     if args.command in with_keys:
         return with_keys[args.command](args, extra)
     refuse_options(extra, args.command, args.own_flags)
