@@ -47,8 +47,8 @@ def listed(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 def test_every_command_is_checked():
     assert sorted(COMMANDS) == ["bootstrap", "convert", "demo", "eval", "plot", "recipes", "report", "reward train",
-                                "sample", "sft", "train"]
-    assert WITH_KEYS == ["bootstrap", "demo", "eval", "reward train", "sample", "sft", "train"]
+                                "sample", "serve", "sft", "train"]
+    assert WITH_KEYS == ["bootstrap", "demo", "eval", "reward train", "sample", "serve", "sft", "train"]
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -96,7 +96,7 @@ def test_one_output_flag():
         assert not [p for p in positionals if "out" in p], name
         assert not [o for o in options if "out" in o and o != "--output"], name
         run_dir = name in WITH_KEYS and "output_dir" in config_keys(parser)
-        assert run_dir != ("--output" in options) or name == "recipes", name  # recipes writes nothing
+        assert run_dir != ("--output" in options) or name in ("recipes", "serve"), name  # they write nothing
     assert sorted(n for n in WITH_KEYS if "output_dir" in config_keys(COMMANDS[n])) == ["demo", "reward train", "sft",
                                                                                         "train"]
 
