@@ -157,3 +157,22 @@ def test_an_unknown_model_is_a_404(server):
 def test_turn_is_a_plain_record():
     turn = Turn("chat", [1, 2], [3], [-0.5], "stop")
     assert (turn.request, turn.choice) == (0, 0)
+
+
+def test_an_engine_failure_is_a_500_and_the_server_stays_up(model, tok):
+    class Failing(NativeEngine):
+        def generate(self, *args, **kwargs):
+            raise RuntimeError("out of memory")
+
+    with PolicyServer(model, tok, engine=Failing(model, tok), model_name=MODEL) as failing:
+        with pytest.raises(openai.InternalServerError, match="out of memory"):
+            client(failing).completions.create(model=MODEL, prompt="a", max_tokens=2)
+        assert [m.id for m in client(failing).models.list().data] == [MODEL]
+
+
+def test_serving_needs_fastapi_only_when_a_server_starts():
+    import subprocess
+    import sys
+
+    code = "import sys, grpokit, grpokit.serving; assert 'fastapi' not in sys.modules and 'uvicorn' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

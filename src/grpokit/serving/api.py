@@ -25,7 +25,7 @@ from grpokit.serving.chat import RequestError
 KEY_PREFIX = "episode:"
 
 
-class Sampling(BaseModel):
+class SamplingBody(BaseModel):
     """The sampling parameters both endpoints take. Fields OpenAI has that are not listed are accepted and ignored
     (``user``, ``metadata``, ...), except those refused in :func:`refuse_unsupported`."""
 
@@ -41,13 +41,13 @@ class Sampling(BaseModel):
     stream: bool = False
 
 
-class CompletionBody(Sampling):
+class CompletionBody(SamplingBody):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=5)  # the sampled tokens' log-probs (no alternatives are given)
     echo: bool = False
 
 
-class ChatBody(Sampling):
+class ChatBody(SamplingBody):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -56,7 +56,7 @@ class ChatBody(Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
-def refuse_unsupported(body: Sampling) -> None:
+def refuse_unsupported(body: SamplingBody) -> None:
     """Parameters whose meaning this server does not give: refused by name rather than silently ignored."""
     if body.stream:
         raise RequestError("stream is not supported by grpokit's policy server: send stream=false", param="stream")
@@ -75,10 +75,10 @@ def error_response(message: str, *, status: int = 400, param: str | None = None,
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
-def _episode(request: Request, episode_id: str | None) -> str | None:
+def _episode(request: Request) -> str | None:
     """The episode a request belongs to: its URL's, else its API key's (``episode:ID``), else None."""
-    if episode_id is not None:
-        return episode_id
+    if "episode_id" in request.path_params:
+        return request.path_params["episode_id"]
     key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     return key[len(KEY_PREFIX):] or None if key.startswith(KEY_PREFIX) else None
 
@@ -105,13 +105,13 @@ def build_app(server: Any) -> FastAPI:
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
                                             "owned_by": "grpokit"}]}
 
-    async def completions(body: CompletionBody, request: Request, episode_id: str | None = None) -> dict[str, Any]:
+    async def completions(body: CompletionBody, request: Request) -> dict[str, Any]:
         refuse_unsupported(body)
-        return await server.complete(body, _episode(request, episode_id))
+        return await server.complete(body, _episode(request))
 
-    async def chat(body: ChatBody, request: Request, episode_id: str | None = None) -> dict[str, Any]:
+    async def chat(body: ChatBody, request: Request) -> dict[str, Any]:
         refuse_unsupported(body)
-        return await server.chat(body, _episode(request, episode_id))
+        return await server.chat(body, _episode(request))
 
     for prefix in ("/v1", "/episodes/{episode_id}/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])

@@ -206,7 +206,7 @@ class PolicyServer:
         """A ``/v1/completions`` response (OpenAI's shape) for ``body``, recorded under ``episode``."""
         self._check_model(body.model)
         prompts = self._tokens(body.prompt)
-        budget = max(self._budget(p, body.max_tokens, "max_tokens") for p in prompts)
+        budget = min(self._budget(p, body.max_tokens, "max_tokens") for p in prompts)  # each prompt's room
         request = next(self._requests)
         samples = await self._sample(prompts, body, budget)
         stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
