@@ -35,3 +35,12 @@ def test_grpokit_serve_answers_and_exits_on_a_signal(tiny_model_dir, stop):
     finally:
         if process.poll() is None:
             kill_tree(process.pid)
+
+
+def test_grpokit_serve_refuses_another_engine_and_a_missing_model(capsys):
+    from grpokit.cli.main import main
+
+    assert main(["serve", "some/model", "--generation_engine", "vllm"]) == 2
+    assert "generation_engine 'vllm' is not served" in capsys.readouterr().err
+    assert main(["serve"]) == 2
+    assert "error: model is required" in capsys.readouterr().err
