@@ -3,6 +3,7 @@ sampling settings; 16 concurrent episodes driven by openai.AsyncOpenAI are all a
 batched."""
 
 import asyncio
+import threading
 
 import openai
 import pytest
@@ -23,10 +24,11 @@ class Counting(NativeEngine):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.calls = []
+        self.calls, self.threads = [], set()
 
     def generate(self, prompt_ids, prompt_mask, **kwargs):
         self.calls.append((prompt_ids.shape[0], kwargs["temperature"], kwargs["greedy"], kwargs["max_new_tokens"]))
+        self.threads.add(threading.current_thread().name)
         return super().generate(prompt_ids, prompt_mask, **kwargs)
 
 
@@ -101,6 +103,7 @@ def test_16_concurrent_episodes_are_answered_recorded_and_batched(model, tok):
         requests = 2 * episodes
         assert server.batches == len(server.engine.calls) and sum(c[0] for c in server.engine.calls) == requests
         assert server.batches <= requests // 4, server.engine.calls  # batched, not one by one
+        assert server.engine.threads == {"grpokit-serving-batcher"}  # the model is touched from one thread
         for k in range(episodes):
             turns = server.pop_episode(f"ep-{k}")
             assert [tok.decode(t.completion_ids, skip_special_tokens=True) for t in turns] == texts[k]
