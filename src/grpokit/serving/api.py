@@ -105,13 +105,14 @@ def build_app(server: Any) -> FastAPI:
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
                                             "owned_by": "grpokit"}]}
 
-    async def completions(body: CompletionBody, request: Request) -> dict[str, Any]:
+    # The answers are plain JSON already: returned as responses, FastAPI does not walk them again.
+    async def completions(body: CompletionBody, request: Request) -> JSONResponse:
         refuse_unsupported(body)
-        return await server.complete(body, _episode(request))
+        return JSONResponse(await server.complete(body, _episode(request)))
 
-    async def chat(body: ChatBody, request: Request) -> dict[str, Any]:
+    async def chat(body: ChatBody, request: Request) -> JSONResponse:
         refuse_unsupported(body)
-        return await server.chat(body, _episode(request))
+        return JSONResponse(await server.chat(body, _episode(request)))
 
     for prefix in ("/v1", "/episodes/{episode_id}/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
