@@ -203,7 +203,7 @@ def test_cli_trains_with_a_reward_from_a_file(tmp_path, tiny_model_dir, monkeypa
             "--num_generations=2", "--max_completion_length=4", "--max_steps=1", "--progress_bar=false"]
     assert main([*args, "--reward_funcs=[accuracy, my_rewards.py:brevity]"]) == 0
     assert "rewards/brevity" in (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert main([*args, "--reward_funcs", "[accuracy, my_rewards.py:brevty]"]) == 2  # no CONFIG, a spaced value
+    assert main([*args, "--output_dir=run2", "--reward_funcs", "[accuracy, my_rewards.py:brevty]"]) == 2  # spaced
     assert "did you mean 'brevity'" in capsys.readouterr().err
 
 

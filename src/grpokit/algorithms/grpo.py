@@ -66,7 +66,7 @@ from grpokit.training.distributed import (
 )
 from grpokit.training.engine import Trainer, TrainingInterrupted
 from grpokit.training.evaluation import HeldOutEval, check_eval_rows
-from grpokit.training.runlog import completion_records, silent_rewards, step_metrics
+from grpokit.training.runlog import completion_records, step_metrics, warn_of_silent_rewards
 from grpokit.training.sampling import Batch, Sampler, group_relative_advantages
 from grpokit.training.supervised import split
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
@@ -268,7 +268,8 @@ class GRPOTrainer(Trainer):
         self.step += 1
         metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), passes[0], last,
                                (start, sampled_at, frozen, updated))
-        self.warn_of_silent_rewards(metrics)
+        warn_of_silent_rewards(metrics, self.silent, first_step=not self.rewards_checked, say=self.world.main)
+        self.rewards_checked = True
         if self.critic is not None:
             metrics.update(self.critic.metrics(fixed, last))
         if self.iterations is not None:
@@ -283,17 +284,6 @@ class GRPOTrainer(Trainer):
         if self.iterations is not None and self.iterations.ends_iteration(self.step):
             self.iterations.advance(self)
         return metrics
-
-    def warn_of_silent_rewards(self, metrics: dict[str, float]) -> None:
-        """Say, once per function, when a reward function returned None for every completion of a step (it gave
-        the step no signal); stop the run when every function did so on its first step (``silent_rewards``)."""
-        for name in silent_rewards(metrics, first_step=not self.rewards_checked):
-            if name not in self.silent and self.world.main:
-                print(f"warning: reward function {name!r} returned None ('not applicable') for every completion of "
-                      f"step {metrics['step']}, so it gave the step no signal (said once per function; its "
-                      f"metric rewards/{name} is null on such steps)", file=sys.stderr)
-            self.silent.add(name)
-        self.rewards_checked = True
 
     def sync_engine(self) -> None:
         """Have the engine sample from the policy as it is after this step's updates (once per step)."""

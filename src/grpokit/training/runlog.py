@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,18 @@ def silent_rewards(metrics: dict[str, Any], first_step: bool) -> list[str]:
             "(e.g. 0.0 for a wrong answer) for the completions a reward applies to"
         )
     return silent
+
+
+def warn_of_silent_rewards(metrics: dict[str, Any], said: set[str], first_step: bool, say: bool = True) -> None:
+    """Say (where ``say``: the main process), once per function (``said`` holds those said), when a reward function
+    returned None for every completion of a step: it gave the step no signal. On the run's first step
+    :func:`silent_rewards` stops the run where every function did so."""
+    for name in silent_rewards(metrics, first_step=first_step):
+        if name not in said and say:
+            print(f"warning: reward function {name!r} returned None ('not applicable') for every completion of "
+                  f"step {metrics['step']}, so it gave the step no signal (said once per function; its "
+                  f"metric rewards/{name} is null on such steps)", file=sys.stderr)
+        said.add(name)
 
 
 def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt_column: str, group_size: int,
