@@ -87,3 +87,27 @@ def test_a_template_without_a_tool_format_refuses_tools_saying_so(model):
         assert caught.value.param == "tools" and "no tool-call format" in str(caught.value)
         plain = ai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert plain.choices[0].message.tool_calls is None  # without tools: served
+
+
+def test_a_served_tool_episode_becomes_one_sample_of_exactly_the_sampled_tokens(model):
+    """Token in, token out: where the model ends its turn with the template's end-of-turn token, each later prompt
+    extends the earlier turns token for token, and the episode is one sample whose unmasked tokens are the sampled
+    ones, byte for byte (grpokit.rollout.served_samples)."""
+    from grpokit.rollout.served_samples import MERGED, episode_samples
+
+    tok = tokenizer_with(HERMES)
+    engine = Scripted(model, tok, [CALL, "It is sunny in Paris."])
+    engine.stop_ids = [tok.convert_tokens_to_ids("<|im_end|>")]  # as a chat model's generation config says
+    with PolicyServer(model, tok, engine=engine, model_name=MODEL) as server:
+        ai = openai.OpenAI(base_url=server.episode_url("tio"), api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        reply = ai.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=200)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": reply.choices[0].message.tool_calls[0].id, "content": "sunny"}]
+        ai.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=200)
+        turns = server.pop_episode("tio")
+    [sample], mode = episode_samples(turns)
+    assert mode == MERGED and sample.prompt_ids == turns[0].prompt_ids
+    trained = [t for t, m in zip(sample.completion_ids, sample.loss_mask) if m]
+    assert trained == turns[0].completion_ids + turns[1].completion_ids
+    assert [p for p, m in zip(sample.logprobs, sample.loss_mask) if m] == turns[0].logp + turns[1].logp

@@ -21,6 +21,12 @@ class Turn:
     request: int = 0  # the request's number, in order of arrival at the server
     choice: int = 0  # its index among the request's n choices
 
+    @property
+    def logprobs(self) -> list[float]:
+        """``logp`` under the name :class:`grpokit.rollout.served_samples.ServedTurn` reads: a Turn is one, so an
+        episode's turns go to :func:`~grpokit.rollout.served_samples.episode_samples` as they are."""
+        return self.logp
+
 
 @dataclass
 class EpisodeLog:
