@@ -7,14 +7,10 @@ import threading
 
 import openai
 import pytest
-import torch
 
 from grpokit.rollout.engines import NativeEngine
 from grpokit.serving import PolicyServer
 from grpokit.serving.batcher import Batcher, Job, Sampling
-from grpokit.tasks.tiny_model import build_model
-from helpers import HERMES, tokenizer_with
-from helpers import TEMPLATE_SPEC as SPEC
 
 MODEL = "tiny"
 
@@ -30,17 +26,6 @@ class Counting(NativeEngine):
         self.calls.append((prompt_ids.shape[0], kwargs["temperature"], kwargs["greedy"], kwargs["max_new_tokens"]))
         self.threads.add(threading.current_thread().name)
         return super().generate(prompt_ids, prompt_mask, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_with(HERMES)
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    torch.set_num_threads(2)
-    return build_model(tok, SPEC, seed=0)
 
 
 def test_jobs_waiting_together_run_as_one_call_per_sampling_setting(model, tok):

@@ -9,9 +9,6 @@ import torch
 from grpokit.models.logprobs import sequence_logprobs
 from grpokit.rollout.engines import NativeEngine
 from grpokit.serving import PolicyServer, Turn
-from grpokit.tasks.tiny_model import build_model
-from helpers import HERMES, tokenizer_with
-from helpers import TEMPLATE_SPEC as SPEC
 
 MODEL = "tiny"
 
@@ -26,17 +23,6 @@ class Spy(NativeEngine):
     def generate(self, *args, **kwargs):
         self.rollouts.append(super().generate(*args, **kwargs))
         return self.rollouts[-1]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_with(HERMES)
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    torch.set_num_threads(2)
-    return build_model(tok, SPEC, seed=0)
 
 
 @pytest.fixture(scope="module")
