@@ -219,8 +219,8 @@ def seccomp() -> None:
 
 def confine(config: dict) -> None:
     """The process isolation's walls, the program's own from here on: seccomp's filter, and Landlock's where the
-    trainer asked for it (``landlock=1``; the directories it may read in ``read``, one a line)."""
-    prctl(PR_SET_NO_NEW_PRIVS, 1)  # both need it: no setuid binary raises the program's privileges
+    trainer asked for it (``landlock=1``; the directories it may read in ``read``, one a line). Both need
+    ``no_new_privs``, which the supervisor set before it forked this process."""
     seccomp()
     if config.get("landlock"):
         landlock(config["read"].split("\n"), os.path.dirname(config["main"]))
