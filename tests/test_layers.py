@@ -12,8 +12,8 @@ PACKAGE = ROOT / "src" / "grpokit"
 # module of that name and, for a subpackage, every module in it.
 LAYERS = [("grpokit.user_code",), ("grpokit.sandbox",), ("grpokit.runtime",), ("grpokit.core",), ("grpokit.config",),
           ("grpokit.data",), ("grpokit.models",), ("grpokit.rollout",), ("grpokit.rewards",), ("grpokit.training",),
-          ("grpokit.tasks",), ("grpokit.resolve",), ("grpokit.from_config",), ("grpokit.algorithms",),
-          ("grpokit.trl",), ("grpokit.serving",), ("grpokit.cli",)]
+          ("grpokit.serving",), ("grpokit.agents",), ("grpokit.tasks",), ("grpokit.resolve",), ("grpokit.from_config",),
+          ("grpokit.algorithms",), ("grpokit.trl",), ("grpokit.cli",)]
 # The public API and the entry point sit above every layer: they may import anything, and nothing in a layer may
 # import them.
 ABOVE_ALL = {"grpokit", "grpokit.__main__"}
