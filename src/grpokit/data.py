@@ -247,11 +247,11 @@ def given_rows(rows: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]
 
 
 def check_columns(
-    rows: Sequence[dict[str, Any]], required: Sequence[str], *, source: str = "dataset"
+    rows: Sequence[dict[str, Any]], required: Sequence[str], *, source: str = "dataset", prompt: bool = True
 ) -> None:
-    """Every row has every required column (a near miss is suggested), the prompt column holds
-    non-empty text, and an ``id`` column, if any, has no duplicates. Errors name a file's row by its line
-    (:func:`row_place`)."""
+    """Every row has every required column (a near miss is suggested), the prompt column (the first; ``prompt``
+    False: none) holds non-empty text, and an ``id`` column, if any, has no duplicates. Errors name a file's row by
+    its line (:func:`row_place`)."""
     if not rows:
         raise DataError(f"{source} has no rows")
     seen_ids: dict[Any, str] = {}
@@ -266,20 +266,22 @@ def check_columns(
                 )
             if row[column] is None:
                 raise DataError(f"{source}: {place} column {column!r} is null")
-        prompt = row[required[0]]
-        if isinstance(prompt, list):  # chat messages
-            if not prompt or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                     and isinstance(m.get("content"), str) for m in prompt):
-                raise DataError(f"{source}: {place} column {required[0]!r} must be text or a non-empty list "
-                                "of {\"role\": ..., \"content\": ...} messages")
-        elif not isinstance(prompt, str) or not prompt:
-            raise DataError(f"{source}: {place} column {required[0]!r} must be a non-empty string (or a list "
-                            "of chat messages)")
         if "id" in row:  # an id column, when there is one, must identify rows
             key = json.dumps(row["id"], sort_keys=True)
             if key in seen_ids:
                 raise DataError(f"{source}: {seen_ids[key]} and {place} share id {row['id']!r}")
             seen_ids[key] = place
+        if not prompt or not required:
+            continue
+        prompt_value = row[required[0]]
+        if isinstance(prompt_value, list):  # chat messages
+            if not prompt_value or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                           and isinstance(m.get("content"), str) for m in prompt_value):
+                raise DataError(f"{source}: {place} column {required[0]!r} must be text or a non-empty list "
+                                "of {\"role\": ..., \"content\": ...} messages")
+        elif not isinstance(prompt_value, str) or not prompt_value:
+            raise DataError(f"{source}: {place} column {required[0]!r} must be a non-empty string (or a list "
+                            "of chat messages)")
 
 
 def check_prompt_lengths(prompts: Sequence[str], tokenizer: Any, max_completion_length: int,

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from grpokit.agents.calling import agent_of
+from grpokit.agents.sampler import AgentSampler
 from grpokit.algorithms.iterative import IterativeRL
 from grpokit.algorithms.ppo import Critic
 from grpokit.config import ConfigError, GRPOConfig, reward_funcs_of
@@ -56,18 +58,11 @@ from grpokit.rollout.tool_templates import build_toolbox, toolbox_options
 from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
 from grpokit.runtime.device import autocast, resolve_device
 from grpokit.runtime.memory import keep_freed_memory
-from grpokit.training.distributed import (
-    all_max,
-    all_sum,
-    data_parallel,
-    device_for,
-    gather,
-    init_world,
-)
+from grpokit.training.distributed import all_sum, data_parallel, device_for, init_world
 from grpokit.training.engine import Trainer, TrainingInterrupted
 from grpokit.training.evaluation import HeldOutEval, check_eval_rows
 from grpokit.training.runlog import completion_records, step_metrics, warn_of_silent_rewards
-from grpokit.training.sampling import Batch, Sampler, group_relative_advantages
+from grpokit.training.sampling import Sampler, group_relative_advantages, whole_batches
 from grpokit.training.supervised import split
 from grpokit.training.update import Learner, LossCounts, NonfiniteGuard, TrainingError, UpdateBatch, update
 
@@ -91,6 +86,7 @@ class GRPOTrainer(Trainer):
         reward_funcs: Sequence[str | Callable] | None = None,
         tools: Sequence[str | Callable] | None = None,
         environment_factory: Callable[[], Any] | None = None,
+        agent: Callable[..., Any] | None = None,
     ):
         super().__init__()
         self.label = config.algorithm.upper()
@@ -104,12 +100,16 @@ class GRPOTrainer(Trainer):
 
         # An environment (verifiers, OpenEnv) brings rows, a rubric and episodes, where nothing else is given.
         self.environment = environment_task(config)
+        # An agent drives its own episodes against the served policy (grpokit.agents): no prompts are rendered here.
+        self.agent = agent_of(config, agent, tools, environment_factory)
         train_dataset, eval_dataset, reward_funcs, weights, environment_factory = with_environment(
             config, self.environment, train_dataset, eval_dataset, reward_funcs, environment_factory)
         # Rewards, data and optional packages are checked before the (possibly slow) model load.
         # Reward models named in the config run on this process's device, in the run's precision.
         self.reward_funcs, self.reward_weights = resolve_reward_functions(
-            reward_funcs or reward_funcs_of(config), weights, code_options(config), task_options(config),
+            reward_funcs or ([] if self.agent and config.reward_funcs is None else reward_funcs_of(config)),
+            None if self.agent else weights, code_options(config),
+            task_options(config),
             device=self.device, mixed_precision=self.mixed_precision,
         )
         # Tools (and an environment's own reward) are resolved here too; the ToolBox needs the tokenizer.
@@ -127,7 +127,9 @@ class GRPOTrainer(Trainer):
         checked = self.reward_funcs + (self.iterations.labels if self.iterations else [])
         needed = [k for k in check_reward_functions(checked, [*keywords, *extras], source) if k not in extras]
         self.start_sandboxes([*checked, *tool_functions])
-        check_columns(rows, list(dict.fromkeys([config.prompt_column, *(keywords[k] for k in needed)])), source=source)
+        prompt_column = [] if self.agent else [config.prompt_column]  # an agent takes the columns it names
+        check_columns(rows, list(dict.fromkeys([*prompt_column, *(keywords[k] for k in needed)])), source=source,
+                      prompt=not self.agent)
 
         if model is None:
             model, tokenizer = load_model_and_tokenizer(config.model, config.seed, config.progress_bar, config.dtype)
@@ -140,9 +142,10 @@ class GRPOTrainer(Trainer):
         listed = toolbox.prompt_tools()
         render = dict(system_prompt=config.system_prompt, chat_template=config.chat_template, tools=listed)
         prompts, eval_prompts = ([render_prompt(tokenizer, row[config.prompt_column], **render) for row in part]
-                                 for part in (rows, eval_rows))
-        check_prompt_lengths(prompts + eval_prompts, tokenizer, config.max_completion_length,
-                             getattr(self.model.config, "max_position_embeddings", None))
+                                 for part in (([], []) if self.agent else (rows, eval_rows)))
+        if prompts:  # an agent's prompts are its own: the server refuses one too long, as OpenAI's API does
+            check_prompt_lengths(prompts + eval_prompts, tokenizer, config.max_completion_length,
+                                 getattr(self.model.config, "max_position_embeddings", None))
 
         # Copies of the starting policy are taken before it is sharded: π_ref (a whole copy, or a frame without
         # weights that is sharded like the policy and filled from its shards: reference_placement), and PPO's value
@@ -170,8 +173,10 @@ class GRPOTrainer(Trainer):
                                    sharded=is_sharded(self.model), rank=self.world.rank, world_size=self.world.size,
                                    seed=config.seed)
         self.synced: int | None = None  # the step whose weights the engine holds
-        self.sampler = Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights, self.engine,
-                               self.device, self.world, toolbox=toolbox)
+        self.sampler = AgentSampler(config, tokenizer, rows, self.agent, self.reward_funcs, self.model, self.engine,
+                                    self.device, self.world, str(source)) if self.agent else \
+            Sampler(config, tokenizer, rows, prompts, self.reward_funcs, self.reward_weights, self.engine, self.device,
+                    self.world, toolbox=toolbox)
         # Held-out evaluation (eval_dataset / eval_fraction) through the same engine, judged as `grpokit eval` judges.
         self.start_sandboxes([judge] if judge else [])
         self.held_out = HeldOutEval(config, tokenizer, eval_rows, eval_prompts, self.engine, self.world, toolbox,
@@ -266,7 +271,7 @@ class GRPOTrainer(Trainer):
 
         # 6. Metrics, over every process's completions.
         self.step += 1
-        metrics = step_metrics(self.step, *self._whole(batch, sampled, sampling), passes[0], last,
+        metrics = step_metrics(self.step, *whole_batches(batch, sampled, sampling, self.world, self.tokenizer.pad_token_id), passes[0], last,
                                (start, sampled_at, frozen, updated))
         warn_of_silent_rewards(metrics, self.silent, first_step=not self.rewards_checked, say=self.world.main)
         self.rewards_checked = True
@@ -311,7 +316,8 @@ class GRPOTrainer(Trainer):
             beta=0.0 if self.critic else config.beta, aggregation=config.aggregation,
             ratio_level=config.ratio_level, max_completion_length=config.max_completion_length,
             kl_kind=config.kl_kind, num_sequences=counts.sequences, num_tokens=counts.tokens,
-            sample_logp=batch.rollout.logp if self.engine.lowered else None, is_cap=config.rollout_is_cap,
+            # served tokens' log-probs too: the check that the sampler and the trainer agree covers them
+            sample_logp=batch.rollout.logp if self.engine.lowered or self.agent else None, is_cap=config.rollout_is_cap,
             is_mode=config.rollout_is_mode, kl_weighted=config.kl_ratio_weighted,
         )
         if entropy is not None:
@@ -338,18 +344,6 @@ class GRPOTrainer(Trainer):
             return None
         with self.reference.active():
             return self.frozen_logprobs(self.reference.model, rollout)
-
-    def _whole(self, batch: Batch, sampled: Batch, sampling: dict[str, float]) -> tuple[Batch, Batch, dict]:
-        """The step's batches and sampling counts over all processes (as they are, in a world of one)."""
-        world = self.world
-        if not world.distributed:
-            return batch, sampled, sampling
-        pad = self.tokenizer.pad_token_id
-        batch, sampled = (Batch.cat(gather(b, world), pad) for b in (batch, sampled))
-        slowest = ("sampling_rounds", "time_generate", "time_score", "time_sandbox")
-        sampling = {k: all_max(v, world) if k in slowest else all_sum(v, world) for k, v in sampling.items()}
-        sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
-        return batch, sampled, sampling
 
     # ---- checkpoints and saving ------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ def reward_funcs_of(config: Any) -> list[Any]:
     dataset (``reasoning_gym:TASK``), else ``accuracy`` and ``format``."""
     if config.reward_funcs is not None:
         return list(config.reward_funcs)
+    if getattr(config, "agent", None) is not None:  # the agent's reward is the reward
+        return []
     return ["reasoning_gym"] if str(config.dataset).startswith("reasoning_gym:") else ["accuracy", "format"]
 
 
@@ -26,8 +28,10 @@ def check_grpo_config(config: Any) -> None:
     if config.reward_funcs is not None and not config.reward_funcs:
         raise ConfigError("reward_funcs is empty; give at least one reward function (or leave it out: the dataset's "
                           "own)")
-    if config.reward_funcs is not None or config.environment is None:  # an environment's rubric: checked when loaded
-        check_reward_weights(config.reward_weights, len(reward_funcs_of(config)))
+    if config.agent is not None:  # its rewards are named by what it returns: checked at its first episode
+        check_agent_config(config)
+    elif config.reward_funcs is not None:  # else they are the functions passed in Python, or the environment's
+        check_reward_weights(config.reward_weights, len(config.reward_funcs))  # rubric: checked where they are known
     refusals = (  # (refused, why): settings that cannot run together
         (config.num_minibatches > config.num_completions, f"num_minibatches={config.num_minibatches} exceeds the "
          f"{config.num_completions} completions of a step (prompts_per_step × num_generations)"),
@@ -109,3 +113,26 @@ def _check_iterations(config: Any) -> None:
         raise ConfigError("rl_iterations > 1 with parallelism: fsdp is not supported (the first process samples "
                           "and retrains the reward model alone, which a sharded policy cannot: its passes need every "
                           "process); use ddp")
+
+
+def check_agent_config(config: Any) -> None:
+    """An agent owns its episodes' loop: what else would drive them, or needs what it does not give, is refused."""
+    refusals = (
+        (config.tools or config.environment_factory, "tools and environment_factory run inside grpokit's own episodes; "
+         "an agent drives its own (its tools are its business): drop them, or the agent"),
+        (config.environment, "environment and agent both say what drives the episodes; set one of them"),
+        (config.algorithm == "ppo", "algorithm: ppo with an agent is not supported: the value model would need a value "
+         "for every served token; use grpo"),
+        (config.supervision == "process", "supervision: process with an agent: an agent returns one reward per "
+         "episode; use outcome"),
+        (config.rl_iterations > 1, "rl_iterations > 1 with an agent is not supported (the reward model is retrained "
+         "on single completions); use 1"),
+        (config.eval_dataset is not None or config.eval_fraction or config.eval_every, "held-out evaluation "
+         "(eval_dataset, eval_fraction, eval_every) with an agent is not supported yet: it would run the agent's "
+         "episodes on held-out rows; evaluate a saved model by serving it (grpokit serve) to the agent"),
+        (config.parallelism == "fsdp", "an agent with parallelism: fsdp is not supported (the policy server decodes "
+         "on one process; sharded decoding needs every process in step); use ddp"),
+    )
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(why)

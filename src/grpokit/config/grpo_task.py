@@ -98,3 +98,17 @@ class _TaskKeys(_DataKeys):
     )
     reward_weights: list[float] | None = _field(
         None, "Weight of each reward function in the total reward; None means 1.0 each.")
+
+    # ---- agents (docs/agents.md) -------------------------------------------------------------------
+    agent: str | None = _field(
+        None, "'FILE.py:NAME' or 'package.module:NAME' of an agent that drives its own episodes: async def "
+        "agent(client: openai.AsyncOpenAI, model: str, **row) -> float | dict[str, float] (a plain def gets an "
+        "openai.OpenAI client). grpokit serves the policy over OpenAI's API, runs num_generations episodes per row "
+        "against it, and trains the tokens the policy sampled with the reward the agent returned (no default reward "
+        "is added; reward_funcs, if given, score each episode's transcript too). The Python API also takes the "
+        "function.")
+    agent_concurrency: int = _field(
+        16, "Agent episodes running at once (the policy server batches their requests).", min=1, resumable=True)
+    agent_timeout: float | None = _field(
+        600.0, "Seconds one agent episode may take; a slower one stops the run, naming the agent, the row and the "
+        "episode (null: no limit).", gt=0, resumable=True)

@@ -20,6 +20,10 @@ class Turn:
     finish_reason: str
     request: int = 0  # the request's number, in order of arrival at the server
     choice: int = 0  # its index among the request's n choices
+    # a chat request's messages as sent and the assistant message answered (an episode's transcript is built from
+    # them); None for /v1/completions
+    messages: list[dict] | None = None
+    reply: dict | None = None
 
     @property
     def logprobs(self) -> list[float]:

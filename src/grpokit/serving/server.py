@@ -45,17 +45,20 @@ class PolicyServer:
     touches it from one thread only. ``model_name``: the id ``/v1/models`` lists and requests must name.
     ``max_context``: the most tokens a request's prompt and completion may hold together (default and ceiling: the
     model's context). ``max_batch``: the most rows (prompts × n) one ``generate`` call takes; ``batch_wait``: seconds
-    the worker waits after a request arrives for others sent with it."""
+    the worker waits after a request arrives for others sent with it. ``fixed_sampling``: every request is sampled
+    so, whatever it asks (training: the tokens must come from the policy at the run's temperature, whose log-probs
+    the loss recomputes); what was asked otherwise is noted in :attr:`overridden`."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, engine: Engine | None = None,
                  model_name: str = "grpokit-policy", host: str = "127.0.0.1", port: int = 0,
                  max_context: int | None = None, max_batch: int = 64, batch_wait: float = 0.005,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, fixed_sampling: Sampling | None = None):
         self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
         self.engine = engine or NativeEngine(model, tokenizer)
         limits = [n for n in (model_context(model), max_context) if n]
         self.max_context = min(limits) if limits else None
         self.max_batch, self.batch_wait, self.default_max_tokens = max_batch, batch_wait, default_max_tokens
+        self.fixed_sampling, self.overridden = fixed_sampling, set()
         self.created = int(time.time())
         self.log = EpisodeLog()
         self.tool_calls = ToolCallReader(tokenizer)
@@ -166,6 +169,10 @@ class PolicyServer:
     async def _sample(self, prompts: list[list[int]], body: Any, budget: int) -> list[Sample]:
         sampling = Sampling(temperature=body.temperature or 1.0, top_p=body.top_p, greedy=body.temperature == 0,
                             seed=body.seed)
+        if self.fixed_sampling is not None:
+            if sampling != self.fixed_sampling:
+                self.overridden.add(f"temperature={body.temperature}, top_p={body.top_p}, seed={body.seed}")
+            sampling = self.fixed_sampling
         job = Job(prompts, body.n, budget, sampling)
         if self._batcher is None:
             raise RuntimeError("the policy server is not started")
@@ -184,8 +191,10 @@ class PolicyServer:
                     return ids[:k], logp[:k], head[:min(found)], "stop"
         return ids, logp, text, "stop" if sample.stopped else "length"
 
-    def _record(self, episode: str | None, kind: str, request: int, turns: list[tuple]) -> None:
-        self.log.add(episode, [Turn(kind, list(prompt), ids, logp, reason, request, choice)
+    def _record(self, episode: str | None, kind: str, request: int, turns: list[tuple],
+                messages: list[dict] | None = None, replies: list[dict] | None = None) -> None:
+        self.log.add(episode, [Turn(kind, list(prompt), ids, logp, reason, request, choice, messages,
+                                    replies[choice] if replies else None)
                                for choice, (prompt, ids, logp, reason) in enumerate(turns)])
 
     def _tokens(self, prompt: Any) -> list[list[int]]:
@@ -244,7 +253,8 @@ class PolicyServer:
             turns.append((sample.prompt_ids, ids, logp, reason))
             choices.append({"index": index, "message": message, "finish_reason": reason,
                             "logprobs": self._chat_logprobs(ids, logp) if body.logprobs else None})
-        self._record(episode, "chat", request, turns)
+        self._record(episode, "chat", request, turns, [dict(m) for m in body.messages],
+                     [choice["message"] for choice in choices])
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": _usage([prompt], turns)}
 

@@ -140,7 +140,7 @@ class Trainer:
                 try:
                     metrics = self.training_step()
                 except EnvironmentFailure as error:
-                    raise EnvironmentFailure(f"{error}; {self.save_before_failure(before, saved_at)}") from error
+                    raise type(error)(f"{error}; {self.save_before_failure(before, saved_at)}") from error
                 bar.set_postfix({key: f"{metrics[key]:.4g}" for key in self.postfix if metrics.get(key) is not None})
                 # Every process stops after the same step, whichever got the signal.
                 stop = all_max(float(signals.received or 0), world)

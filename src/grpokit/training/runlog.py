@@ -27,6 +27,8 @@ def step_metrics(step: int, batch: Batch, sampled: Batch, sampling: dict[str, fl
     group_size = len(sampled.completions) // len(sampled.rows)
     # lengths in the policy's own tokens (inserted tool results are not its output)
     rewards, lengths, rollout = sampled.rewards, batch.rollout.model_mask.sum(dim=1).float(), batch.rollout
+    if batch.episode_of is not None:  # an agent episode's length: the tokens sampled over all its requests
+        lengths = torch.zeros(len(batch.completions)).index_add_(0, batch.episode_of.cpu(), lengths.cpu())
     metrics: dict[str, float] = {
         "step": step,
         "reward": rewards.mean().item(),
@@ -108,7 +110,10 @@ def warn_of_silent_rewards(metrics: dict[str, Any], said: set[str], first_step: 
 
 def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt_column: str, group_size: int,
                        limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` completions of the batch with their rewards, for completions.jsonl."""
+    """The first ``limit`` completions of the batch with their rewards, for completions.jsonl (with an agent: its
+    episodes, :func:`episode_records`)."""
+    if batch.episodes is not None:
+        return episode_records(step, batch, advantages, prompt_column, group_size, limit)
     records = []
     for i in range(min(limit, len(batch.completions))):
         record = {
@@ -127,6 +132,35 @@ def completion_records(step: int, batch: Batch, advantages: torch.Tensor, prompt
         if batch.tool_calls is not None:
             record["tool_calls"] = [{"name": c.name, "arguments": c.arguments, "result": c.result, "failed": c.failed}
                                     for c in batch.tool_calls[i]]
+        records.append(record)
+    return records
+
+
+def episode_records(step: int, batch: Batch, advantages: torch.Tensor, prompt_column: str, group_size: int,
+                    limit: int) -> list[dict[str, Any]]:
+    """One record per agent episode: its reward and named rewards, its advantage, its transcript (``completion``; a
+    chat episode's ``messages``), how it was trained (``samples``: merged or per_turn) and each request it made, with
+    the token counts the server recorded."""
+    records = []
+    first_sample = {}  # episode → its first sample's row, which carries the episode's advantage
+    for row, episode in enumerate(batch.episode_of.tolist()):
+        first_sample.setdefault(episode, row)
+    for i in range(min(limit, len(batch.completions))):
+        episode, mode = batch.episodes[i]
+        turns = episode.turns
+        record = {
+            "step": step, "episode": episode.id, "prompt": batch.rows[i // group_size].get(prompt_column),
+            "completion": batch.completions[i], "reward": batch.rewards[i].item(),
+            "advantage": advantages[first_sample[i], 0].item(),
+            **{name: (None if math.isnan(s[i]) else s[i].item()) for name, s in batch.per_function.items()},
+            "samples": mode, "seconds": round(episode.seconds, 3),
+            "turns": [{"kind": t.kind, "prompt_tokens": len(t.prompt_ids), "completion_tokens": len(t.completion_ids),
+                       "finish_reason": t.finish_reason} for t in turns],
+        }
+        if all(t.messages is not None for t in turns):
+            record["messages"] = [*turns[-1].messages, turns[-1].reply]
+        if batch.log is not None and batch.log.extra:
+            record["extra"] = {column: values[i] for column, values in batch.log.extra.items()}
         records.append(record)
     return records
 

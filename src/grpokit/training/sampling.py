@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.core.objective import process_advantages
+from grpokit.core.objective import process_advantages, zero_variance_groups
 from grpokit.core.offsets import step_token_ends
 from grpokit.data import reward_columns
 from grpokit.rewards.calling import RewardError, RewardLog, TrainerState, reward_name, score_completions, score_steps
@@ -33,7 +33,7 @@ from grpokit.rewards.learned import OutcomeRewardModel, ProcessRewardModel
 from grpokit.rollout.engines import Engine
 from grpokit.rollout.generate import Rollout
 from grpokit.rollout.tools import ToolBox, ToolUse
-from grpokit.training.distributed import SINGLE, World, all_sum, gather
+from grpokit.training.distributed import SINGLE, World, all_max, all_sum, gather
 
 
 @dataclass
@@ -48,14 +48,24 @@ class Batch:
     steps: list[list[tuple[int, float]]]  # per completion: (token that ends a step, its weighted reward)
     tool_calls: list[list[ToolUse]] | None = None  # per completion, its tool calls in order (None: without tools)
     log: RewardLog | None = None  # what the reward functions logged (TRL's log_metric, log_extra)
+    # Agent episodes (grpokit.agents): the N "completions" are episodes, the rollout's M rows their training samples
+    # (one per episode, or one per request), episode_of (M,) each sample's episode; episodes: (Episode, mode) each.
+    episode_of: torch.Tensor | None = None
+    episodes: list | None = None
 
     def groups(self, index: torch.Tensor, group_size: int) -> Batch:
         """The groups at ``index`` (a bool mask or indices over B)."""
         index = torch.arange(len(self.rows))[index]
         rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # their completions
+        samples, episode_of = rows, None
+        if self.episode_of is not None:  # the kept episodes' samples, renumbered
+            renumber = torch.full((len(self.completions),), -1, dtype=torch.long)
+            renumber[rows] = torch.arange(len(rows))
+            samples = (renumber[self.episode_of] >= 0).nonzero().squeeze(1)
+            episode_of = renumber[self.episode_of[samples]]
         return Batch(
             rows=[self.rows[i] for i in index.tolist()],
-            rollout=self.rollout.select(rows.to(self.rollout.completion_ids.device)),
+            rollout=self.rollout.select(samples.to(self.rollout.completion_ids.device)),
             completions=[self.completions[i] for i in rows.tolist()],
             rewards=self.rewards[rows],
             per_function={name: scores[rows] for name, scores in self.per_function.items()},
@@ -64,6 +74,8 @@ class Batch:
             log=None if self.log is None else RewardLog(self.log.metrics, {
                 column: [values[i] for i in rows.tolist() if i < len(values)] for column, values in
                 self.log.extra.items()}),
+            episode_of=episode_of,
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows.tolist()],
         )
 
     @staticmethod
@@ -77,6 +89,9 @@ class Batch:
             steps=[s for b in batches for s in b.steps],
             tool_calls=None if batches[0].tool_calls is None else [c for b in batches for c in b.tool_calls],
             log=RewardLog.merge([b.log for b in batches]),
+            episode_of=None if batches[0].episode_of is None else torch.cat(
+                [b.episode_of + sum(len(a.completions) for a in batches[:k]) for k, b in enumerate(batches)]),
+            episodes=None if batches[0].episodes is None else [e for b in batches for e in b.episodes],
         )
 
 
@@ -90,11 +105,29 @@ def group_relative_advantages(batch: Batch, group_size: int, scale: str, world: 
         pooled = [reward for steps in batch.steps for _, reward in steps]
         everything = torch.tensor([r for part in gather(pooled, world) for r in part])
         batch_std = everything.std().item() if everything.numel() > 1 else 0.0
-    return process_advantages(
+    episodes = batch.episode_of is not None  # one outcome per episode, carried by each of its samples' tokens
+    mask = torch.ones(len(batch.steps), 1) if episodes else batch.rollout.completion_mask
+    advantages = process_advantages(
         [[reward for _, reward in steps] for steps in batch.steps],
         [[end for end, _ in steps] for steps in batch.steps],
-        batch.rollout.completion_mask, group_size, scale=scale, batch_std=batch_std,
+        mask, group_size, scale=scale, batch_std=batch_std,
     )
+    if episodes:
+        mask = batch.rollout.completion_mask
+        return advantages.to(mask.device)[batch.episode_of.to(mask.device)] * mask
+    return advantages
+
+
+def whole_batches(batch: Batch, sampled: Batch, sampling: dict[str, float], world: World,
+                  pad_token_id: int) -> tuple[Batch, Batch, dict[str, float]]:
+    """A step's batches and sampling counts over all processes (as they are, in a world of one)."""
+    if not world.distributed:
+        return batch, sampled, sampling
+    batch, sampled = (Batch.cat(gather(b, world), pad_token_id) for b in (batch, sampled))
+    slowest = ("sampling_rounds", "time_generate", "time_score", "time_sandbox")
+    sampling = {k: all_max(v, world) if k in slowest else all_sum(v, world) for k, v in sampling.items()}
+    sampling["frac_zero_std_groups"] /= world.size  # every process holds the same number of groups
+    return batch, sampled, sampling
 
 
 def signal_weights(spread: dict[int, float], size: int, floor: float) -> torch.Tensor:
@@ -294,6 +327,8 @@ class Sampler:
     def no_signal_groups(self, batch: Batch) -> torch.Tensor:
         """(B,) bool: groups whose advantages are all 0 (equal rewards), which teach nothing. Whether an
         advantage is 0 does not depend on the scale, so this stays local to the process."""
+        if batch.episode_of is not None:  # one outcome per episode: no signal where a group's rewards are equal
+            return zero_variance_groups(batch.rewards, self.config.num_generations).cpu()
         advantages = group_relative_advantages(batch, self.config.num_generations, "none")
         return (advantages.view(len(batch.rows), -1) == 0).all(dim=1).cpu()
 
