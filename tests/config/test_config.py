@@ -28,7 +28,8 @@ from grpokit.config import (
         ({"progress_bar": "yes"}, "progress_bar must be bool"),
         ({"reward_funcs": "accuracy"}, "reward_funcs must be a list"),
         ({"reward_funcs": []}, "reward_funcs is empty"),
-        ({"reward_weights": [1.0]}, "reward_weights has 1 values but reward_funcs has 2"),
+        ({"reward_funcs": ["accuracy", "format"], "reward_weights": [1.0]},
+         "reward_weights has 1 values but reward_funcs has 2"),
         ({"learning_rate": "fast"}, "learning_rate must be float, got str 'fast'"),
     ],
 )
@@ -86,7 +87,8 @@ RESUMABLE_ANYWHERE = {"max_steps", "output_dir", "progress_bar", "save_every", "
 @pytest.mark.parametrize("config_class, also", [
     (GRPOConfig, {"log_completions", "logprob_chunk_mb", "gradient_checkpointing", "reward_timeout", "on_reward_error",
                   "report_to", "project", "run_name", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
-                  "vllm_sync_check", "eval_every", "eval_samples", "eval_alarm_drop", "reference_placement"}),
+                  "vllm_sync_check", "eval_every", "eval_samples", "eval_alarm_drop", "reference_placement",
+                  "agent_concurrency", "agent_timeout"}),
     (SFTConfig, {"gradient_checkpointing"}),
     (RewardConfig, set()),
 ])

@@ -14,7 +14,7 @@ from grpokit.resolve import model_directory
 from grpokit.rewards.builtin import accuracy_reward, format_reward
 from grpokit.rewards.calling import RewardError, score_completions, score_steps
 from grpokit.tasks.arithmetic import arithmetic_steps_reward
-from helpers import make_trainer
+from helpers import each_one, make_trainer, ones
 
 # ---- data files ------------------------------------------------------------------------------------
 
@@ -95,7 +95,8 @@ CONFIG_CASES = {
     "not a choice": ({"aggregation": "mean"}, r"aggregation='mean' is not valid"),
     "warmup longer than the run": ({"max_steps": 5, "warmup_steps": 5}, r"warmup_steps=5 leaves no step"),
     "ppo with dynamic sampling": ({"algorithm": "ppo", "dynamic_sampling": True}, r"PPO has no groups"),
-    "weights for the wrong number of rewards": ({"reward_weights": [1.0]}, r"reward_weights has 1 values"),
+    "weights for the wrong number of rewards": ({"reward_funcs": ["accuracy", "format"], "reward_weights": [1.0]},
+                                                r"reward_weights has 1 values"),
     "more minibatches than completions": ({"num_minibatches": 1000}, r"num_minibatches=1000 exceeds the 128"),
     "a group of one": ({"num_generations": 1}, r"num_generations=1 is out of range"),
 }
@@ -271,3 +272,12 @@ def test_config_file_round_trip_of_every_reliability_key(tmp_path):
     path.write_text(yaml.safe_dump(values))
     config = load_config(path)
     assert {k: getattr(config, k) for k in values} == values
+
+
+def test_reward_weights_are_checked_against_the_functions_passed(tokenizer, tiny_model, tmp_path):
+    # three functions passed in Python, three weights: not checked against the config's default two
+    trainer = make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(ones, each_one, lambda **kw: [0.0] * 32),
+                           reward_weights=[1.0, 2.0, 3.0], max_steps=1)
+    assert trainer.reward_weights == [1.0, 2.0, 3.0]
+    with pytest.raises(ConfigError, match="reward_weights has 1 values but reward_funcs has 2"):
+        make_trainer(tokenizer, tiny_model, tmp_path, reward_funcs=(ones, each_one), reward_weights=[1.0])
