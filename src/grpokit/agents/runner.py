@@ -15,11 +15,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from grpokit.agents.calling import AgentError, agent_name, episode_rewards
+from grpokit.runtime.threads import DaemonPool
 from grpokit.serving import PolicyServer, Turn
 
 
@@ -67,9 +67,10 @@ async def _run(agent: Callable, rows: Sequence[dict[str, Any]], group: int, serv
         inspect.iscoroutinefunction(getattr(agent, "__call__", None))
     round_id = uuid.uuid4().hex[:8]  # episode ids never repeat across rounds
     gate = asyncio.Semaphore(concurrency)
-    # One connection pool for every episode's client; a plain-def agent's calls run in threads of their own.
+    # One connection pool for every episode's client; a plain-def agent's calls run in daemon threads, which a
+    # failed run's exit abandons (a hung agent does not keep it alive).
     http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=2 * concurrency))
-    threads = None if is_async else ThreadPoolExecutor(concurrency, thread_name_prefix="grpokit-agent")
+    threads = None if is_async else DaemonPool(concurrency, "grpokit-agent")
 
     async def episode(row: int, generation: int) -> Episode:
         async with gate:
