@@ -63,15 +63,16 @@ ROWS = [{"prompt": f"Count {i}:", "answer": "1"} for i in range(32)]
 
 
 def documented_metrics(reward_models: bool = False, code_rewards: bool = False,
-                       lowered: bool = False) -> tuple[set[str], set[str]]:
+                       lowered: bool = False, agents: bool = False) -> tuple[set[str], set[str]]:
     """The keys in docs/metrics.md's tables: every run's (with ``reward_models``: and those reward models add; with
-    ``code_rewards``: those code_tests adds; with ``lowered``: those a bfloat16 sampler adds), and the ones PPO
-    adds."""
+    ``code_rewards``: those code_tests adds; with ``lowered``: those a bfloat16 sampler adds; with ``agents``: those an
+    agent adds), and the ones PPO adds."""
     common, *sections = re.split(r"^## ", METRICS_DOC.read_text(), flags=re.M)
     section = lambda title: next(s for s in sections if s.startswith(title))  # noqa: E731
     keys = lambda text: set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.M))  # noqa: E731
     added = [title for title, wanted in (("Reward models add", reward_models), ("Code rewards add", code_rewards),
-                                         ("Sampling in a lower precision adds", lowered)) if wanted]
+                                         ("Sampling in a lower precision adds", lowered),
+                                         ("Agents add", agents)) if wanted]
     return keys(common).union(*(keys(section(title)) for title in added)), keys(section("PPO adds"))
 
 

@@ -64,10 +64,10 @@ def test_the_cli_trains_an_agent_named_in_the_config(agents, tiny_model_dir):
 
 
 @pytest.mark.parametrize("agent, flags, error", [
-    ("raises", [], r"error: agent 'raises' raised RuntimeError: the tool is down \(row \d of rows.jsonl, episode "
+    ("raises", [], r"error: agent 'raises' raised RuntimeError: the tool is down \(line \d of rows.jsonl, episode "
                    r"\w+-\d-\d\)"),
     # the agent's thread, asleep for an hour, is abandoned: the exit does not wait for it
-    ("hangs", ["--agent_timeout=2"], r"error: agent 'hangs' did not finish within agent_timeout=2.0 s \(row \d of "
+    ("hangs", ["--agent_timeout=2"], r"error: agent 'hangs' did not finish within agent_timeout=2.0 s \(line \d of "
                                      r"rows.jsonl, episode"),
 ])
 def test_an_agent_that_fails_ends_the_run_naming_it(agents, tiny_model_dir, agent, flags, error):

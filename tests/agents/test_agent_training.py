@@ -9,6 +9,7 @@ import torch
 from grpokit.agents.calling import AgentError
 from grpokit.config import ConfigError
 from grpokit.rollout.served_samples import MERGED, episode_samples
+from helpers import documented_metrics, logged_keys
 
 ROWS = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
 
@@ -43,6 +44,8 @@ def test_an_agents_episodes_train_the_tokens_sampled_with_its_rewards(agent_trai
     records = [json.loads(line) for line in open(f"{trainer.config.output_dir}/completions.jsonl")]
     assert len(records) == 4 and {r["episode"] for r in records} <= {e.id for e in episodes}  # log_completions: 4
     assert all(len(r["turns"]) == 2 for r in records)
+    documented, _ = documented_metrics(lowered=True, agents=True)
+    assert logged_keys(metrics) <= documented, logged_keys(metrics) - documented
 
 
 def test_tokens_trained_are_the_tokens_sampled_byte_for_byte(agent_trainer, monkeypatch):

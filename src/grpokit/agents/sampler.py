@@ -19,6 +19,7 @@ from grpokit.agents.calling import AgentError, agent_columns, agent_name
 from grpokit.agents.runner import Episode, run_episodes
 from grpokit.agents.samples import episode_rollout, transcript
 from grpokit.config import ConfigError, GRPOConfig
+from grpokit.data import row_place
 from grpokit.rewards.calling import RewardLog, TrainerState, reward_name, score_completions
 from grpokit.rollout.engines import Engine
 from grpokit.rollout.served_samples import PER_TURN
@@ -52,7 +53,7 @@ class AgentSampler(Sampler):
         with PolicyServer(self.model, self.tokenizer, engine=self.engine, fixed_sampling=fixed,
                           default_max_tokens=config.max_completion_length) as server:
             episodes = run_episodes(self.agent, rows, g, server, columns=self.columns,
-                                    labels=[f"row {i} of {self.source}" for i in indices],
+                                    labels=[f"{row_place(self.rows[i], i)} of {self.source}" for i in indices],
                                     concurrency=config.agent_concurrency, timeout=config.agent_timeout)
         generated = time.perf_counter()
         asked = ", ".join(sorted(server.overridden)[:1])

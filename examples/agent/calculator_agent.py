@@ -1,0 +1,61 @@
+"""An agent written with the openai SDK, as one would write it for any OpenAI-compatible server: a multi-turn
+episode in which the model may use a calculator tool before it answers. grpokit trains it (examples/agent/README.md):
+
+    grpokit train examples/agent/grpo.yaml --model gguf:$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
+
+The tool protocol is the agent's own (SmolLM2's chat template has no tool-call format): the model writes
+<calc>EXPRESSION</calc>, the agent computes it and sends the result back as the next user message. Nothing the model
+writes is evaluated: the calculator reads numbers and + - * / with the ast module.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+
+SYSTEM = ("Solve the problem. You have a calculator: write <calc>EXPRESSION</calc> (numbers and + - * /) and the "
+          "result comes back. Give the final answer as <answer>NUMBER</answer>.")
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+MAX_TURNS = 3
+
+
+def calculate(expression: str) -> str:
+    """The value of an arithmetic expression, or an error text; only numbers and + - * / (never eval)."""
+
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        raise ValueError("only numbers and + - * /")
+
+    try:
+        result = value(ast.parse(expression.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError) as error:
+        return f"error: {error}"
+    return str(int(result)) if float(result).is_integer() else f"{result:.6g}"
+
+
+async def calculator_agent(client, model: str, question: str, answer: str) -> dict[str, float]:
+    """One episode: up to MAX_TURNS model turns, each either a calculator call (answered, then the model goes on) or
+    the final answer. Rewards: ``correct`` (the answer equals the row's) and ``used_calculator`` (0.1 once it
+    called the calculator with an expression that computes)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    used = 0.0
+    text = ""
+    for _ in range(MAX_TURNS):
+        reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=48,
+                                                     stop=["</calc>"])
+        text = reply.choices[0].message.content or ""
+        call = re.search(r"<calc>(.*)$", text, re.S)  # the stop string ends the call: the reply stops before it
+        if reply.choices[0].finish_reason != "stop" or call is None:
+            break
+        result = calculate(call.group(1))
+        used = max(used, 0.0 if result.startswith("error") else 0.1)
+        messages += [{"role": "assistant", "content": text + "</calc>"},
+                     {"role": "user", "content": f"<result>{result}</result>"}]
+    final = re.search(r"<answer>\s*(-?\d+)\s*</answer>", text)
+    return {"correct": float(final is not None and final.group(1) == answer), "used_calculator": used}
