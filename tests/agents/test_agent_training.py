@@ -41,6 +41,8 @@ def test_an_agents_episodes_train_the_tokens_sampled_with_its_rewards(agent_trai
     assert metrics["agent_episodes"] == 8 and metrics["agent_turns"] == 16
     assert metrics["rewards/completions"] == pytest.approx(sum(e.rewards["completions"] for e in episodes) / 8)
     assert metrics["reward"] == pytest.approx(metrics["rewards/completions"])
+    # the served tokens' log-probs against the policy's own: the same model, float32, so all but equal
+    assert 0 <= metrics["sampler_kl"] < 1e-5 and metrics["is_capped_frac"] == 0
     records = [json.loads(line) for line in open(f"{trainer.config.output_dir}/completions.jsonl")]
     assert len(records) == 4 and {r["episode"] for r in records} <= {e.id for e in episodes}  # log_completions: 4
     assert all(len(r["turns"]) == 2 for r in records)
