@@ -15,7 +15,8 @@ import operator
 import re
 
 SYSTEM = ("Solve the problem. You have a calculator: write <calc>EXPRESSION</calc> (numbers and + - * /) and the "
-          "result comes back. Give the final answer as <answer>NUMBER</answer>.")
+          "result comes back as <result>VALUE</result>. Give the final answer as <answer>NUMBER</answer>. "
+          "Example: What is 12 * 34? <calc>12 * 34</calc> <result>408</result> <answer>408</answer>")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 MAX_TURNS = 3
 
@@ -41,8 +42,9 @@ def calculate(expression: str) -> str:
 
 async def calculator_agent(client, model: str, question: str, answer: str) -> dict[str, float]:
     """One episode: up to MAX_TURNS model turns, each either a calculator call (answered, then the model goes on) or
-    the final answer. Rewards: ``correct`` (the answer equals the row's) and ``used_calculator`` (0.1 once it
-    called the calculator with an expression that computes)."""
+    the final answer. Rewards: ``correct`` (the answer equals the row's), ``answered`` (0.2 for an answer in
+    <answer>NUMBER</answer>) and ``used_calculator`` (0.1 once it called the calculator with an expression that
+    computes)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     used = 0.0
     text = ""
@@ -58,4 +60,5 @@ async def calculator_agent(client, model: str, question: str, answer: str) -> di
         messages += [{"role": "assistant", "content": text + "</calc>"},
                      {"role": "user", "content": f"<result>{result}</result>"}]
     final = re.search(r"<answer>\s*(-?\d+)\s*</answer>", text)
-    return {"correct": float(final is not None and final.group(1) == answer), "used_calculator": used}
+    return {"correct": float(final is not None and final.group(1) == answer),
+            "answered": 0.2 * (final is not None), "used_calculator": used}

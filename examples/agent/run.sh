@@ -12,7 +12,7 @@ import json
 for line in open("runs/agent/grpo/metrics.jsonl"):
     m = json.loads(line)
     print(f"step {m['step']}: reward {m['reward']:.3f} correct {m['rewards/correct']:.3f} "
-          f"calculator {m['rewards/used_calculator']:.3f} turns {m['agent_turns']} "
+          f"answered {m['rewards/answered']:.3f} calculator {m['rewards/used_calculator']:.3f} turns {m['agent_turns']} "
           f"per-turn episodes {m['agent_per_turn_episodes']} sampler_kl {m['sampler_kl']:.2e} "
           f"{m['time_step']:.0f} s")
 PY

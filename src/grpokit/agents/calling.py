@@ -7,6 +7,7 @@ get them: all of them with ``**row``, else the ones it names. It returns the epi
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
 import numbers
@@ -58,6 +59,10 @@ def agent_of(config: Any, agent: Callable | None, tools: Sequence | None = None,
         raise ConfigError("tools= and environment_factory= run inside grpokit's own episodes; an agent drives its own: "
                           "pass one or the other")
     check_agent_config(config)
+    missing = [name for name in ("fastapi", "uvicorn", "openai", "httpx") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"an agent is served the policy over OpenAI's API, which needs {', '.join(missing)}: "
+                          "pip install 'grpokit[serve]'")
     return load_agent(agent if agent is not None else config.agent)
 
 
