@@ -1,5 +1,5 @@
 """vf-v1-arith: a single-turn arithmetic taskset (no network, no judge). Two weighted rewards, one of them keyed
-(a mapping of named scores), and a metric; a `train` and an `eval` split."""
+(a mapping of named scores), and a metric; a `train` and an `eval` split. A task marked `broken` fails its setup."""
 
 from typing import Literal
 
@@ -11,9 +11,15 @@ QUESTIONS = {"train": [("2+2", "4"), ("3+4", "7"), ("5+1", "6"), ("9-3", "6"), (
 
 class ArithData(vf.TaskData):
     answer: str
+    broken: bool = False
+    """The task's setup raises: a failed episode."""
 
 
 class ArithTask(vf.Task[ArithData]):
+    async def setup(self, trace: vf.Trace, runtime) -> None:
+        if self.data.broken:
+            raise RuntimeError("the board broke")
+
     @vf.stop
     async def single_turn(self, trace: vf.Trace) -> bool:
         return trace.num_turns >= 1

@@ -1,6 +1,6 @@
 """vf-v1-dialog: a multi-turn, infinite taskset whose own Env drives the conversation: the task has no prompt, a
-scripted user opens it and follows each reply with the next of its turns (verifiers' `interaction`). The reward
-counts the replies that echo the word each user turn asked for."""
+scripted user opens it and follows each reply with the next of its turns (verifiers' `interaction`). Two rewards:
+the replies that echo the word each user turn asked for, and (weighing against) their length."""
 
 import itertools
 
@@ -18,6 +18,11 @@ class DialogTask(vf.Task[DialogData]):
     async def echoed(self, trace: vf.Trace) -> float:
         replies = [m.content or "" for m in trace.assistant_messages]
         return sum(w in r for w, r in zip(self.data.words, replies)) / len(self.data.words)
+
+    @vf.reward(weight=-0.25)
+    async def verbosity(self, trace: vf.Trace) -> float:
+        replies = [m.content or "" for m in trace.assistant_messages]
+        return sum(len(r) for r in replies) / 10
 
 
 class DialogConfig(vf.TasksetConfig):
