@@ -211,7 +211,8 @@ def verifiers_v1_task(name: str, args: dict[str, Any] | None = None, *, eval_arg
 
     ``eval_args``: taskset fields for its eval rows (verifiers has no eval split of its own: e.g. ``{"split":
     "test"}``), merged over ``args["taskset"]``; none, no eval rows. ``sampling``: sent with every model call
-    (``temperature``, ``top_p``, ``max_tokens``: grpokit's ``temperature``, ``top_p``, ``max_new_tokens``).
+    (``temperature``, ``top_p``, ``max_tokens``: grpokit's ``temperature``, ``top_p``, ``max_completion_length``, the
+    last per model call; the seat's ``max_output_tokens`` in ``args`` bounds a whole episode).
     ``reward_keys``: the keys of a reward function that returns keyed scores. ``max_rows``: at most this many rows
     per split (a taskset that never ends gives 1024 unless told). ``on_error``: an episode that failed raises
     ``VerifiersV1EpisodeError``, or (``"zero"``) scores 0 on every reward, as verifiers' own total does."""
