@@ -28,6 +28,7 @@ from grpokit.agents.verifiers_v1 import (  # noqa: E402
     VerifiersV1Error,
     verifiers_v1_task,
 )
+from grpokit.rollout.served_samples import episode_samples  # noqa: E402
 from grpokit.serving import PolicyServer  # noqa: E402
 from grpokit.tasks.tiny_model import build_model  # noqa: E402
 from helpers import HERMES, TEMPLATE_SPEC, tokenizer_with  # noqa: E402
@@ -130,6 +131,7 @@ def test_single_turn_episodes_are_recorded_and_scored_as_verifiers_scores_them(s
 
 
 def test_the_agent_entry_point_returns_the_rewards_and_shows_the_episode(server):
+    """task.agent, as the trainer calls it, with a column of its own; on two event loops, one after the other."""
     task = verifiers_v1_task("vf-v1-arith", {"taskset": {"num_tasks": 2}}, sampling={"max_tokens": 4},
                              reward_keys=KEYS)
     seen = []
@@ -139,10 +141,11 @@ def test_the_agent_entry_point_returns_the_rewards_and_shows_the_episode(server)
         async with openai.AsyncOpenAI(base_url=server.episode_url("entry"), api_key="none") as client:
             return await task.agent(client, MODEL, **task.rows[0], other_column="ignored")
 
-    rewards = asyncio.run(main())
-    [(episode, given)] = seen
-    assert given == rewards == {name: r.score for name, r in episode.traces[0].rewards.items()}
-    assert len(server.pop_episode("entry")) == 1
+    rewards = [asyncio.run(main()) for _ in range(2)]  # a second event loop: verifiers' serving comes up again
+    assert len(seen) == 2
+    for (episode, given), returned in zip(seen, rewards):
+        assert given == returned == {name: r.score for name, r in episode.traces[0].rewards.items()}
+    assert len(server.pop_episode("entry")) == 2
 
 
 def test_multi_turn_episodes_driven_by_the_environment(server, tok):
@@ -157,6 +160,10 @@ def test_multi_turn_episodes_driven_by_the_environment(server, tok):
         assert f"Say the word {row['task']['words'][1]}." in tok.decode(recorded[1].prompt_ids)
         replies = [m.content or "" for m in trace.assistant_messages]
         assert replies == [tok.decode(t.completion_ids, skip_special_tokens=True) for t in recorded]
+        # what training would take from the episode: exactly the tokens sampled, in order
+        samples, _ = episode_samples(recorded)
+        trained = [t for sample in samples for t, m in zip(sample.completion_ids, sample.loss_mask) if m]
+        assert trained == [t for turn in recorded for t in turn.completion_ids]
         again = rescored(task, row, trace)
         assert reward == {name: r.score for name, r in again.rewards.items()}
         assert reward["verbosity"] == sum(len(r) for r in replies) / 10 > 0
