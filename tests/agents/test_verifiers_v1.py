@@ -219,6 +219,10 @@ def test_errors_name_the_fix(monkeypatch):
         verifiers_v1_task("vf-v1-arith", {"taskset": {"id": "other"}})
     with pytest.raises(VerifiersV1Error, match=r"(?s)eval_args do not validate.*split"):
         verifiers_v1_task("vf-v1-arith", eval_args={"split": "test"})
+    task = verifiers_v1_task("vf-v1-arith", reward_keys=KEYS)  # no eval_args: no eval rows
+    unused = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="none")
+    with pytest.raises(VerifiersV1Error, match=r"a row of split 'eval', which it has not \(eval rows need eval_args"):
+        asyncio.run(task.agent(unused, MODEL, **{**task.rows[0], "split": "eval"}))
     monkeypatch.setattr(verifiers_v1, "verifiers_major_minor", lambda: (0, 3))
     with pytest.raises(VerifiersV1Error, match=r"verifiers 0\.3 is installed.*verifiers>=0\.4,<0\.5.*"
                                                r"grpokit\.tasks\.verifiers"):

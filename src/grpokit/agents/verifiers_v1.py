@@ -109,7 +109,7 @@ class VerifiersV1Task:
     ``temperature``, ``top_p``, ``max_tokens`` per call, other keys as given). ``on_episode(episode, rewards)``, if
     set, sees each episode verifiers returned (its traces, metrics, timing) with the rewards given for it."""
 
-    def __init__(self, vf: Any, config: Any, eval_config: Any | None, sampling: Any, reward_keys: dict[str, list[str]],
+    def __init__(self, config: Any, eval_config: Any | None, sampling: Any, reward_keys: dict[str, list[str]],
                  max_rows: int | None, on_error: Literal["raise", "zero"]) -> None:
         from verifiers.v1.utils.loaders import load_environment, load_taskset
 
@@ -136,6 +136,9 @@ class VerifiersV1Task:
 
     def _task(self, task: dict[str, Any], split: str) -> Any:
         """verifiers' task for a row, built as its env server builds one from wire data."""
+        if split not in self._task_configs:
+            raise VerifiersV1Error(f"verifiers environment {self.name!r}: a row of split {split!r}, which it has not "
+                                   "(eval rows need eval_args)")
         return self._task_cls(self._data_cls.model_validate(task), self._task_configs[split])
 
     def _reward_signature(self, row: dict[str, Any], keys: dict[str, list[str]]) -> tuple[list[str], list[float]]:
@@ -182,6 +185,7 @@ class VerifiersV1Task:
         ``openai.AsyncOpenAI``) to ``model``."""
         from verifiers.v1.clients import ModelContext
 
+        vf_task = self._task(task, split)
         bridge.install_client()
         if not self._local_python:
             self._local_python = bridge.use_local_python()
@@ -189,7 +193,7 @@ class VerifiersV1Task:
         context = ModelContext(model=model, client=config, sampling=self._sampling)
         try:
             async with self._serving.env() as env:
-                (slot,) = env.slots(self._task(task, split))
+                (slot,) = env.slots(vf_task)
                 return await env.run_slot(slot, context)
         finally:
             bridge.release(key)
@@ -233,4 +237,4 @@ def verifiers_v1_task(name: str, args: dict[str, Any] | None = None, *, eval_arg
         sampling_config = vf.SamplingConfig.model_validate(sampling or {})
     except ValueError as e:
         raise VerifiersV1Error(f"verifiers:{name}: sampling does not validate: {e}") from e
-    return VerifiersV1Task(vf, config, eval_config, sampling_config, dict(reward_keys or {}), max_rows, on_error)
+    return VerifiersV1Task(config, eval_config, sampling_config, dict(reward_keys or {}), max_rows, on_error)
