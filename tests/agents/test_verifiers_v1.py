@@ -98,6 +98,10 @@ def test_rows_eval_rows_and_reward_names():
     assert endless.eval_rows is None and endless.reward_names == ["echoed", "verbosity"]
     assert endless.reward_weights == [2.0, -0.25]
     assert len(verifiers_v1_task("vf-v1-dialog").rows) == verifiers_v1.INFINITE_ROWS
+    from_args = verifiers_v1_task("vf-v1-arith", {"taskset": {"num_tasks": 4}, "eval_taskset": {"split": "eval"},
+                                                  "reward_keys": KEYS, "max_rows": 3, "on_error": "zero"})
+    assert from_args.rows == task.rows[:3] and from_args.eval_rows == task.eval_rows
+    assert from_args.reward_names == task.reward_names and from_args.on_error == "zero"
     pinned = verifiers_v1_task("vf-v1-arith", {"agent": {"harness": {"id": "bash"}, "max_turns": 3}}, reward_keys=KEYS)
     assert pinned.env_config.agent.harness.id == "bash" and pinned.env_config.agent.max_turns == 3
 
@@ -219,6 +223,8 @@ def test_errors_name_the_fix(monkeypatch):
         verifiers_v1_task("vf-v1-arith", {"taskset": {"id": "other"}})
     with pytest.raises(VerifiersV1Error, match=r"(?s)eval_args do not validate.*split"):
         verifiers_v1_task("vf-v1-arith", eval_args={"split": "test"})
+    with pytest.raises(VerifiersV1Error, match=r"max_rows is given twice \(as max_rows= and as args' 'max_rows'\)"):
+        verifiers_v1_task("vf-v1-arith", {"max_rows": 2}, max_rows=3)
     task = verifiers_v1_task("vf-v1-arith", reward_keys=KEYS)  # no eval_args: no eval rows
     unused = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="none")
     with pytest.raises(VerifiersV1Error, match=r"a row of split 'eval', which it has not \(eval rows need eval_args"):

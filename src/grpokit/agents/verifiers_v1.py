@@ -28,6 +28,9 @@ __all__ = ["VerifiersV1Error", "VerifiersV1EpisodeError", "VerifiersV1Task", "ve
 INSTALL = ("pip install 'grpokit[verifiers_v1]' (verifiers>=0.4,<0.5; or bash scripts/test_verifiers_v1.sh, which "
            "builds .venv-verifiers-v1 with it)")
 INFINITE_ROWS = 1024  # rows taken from a taskset that never ends, unless max_rows says otherwise
+# grpokit's own keys in args (environment_args), by keyword of verifiers_v1_task; the rest is verifiers' [env] block
+GRPOKIT_KEYS = {"eval_taskset": "eval_args", "reward_keys": "reward_keys", "max_rows": "max_rows",
+                "on_error": "on_error"}
 
 
 class VerifiersV1Error(ValueError):
@@ -219,11 +222,25 @@ def verifiers_v1_task(name: str, args: dict[str, Any] | None = None, *, eval_arg
     last per model call; the seat's ``max_output_tokens`` in ``args`` bounds a whole episode).
     ``reward_keys``: the keys of a reward function that returns keyed scores. ``max_rows``: at most this many rows
     per split (a taskset that never ends gives 1024 unless told). ``on_error``: an episode that failed raises
-    ``VerifiersV1EpisodeError``, or (``"zero"``) scores 0 on every reward, as verifiers' own total does."""
+    ``VerifiersV1EpisodeError``, or (``"zero"``) scores 0 on every reward, as verifiers' own total does.
+
+    So that a config file's ``environment_args`` can say them, ``args`` may hold these four too (not verifiers'
+    keys: taken out before verifiers reads the block), ``eval_args`` as ``eval_taskset``."""
     vf = _verifiers_v1()
+    args = dict(args or {})
+    given = {"eval_args": eval_args, "reward_keys": reward_keys, "max_rows": max_rows,
+             "on_error": None if on_error == "raise" else on_error}
+    for key, keyword in GRPOKIT_KEYS.items():
+        if key in args:
+            if given[keyword] is not None:
+                raise VerifiersV1Error(f"verifiers:{name}: {keyword} is given twice (as {keyword}= and as args' "
+                                       f"{key!r})")
+            given[keyword] = args.pop(key)
+    eval_args, reward_keys, max_rows = given["eval_args"], given["reward_keys"], given["max_rows"]
+    on_error = given["on_error"] or "raise"
     if on_error not in ("raise", "zero"):
         raise VerifiersV1Error(f"on_error must be 'raise' or 'zero', not {on_error!r}")
-    config = _env_config(vf, name, args or {})
+    config = _env_config(vf, name, args)
     eval_config = None
     if eval_args is not None:
         from verifiers.v1.utils.loaders import taskset_config_type
