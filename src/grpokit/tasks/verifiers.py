@@ -310,7 +310,8 @@ def _load(vf: Any, name: str, args: dict[str, Any], seed: int) -> Any:
                 f"Taskset), which grpokit's adapter does not run: it speaks verifiers' v0 API (a module's "
                 f"load_environment() returning a SingleTurnEnv or MultiTurnEnv), which verifiers {SUPPORTED} serves; "
                 "v1 tasksets are the API that replaced it in verifiers 0.4 (0.3 holds a preview, verifiers.v1). Use "
-                "a v0 environment, one whose module defines load_environment()")
+                "a v0 environment, one whose module defines load_environment(), or install verifiers 0.4, whose "
+                "tasksets run as agents (grpokit.agents.verifiers_v1)")
         raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} has no load_environment(); "
                              "a verifiers environment's module defines it")
     if "seed" not in args and "seed" in inspect.signature(loader).parameters:
