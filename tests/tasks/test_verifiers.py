@@ -315,6 +315,12 @@ def test_verifiers_not_installed_or_the_wrong_version_is_named(envs, monkeypatch
     monkeypatch.setattr(vf, "__version__", "0.4.0")
     with pytest.raises(ValueError, match=r"verifiers 0\.4\.0 is installed.*0\.3\.x.*verifiers>=0\.3,<0\.4"):
         load_environment_task("verifiers:vf-quiz")
+    with pytest.raises(ValueError, match=r"0\.4\.0 is installed: its environments.*run as agents.*"
+                                         r"grpokit\.agents\.verifiers_v1\.verifiers_v1_task"):
+        load_environment_task("verifiers:vf-quiz")
+    monkeypatch.setattr(vf, "__version__", "0.5.0")
+    with pytest.raises(ValueError, match=r"verifiers 0\.5\.0 is installed; .*0\.3\.x.*verifiers>=0\.3,<0\.4"):
+        load_environment_task("verifiers:vf-quiz")
 
 
 def test_an_environment_not_installed_or_failing_to_load_is_named(envs, tmp_path):

@@ -2,8 +2,9 @@
 ``load_environment``): its dataset as rows, its rubric as reward functions, and one episode object per completion
 holding verifiers' ``state`` (:mod:`grpokit.tasks.environments` describes the protocol). This speaks verifiers' v0 API
 (``load_environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``Rubric``, ``RubricGroup``, the parsers), which 0.3.x
-serves (0.3.1 from ``verifiers.legacy``, at the same names); 0.4 replaced it (``verifiers.v1``) and is refused by
-name, as are a v1 taskset (0.3 holds a preview of v1) and ``ToolEnv`` (tool calls in OpenAI's format).
+serves (0.3.1 from ``verifiers.legacy``, at the same names). verifiers 0.4 replaced it (``verifiers.v1``): its
+environments run as agents (:mod:`grpokit.agents.verifiers_v1`), and this adapter, finding 0.4, says so. Refused by
+name: a v1 taskset under 0.3 (which holds a preview of v1) and ``ToolEnv`` (tool calls in OpenAI's format).
 
 In place of verifiers' rollout loop (``MultiTurnEnv.rollout``), step by step the same calls:
 ``reset`` runs ``init_state`` and ``setup_state``; each assistant turn goes in through ``add_model_response`` (as a
@@ -51,10 +52,17 @@ def _verifiers() -> Any:
         raise VerifiersError(INSTALL) from None
     version = getattr(verifiers, "__version__", "unknown")
     major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if major_minor == (0, 4):  # its environments call the model themselves: they run as agents, elsewhere
+        raise VerifiersError(f"verifiers {version} is installed: its environments (its v1 API: tasksets, harnesses) "
+                             "run as agents against grpokit's policy server, through "
+                             "grpokit.agents.verifiers_v1.verifiers_v1_task; this adapter (grpokit.tasks.verifiers) "
+                             f"speaks verifiers {SUPPORTED}'s v0 API (load_environment, SingleTurnEnv, MultiTurnEnv, "
+                             "Rubric): for it, pip install 'verifiers>=0.3,<0.4'")
     if major_minor != (0, 3):
         raise VerifiersError(f"verifiers {version} is installed; grpokit's adapter speaks verifiers' v0 API "
                              f"(load_environment, SingleTurnEnv, MultiTurnEnv, Rubric), which verifiers {SUPPORTED} "
-                             "serves (0.4 replaced it with verifiers.v1): pip install 'verifiers>=0.3,<0.4'")
+                             "serves (0.4's v1 API runs through grpokit.agents.verifiers_v1): pip install "
+                             "'verifiers>=0.3,<0.4'")
     return verifiers
 
 
@@ -302,7 +310,8 @@ def _load(vf: Any, name: str, args: dict[str, Any], seed: int) -> Any:
                 f"Taskset), which grpokit's adapter does not run: it speaks verifiers' v0 API (a module's "
                 f"load_environment() returning a SingleTurnEnv or MultiTurnEnv), which verifiers {SUPPORTED} serves; "
                 "v1 tasksets are the API that replaced it in verifiers 0.4 (0.3 holds a preview, verifiers.v1). Use "
-                "a v0 environment, one whose module defines load_environment()")
+                "a v0 environment, one whose module defines load_environment(), or install verifiers 0.4, whose "
+                "tasksets run as agents (grpokit.agents.verifiers_v1)")
         raise VerifiersError(f"verifiers environment {name!r}: its module {module!r} has no load_environment(); "
                              "a verifiers environment's module defines it")
     if "seed" not in args and "seed" in inspect.signature(loader).parameters:
