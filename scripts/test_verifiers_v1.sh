@@ -10,4 +10,4 @@ source scripts/integration_venv.sh
 VENV=${VERIFIERS_V1_VENV:-.venv-verifiers-v1}
 integration_venv "$VENV" "verifiers.v1, fastapi, grpokit, vf_v1_arith" -e '.[dev,serve,verifiers_v1]' \
   -e tests/agents/vf_v1_env
-"$VENV/bin/python" -m pytest -m verifiers_v1 tests/agents/test_verifiers_v1.py "$@"
+"$VENV/bin/python" -m pytest -m verifiers_v1 tests/agents/test_verifiers_v1.py tests/agents/test_verifiers_v1_training.py "$@"

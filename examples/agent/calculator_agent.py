@@ -16,7 +16,7 @@ import re
 
 SYSTEM = ("Solve the problem. You have a calculator: write <calc>EXPRESSION</calc> (numbers and + - * /) and the "
           "result comes back as <result>VALUE</result>. Give the final answer as <answer>NUMBER</answer>. "
-          "Example: What is 12 * 34? <calc>12 * 34</calc> <result>408</result> <answer>408</answer>")
+          "Example: What is 12 + 34? <calc>12 + 34</calc> <result>46</result> <answer>46</answer>")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 MAX_TURNS = 3
 
@@ -42,9 +42,9 @@ def calculate(expression: str) -> str:
 
 async def calculator_agent(client, model: str, question: str, answer: str) -> dict[str, float]:
     """One episode: up to MAX_TURNS model turns, each either a calculator call (answered, then the model goes on) or
-    the final answer. Rewards: ``correct`` (the answer equals the row's), ``answered`` (0.2 for an answer in
-    <answer>NUMBER</answer>) and ``used_calculator`` (0.1 once it called the calculator with an expression that
-    computes)."""
+    the final answer. Rewards: ``correct`` (the answer, or else the last number of the last reply, equals the row's),
+    ``answered`` (0.2 for an answer in <answer>NUMBER</answer>) and ``used_calculator`` (0.1 once it called the
+    calculator with an expression that computes)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     used = 0.0
     text = ""
@@ -59,6 +59,7 @@ async def calculator_agent(client, model: str, question: str, answer: str) -> di
         used = max(used, 0.0 if result.startswith("error") else 0.1)
         messages += [{"role": "assistant", "content": text + "</calc>"},
                      {"role": "user", "content": f"<result>{result}</result>"}]
-    final = re.search(r"<answer>\s*(-?\d+)\s*</answer>", text)
-    return {"correct": float(final is not None and final.group(1) == answer),
-            "answered": 0.2 * (final is not None), "used_calculator": used}
+    tagged = re.search(r"<answer>\s*(-?\d+)\s*</answer>", text)
+    numbers = re.findall(r"-?\d+", text)  # read leniently: the answer tag's number, else the last number written
+    final = tagged.group(1) if tagged else numbers[-1] if numbers else None
+    return {"correct": float(final == answer), "answered": 0.2 * (tagged is not None), "used_calculator": used}

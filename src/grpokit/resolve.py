@@ -44,6 +44,7 @@ from grpokit.rewards.learned import MODEL_PREFIX, PROCESS_MODEL_PREFIX, OutcomeR
 from grpokit.rollout.python_tool import sandbox_limits
 from grpokit.runtime.device import resolve_device
 from grpokit.runtime.progress import quiet_unless
+from grpokit.runtime.versions import verifiers_major_minor
 from grpokit.tasks import arithmetic, reasoning_gym, tool_task
 from grpokit.tasks.environments import EnvironmentTask, load_environment_task
 from grpokit.tasks.warm_start import warm_started_model_path
@@ -288,10 +289,30 @@ def resolve_reward_functions(
     return functions, [1.0] * len(functions) if weights is None else list(weights)
 
 
+def runs_as_agent(config: Any) -> bool:
+    """Whether the config's ``environment`` calls the model itself (verifiers 0.4's): it then runs as an agent."""
+    environment = getattr(config, "environment", None) or ""
+    return environment.startswith("verifiers:") and verifiers_major_minor() == (0, 4)
+
+
+def agent_environment(config: Any) -> Any:
+    """The config's ``environment`` where it is one that calls the model itself, run as an agent: ``verifiers:NAME``
+    with verifiers 0.4 installed (its v1 API: :func:`grpokit.agents.verifiers_v1.verifiers_v1_task`, sampling at the
+    run's temperature, top_p and max_completion_length per model call); else None."""
+    if not runs_as_agent(config):
+        return None
+    from grpokit.agents.verifiers_v1 import verifiers_v1_task
+
+    name = config.environment.removeprefix("verifiers:")
+    return verifiers_v1_task(name, config.environment_args, sampling={
+        "temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_completion_length})
+
+
 def environment_task(config: Any) -> EnvironmentTask | None:
     """The config's ``environment`` (``verifiers:NAME``, ``openenv:TARGET``) loaded with ``environment_args``: its
-    rows, rubric and per-completion environments (None without one)."""
-    if getattr(config, "environment", None) is None:
+    rows, rubric and per-completion environments (None without one, or for an environment that runs as an agent:
+    :func:`agent_environment`)."""
+    if getattr(config, "environment", None) is None or runs_as_agent(config):
         return None
     task = load_environment_task(config.environment, config.environment_args, seed=config.seed)
     if task.prompt_column != config.prompt_column:

@@ -50,15 +50,15 @@ def load_agent(spec: str | Callable) -> Callable:
 
 
 def agent_of(config: Any, agent: Callable | None, tools: Sequence | None = None,
-             environment_factory: Callable | None = None) -> Callable | None:
+             environment_factory: Callable | None = None, environment: bool = False) -> Callable | None:
     """The run's agent (``agent=`` in Python, else the config's ``agent`` key), loaded and checked against the rest
-    of the run's settings; None without one."""
+    of the run's settings; None without one. ``environment``: the agent is the config's ``environment``'s."""
     if agent is None and config.agent is None:
         return None
     if tools or environment_factory is not None:
         raise ConfigError("tools= and environment_factory= run inside grpokit's own episodes; an agent drives its own: "
                           "pass one or the other")
-    check_agent_config(config)
+    check_agent_config(config, environment)
     missing = [name for name in ("fastapi", "uvicorn", "openai", "httpx") if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(f"an agent is served the policy over OpenAI's API, which needs {', '.join(missing)}: "

@@ -117,6 +117,9 @@ class AgentSampler(Sampler):
         if self.weights is None:
             count = len(names) + len(self.reward_funcs)
             given = self.config.reward_weights
+            own = getattr(self.agent, "reward_weights", None)  # an environment's agent brings its own
+            if given is None and own is not None:
+                given = [*own, *[1.0] * len(self.reward_funcs)]
             if given is not None and len(given) != count:
                 listed = names + [reward_name(fn) for fn in self.reward_funcs]
                 raise ConfigError(f"reward_weights has {len(given)} values, but the agent's rewards and reward_funcs "

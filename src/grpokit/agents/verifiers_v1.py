@@ -211,6 +211,21 @@ class VerifiersV1Task:
         return rewards
 
 
+def environment_agent(task: VerifiersV1Task) -> Callable:
+    """``task``'s agent as a run takes it: named ``verifiers:NAME`` (errors and metrics say so), its rewards' default
+    weights verifiers' own (``reward_weights``, read by :class:`~grpokit.agents.sampler.AgentSampler` where the
+    config gives none)."""
+
+    async def agent(client: Any, model: str, *, task: dict[str, Any], split: str = "train",
+                    **columns: Any) -> dict[str, float]:
+        return await environment.agent(client, model, task=task, split=split)
+
+    environment = task
+    agent.__name__ = agent.__qualname__ = f"verifiers:{task.name}"
+    agent.reward_weights = list(task.reward_weights)
+    return agent
+
+
 def verifiers_v1_task(name: str, args: dict[str, Any] | None = None, *, eval_args: dict[str, Any] | None = None,
                       sampling: dict[str, Any] | None = None, reward_keys: dict[str, list[str]] | None = None,
                       max_rows: int | None = None, on_error: Literal["raise", "zero"] = "raise") -> VerifiersV1Task:

@@ -27,6 +27,7 @@ import torch
 
 from grpokit.agents.calling import agent_of
 from grpokit.agents.sampler import AgentSampler
+from grpokit.agents.verifiers_v1 import environment_agent
 from grpokit.algorithms.iterative import IterativeRL
 from grpokit.algorithms.ppo import Critic
 from grpokit.config import ConfigError, GRPOConfig, reward_funcs_of
@@ -39,6 +40,7 @@ from grpokit.models.lora import with_lora
 from grpokit.models.reference import build_reference, resolve_placement
 from grpokit.models.sharding import full_state_dict, is_sharded
 from grpokit.resolve import (
+    agent_environment,
     code_options,
     dataset_options,
     environment_task,
@@ -101,7 +103,10 @@ class GRPOTrainer(Trainer):
         # An environment (verifiers, OpenEnv) brings rows, a rubric and episodes, where nothing else is given.
         self.environment = environment_task(config)
         # An agent drives its own episodes against the served policy (grpokit.agents): no prompts are rendered here.
-        self.agent = agent_of(config, agent, tools, environment_factory)
+        # verifiers 0.4's environments call the model themselves: they are agents.
+        if (task := agent_environment(config)) is not None:
+            agent, train_dataset = environment_agent(task), task.rows if train_dataset is None else train_dataset
+        self.agent = agent_of(config, agent, tools, environment_factory, environment=task is not None)
         train_dataset, eval_dataset, reward_funcs, weights, environment_factory = with_environment(
             config, self.environment, train_dataset, eval_dataset, reward_funcs, environment_factory)
         # Rewards, data and optional packages are checked before the (possibly slow) model load.

@@ -115,12 +115,13 @@ def _check_iterations(config: Any) -> None:
                           "process); use ddp")
 
 
-def check_agent_config(config: Any) -> None:
-    """An agent owns its episodes' loop: what else would drive them, or needs what it does not give, is refused."""
+def check_agent_config(config: Any, environment: bool = False) -> None:
+    """An agent owns its episodes' loop: what else would drive them, or needs what it does not give, is refused.
+    ``environment``: the agent is the config's ``environment`` (verifiers 0.4's), not a second driver."""
     refusals = (
         (config.tools or config.environment_factory, "tools and environment_factory run inside grpokit's own episodes; "
          "an agent drives its own (its tools are its business): drop them, or the agent"),
-        (config.environment, "environment and agent both say what drives the episodes; set one of them"),
+        (config.environment and (config.agent or not environment), "environment and agent both say what drives the episodes; set one of them"),
         (config.algorithm == "ppo", "algorithm: ppo with an agent is not supported: the value model would need a value "
          "for every served token; use grpo"),
         (config.supervision == "process", "supervision: process with an agent: an agent returns one reward per "
