@@ -121,13 +121,14 @@ def test_with_top_p_the_logprobs_are_after_vllms_cut(served):
     server, model, _ = served
     client(server, "top-p").completions.create(model=MODEL, prompt="Count 1:", max_tokens=6, top_p=0.5)
     [turn] = server.pop_episode("top-p")
-    assert all(ours > policy for ours, policy in zip(turn.logp, policy_logp(model, turn)))
+    pairs = list(zip(turn.logp, policy_logp(model, turn)))
+    assert all(ours >= policy - 2e-4 for ours, policy in pairs) and any(ours > policy + 0.01 for ours, policy in pairs)
 
 
 def test_greedy_output_equals_the_native_servers(served):
     """The same tokens as the native engine's server, and the same log-probs (temperature 1) to float rounding."""
     server, model, tok = served
-    requests = [("completions", dict(prompt="Count 7:", max_tokens=12)),
+    requests = [("completions", dict(prompt="Count 7:", max_tokens=12, n=2)),  # vLLM: n > 1 greedy is refused
                 ("chat", dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=10)),
                 ("chat", dict(messages=QUESTION, tools=[WEATHER], max_tokens=120))]
     with PolicyServer(model, tok, model_name=MODEL) as native:
@@ -137,7 +138,7 @@ def test_greedy_output_equals_the_native_servers(served):
                     client(each, "greedy").chat.completions
                 api.create(model=MODEL, temperature=0, **body)
         ours, theirs = server.pop_episode("greedy"), native.pop_episode("greedy")
-    assert [t.completion_ids for t in ours] == [t.completion_ids for t in theirs]
+    assert [t.completion_ids for t in ours] == [t.completion_ids for t in theirs] and len(ours) == 4
     for a, b in zip(ours, theirs):
         assert a.finish_reason == b.finish_reason and a.logp == pytest.approx(b.logp, abs=2e-4)
     assert tok.decode(ours[-1].completion_ids, skip_special_tokens=True) == CALL  # the fitted answer

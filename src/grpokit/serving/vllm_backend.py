@@ -48,6 +48,7 @@ class _Running:
 
     job: Job
     ids: list[str]
+    copies: int = 1  # each sample stands for this many of the job's n (greedy)
     done: dict[str, list[Sample]] = field(default_factory=dict)
 
 
@@ -113,14 +114,17 @@ class VLLMBackend:
             draws = torch.randint(0, SEED_RANGE, (len(job.prompts) * job.n,),
                                   generator=torch.Generator().manual_seed(job.sampling.seed)).tolist()
             seeds = draws[::job.n]
+        # vLLM refuses n > 1 with greedy sampling: its n completions are one, sampled once and repeated (as the native
+        # engine's greedy rows are the same)
+        n, copies = (1, job.n) if job.sampling.greedy else (job.n, 1)
         number = next(self._numbers)
-        running = _Running(job, [f"grpokit-{number}-{k}" for k in range(len(job.prompts))])
+        running = _Running(job, [f"grpokit-{number}-{k}" for k in range(len(job.prompts))], copies)
         added = []
         try:
             engine.wake_up()
             for request_id, prompt, seed in zip(running.ids, job.prompts, seeds):
                 params = vllm.SamplingParams(
-                    n=job.n, max_tokens=job.max_tokens, seed=seed, stop_token_ids=engine.stop_ids,
+                    n=n, max_tokens=job.max_tokens, seed=seed, stop_token_ids=engine.stop_ids,
                     temperature=0.0 if job.sampling.greedy else job.sampling.temperature, top_p=job.sampling.top_p,
                     logprobs=0, detokenize=False, output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
                     **engine.extra_sampling)
@@ -164,7 +168,8 @@ class VLLMBackend:
                 ids = list(completion.token_ids)
                 logp = [entry[token].logprob for entry, token in zip(completion.logprobs, ids)]
                 samples.append(Sample(prompt, ids, logp, bool(ids) and ids[-1] in stop_ids))
-            running.done[out.request_id] = samples
+            running.done[out.request_id] = [Sample(s.prompt_ids, list(s.completion_ids), list(s.logp), s.stopped)
+                                             for s in samples for _ in range(running.copies)]
             del self._running[out.request_id]
             if len(running.done) == len(running.ids):
                 running.job.future.set_result([s for request_id in running.ids for s in running.done[request_id]])
