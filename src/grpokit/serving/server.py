@@ -105,6 +105,9 @@ class PolicyServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
+        # Listening now, not when uvicorn's loop starts: a client that connects as soon as serve_forever says the URL
+        # waits in the backlog instead of being refused (uvicorn listens again on it, with its own backlog).
+        sock.listen()
         self._batcher = backend_for(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
         config = uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False)
         self._uvicorn = uvicorn.Server(config)
