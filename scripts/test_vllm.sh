@@ -16,6 +16,6 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, grpokit"
     # ("operator torchvision::nms does not exist"); grpokit needs none of them.
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   fi
-  "$VENV/bin/python" -m pip install -q -e . pytest pytest-timeout hypothesis peft
+  "$VENV/bin/python" -m pip install -q -e . pytest pytest-timeout hypothesis peft fastapi uvicorn openai  # openai: tests/serving
 fi
-"$VENV/bin/python" -m pytest -m vllm tests/rollout/test_vllm_engine.py "$@"
+"$VENV/bin/python" -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/serving/test_vllm_server.py "$@"

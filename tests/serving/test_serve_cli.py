@@ -37,10 +37,22 @@ def test_grpokit_serve_answers_and_exits_on_a_signal(tiny_model_dir, stop):
             kill_tree(process.pid)
 
 
-def test_grpokit_serve_refuses_another_engine_and_a_missing_model(capsys):
+def test_grpokit_serve_refuses_an_unknown_engine_and_a_missing_model(capsys):
     from grpokit.cli.main import main
 
-    assert main(["serve", "some/model", "--generation_engine", "vllm"]) == 2
-    assert "generation_engine 'vllm' is not served" in capsys.readouterr().err
+    assert main(["serve", "some/model", "--generation_engine", "sglang"]) == 2
+    assert "generation_engine" in capsys.readouterr().err
     assert main(["serve"]) == 2
     assert "error: model is required" in capsys.readouterr().err
+
+
+def test_grpokit_serve_on_vllm_without_vllm_says_so_before_loading_the_model(capsys):
+    """(tests/serving/test_vllm_server.py serves on vLLM where it is installed.)"""
+    import importlib.util
+
+    from grpokit.cli.main import main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    assert main(["serve", "some/model", "--generation_engine", "vllm"]) == 2
+    assert "needs vLLM in this environment" in capsys.readouterr().err

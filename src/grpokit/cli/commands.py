@@ -29,9 +29,10 @@ SAMPLING_KEYS = ("model", "dataset", "dataset_config", "dataset_train_split", "d
                  "vllm_sync_check")
 SAMPLE_KEYS = (*SAMPLING_KEYS, "reward_funcs", "reward_weights", "code_tests_mode")
 EVAL_KEYS = (*SAMPLING_KEYS, "eval_reward")
-# The GRPOConfig keys `serve` reads: the model and how the native engine samples it
+# The GRPOConfig keys `serve` reads: the model and how its engine (native or vLLM) samples it
 SERVE_KEYS = ("model", "seed", "device", "dtype", "progress_bar", "generation_engine", "rollout_precision",
-              "mixed_precision", "fast_path", "cuda_graphs", "top_k", "min_p", "repetition_penalty")
+              "mixed_precision", "fast_path", "cuda_graphs", "top_k", "min_p", "repetition_penalty",
+              "vllm_gpu_memory_utilization")
 
 
 def _last_step(history: list[dict[str, Any]], keys: Sequence[str], digits: int) -> str:

@@ -94,7 +94,8 @@ SAMPLING_COMMANDS = {
     "serve": (
         "serve a model over OpenAI's API on localhost until Ctrl-C (docs/serving.md)",
         "Serve the model on http://HOST:PORT/v1 (/v1/models, /v1/completions, /v1/chat/completions, with tools in the "
-        "chat template's format), sampled by grpokit's native engine with concurrent requests batched; "
+        "chat template's format), sampled by grpokit's native engine with concurrent requests batched, or by vLLM "
+        "(--generation_engine vllm: each request joins vLLM's running batch); "
         "http://HOST:PORT/episodes/ID/v1 attributes requests to episode ID. Needs pip install 'grpokit[serve]'."),
 }
 

@@ -1,6 +1,8 @@
 """The policy served over OpenAI's API on localhost (docs/serving.md): :class:`PolicyServer` in Python,
 ``grpokit serve MODEL`` on the command line. Requests become rows of the native sampler's batches
-(:mod:`grpokit.serving.batcher`); every request's tokens are recorded per episode (:mod:`grpokit.serving.records`).
+(:mod:`grpokit.serving.batcher`), or requests in vLLM's continuously batched engine
+(:mod:`grpokit.serving.vllm_backend`); every request's tokens are recorded per episode
+(:mod:`grpokit.serving.records`).
 FastAPI and uvicorn are imported only when a server starts (``pip install 'grpokit[serve]'``)."""
 
 from grpokit.serving.records import Turn

@@ -1,6 +1,7 @@
 """The policy server: a causal LM and its tokenizer served over OpenAI's API on localhost, sampled by grpokit's
-native engine with requests batched as they arrive (:mod:`grpokit.serving.batcher`), every request recorded per
-episode (:mod:`grpokit.serving.records`). docs/serving.md says what it serves and records.
+native engine with requests batched as they arrive (:mod:`grpokit.serving.batcher`), or by vLLM, each request added
+to its engine as it arrives (:mod:`grpokit.serving.vllm_backend`); every request recorded per episode
+(:mod:`grpokit.serving.records`). docs/serving.md says what it serves and records.
 
 In Python::
 
@@ -28,6 +29,7 @@ from grpokit.rollout.engines import Engine, NativeEngine
 from grpokit.serving.batcher import Batcher, Job, Sample, Sampling
 from grpokit.serving.chat import RequestError, ToolCallReader, render_chat
 from grpokit.serving.records import EpisodeLog, Turn
+from grpokit.serving.vllm_backend import VLLMBackend, backend_for
 
 DEFAULT_MAX_TOKENS = 256  # a request's completion budget when it names none (capped by the context left)
 
@@ -41,11 +43,13 @@ class PolicyServer:
     """Serves ``model`` (with ``tokenizer``) on ``host``:``port`` (0: a free port) in a background thread, as a
     context manager or with :meth:`start` / :meth:`stop`; or in the foreground with :meth:`serve_forever`.
 
-    ``engine``: what samples (default: :class:`~grpokit.rollout.engines.NativeEngine` on ``model``); the server
+    ``engine``: what samples (default: :class:`~grpokit.rollout.engines.NativeEngine` on ``model``; a
+    :class:`~grpokit.rollout.vllm_engine.VLLMEngine` is served by :mod:`grpokit.serving.vllm_backend`); the server
     touches it from one thread only. ``model_name``: the id ``/v1/models`` lists and requests must name.
     ``max_context``: the most tokens a request's prompt and completion may hold together (default and ceiling: the
-    model's context). ``max_batch``: the most rows (prompts × n) one ``generate`` call takes; ``batch_wait``: seconds
-    the worker waits after a request arrives for others sent with it. ``fixed_sampling``: every request is sampled
+    model's context). ``max_batch``: the most rows (prompts × n) one ``generate`` call takes (vLLM: the most in its
+    engine at once); ``batch_wait``: seconds the worker waits after a request arrives for others sent with it (not on
+    vLLM, where a request joins the running decode at its next step). ``fixed_sampling``: every request is sampled
     so, whatever it asks (training: the tokens must come from the policy at the run's temperature, whose log-probs
     the loss recomputes); what was asked otherwise is noted in :attr:`overridden`."""
 
@@ -63,7 +67,7 @@ class PolicyServer:
         self.log = EpisodeLog()
         self.tool_calls = ToolCallReader(tokenizer)
         self._requests = itertools.count()
-        self._batcher: Batcher | None = None
+        self._batcher: Batcher | VLLMBackend | None = None
         self._uvicorn = self._thread = None
 
     # ---- what is recorded -------------------------------------------------------------------------
@@ -78,7 +82,8 @@ class PolicyServer:
 
     @property
     def batches(self) -> int:
-        """``generate`` calls made so far (requests sent together share one)."""
+        """``generate`` calls made so far (requests sent together share one); on vLLM, its engine's busy spells
+        (the requests of one spell share its decode steps)."""
         return self._batcher.batches if self._batcher else 0
 
     # ---- addresses --------------------------------------------------------------------------------
@@ -103,7 +108,10 @@ class PolicyServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self._batcher = Batcher(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
+        # Listening now, not when uvicorn's loop starts: a client that connects as soon as serve_forever says the URL
+        # waits in the backlog instead of being refused (uvicorn listens again on it, with its own backlog).
+        sock.listen()
+        self._batcher = backend_for(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
         config = uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False)
         self._uvicorn = uvicorn.Server(config)
         return sock
