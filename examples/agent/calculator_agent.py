@@ -1,7 +1,7 @@
 """An agent written with the openai SDK, as one would write it for any OpenAI-compatible server: a multi-turn
 episode in which the model may use a calculator tool before it answers. grpokit trains it (examples/agent/README.md):
 
-    grpokit train examples/agent/grpo.yaml --model gguf:$(python -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")
+    bash examples/agent/run.sh    # grpokit train examples/agent/grpo.yaml --model gguf:SMOLLM2
 
 The tool protocol is the agent's own (SmolLM2's chat template has no tool-call format): the model writes
 <calc>EXPRESSION</calc>, the agent computes it and sends the result back as the next user message. Nothing the model
@@ -41,24 +41,29 @@ def calculate(expression: str) -> str:
 
 
 async def calculator_agent(client, model: str, question: str, answer: str) -> dict[str, float]:
-    """One episode: up to MAX_TURNS model turns, each either a calculator call (answered, then the model goes on) or
-    the final answer. Rewards: ``correct`` (the answer, or else the last number of the last reply, equals the row's),
+    """One episode: up to MAX_TURNS model turns, each a calculator call (answered, then the model goes on), the final
+    answer, or neither (then the agent asks for the answer). Rewards: ``correct`` (the answer, or else the last
+    number of the last reply, equals the row's),
     ``answered`` (0.2 for an answer in <answer>NUMBER</answer>) and ``used_calculator`` (0.1 once it called the
     calculator with an expression that computes)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     used = 0.0
     text = ""
     for _ in range(MAX_TURNS):
-        reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=48,
+        reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=32,
                                                      stop=["</calc>"])
         text = reply.choices[0].message.content or ""
         call = re.search(r"<calc>(.*)$", text, re.S)  # the stop string ends the call: the reply stops before it
-        if reply.choices[0].finish_reason != "stop" or call is None:
+        if call is not None and reply.choices[0].finish_reason == "stop":
+            result = calculate(call.group(1))
+            used = max(used, 0.0 if result.startswith("error") else 0.1)
+            messages += [{"role": "assistant", "content": text + "</calc>"},
+                         {"role": "user", "content": f"<result>{result}</result>"}]
+        elif "<answer>" not in text:  # no call, no answer yet: the agent asks for one
+            messages += [{"role": "assistant", "content": text},
+                         {"role": "user", "content": "Now reply with only the final answer: <answer>NUMBER</answer>"}]
+        else:
             break
-        result = calculate(call.group(1))
-        used = max(used, 0.0 if result.startswith("error") else 0.1)
-        messages += [{"role": "assistant", "content": text + "</calc>"},
-                     {"role": "user", "content": f"<result>{result}</result>"}]
     tagged = re.search(r"<answer>\s*(-?\d+)\s*</answer>", text)
     numbers = re.findall(r"-?\d+", text)  # read leniently: the answer tag's number, else the last number written
     final = tagged.group(1) if tagged else numbers[-1] if numbers else None

@@ -21,7 +21,8 @@ async def two_turns(client, model, question, answer):
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "Are you sure?"}]
     second = await client.chat.completions.create(model=model, messages=messages, max_tokens=4)
-    return {"right": float(answer in second.choices[0].message.content), "short": len(first.choices[0].message.content) / 10}
+    return {"right": float(answer in second.choices[0].message.content),
+            "short": len(first.choices[0].message.content) / 10}
 
 
 async def completions(client, model, question, **row):
@@ -55,7 +56,8 @@ def test_tokens_trained_are_the_tokens_sampled_byte_for_byte(agent_trainer, monk
 
     trained = []
     real = grpo.update
-    monkeypatch.setattr(grpo, "update", lambda learners, fixed, **kw: trained.append(fixed) or real(learners, fixed, **kw))
+    monkeypatch.setattr(grpo, "update",
+                        lambda learners, fixed, **kw: trained.append(fixed) or real(learners, fixed, **kw))
     trainer = agent_trainer(completions, ROWS)
     trainer.train()
     [fixed] = trained

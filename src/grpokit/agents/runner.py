@@ -63,8 +63,8 @@ async def _run(agent: Callable, rows: Sequence[dict[str, Any]], group: int, serv
     import httpx
     import openai
 
-    name, is_async = agent_name(agent), inspect.iscoroutinefunction(agent) or \
-        inspect.iscoroutinefunction(getattr(agent, "__call__", None))
+    name = agent_name(agent)
+    is_async = inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(type(agent).__call__)  # or an object's
     round_id = uuid.uuid4().hex[:8]  # episode ids never repeat across rounds
     gate = asyncio.Semaphore(concurrency)
     # One connection pool for every episode's client; a plain-def agent's calls run in daemon threads, which a
@@ -96,7 +96,8 @@ async def _run(agent: Callable, rows: Sequence[dict[str, Any]], group: int, serv
             turns = server.pop_episode(episode_id)
             if not turns:
                 raise AgentError(f"agent {name!r} made no request to the policy ({where}), so the episode has no "
-                                 f"tokens to train; call the model through the client it is given, at {client.base_url}")
+                                 "tokens to train; call the model through the client it is given, at "
+                                 f"{client.base_url}")
             return Episode(episode_id, row, generation, rewards, turns, time.perf_counter() - start)
 
     tasks = [asyncio.create_task(episode(row, g)) for row in range(len(rows)) for g in range(group)]

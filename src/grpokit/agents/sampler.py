@@ -123,7 +123,8 @@ class AgentSampler(Sampler):
             if given is not None and len(given) != count:
                 listed = names + [reward_name(fn) for fn in self.reward_funcs]
                 raise ConfigError(f"reward_weights has {len(given)} values, but the agent's rewards and reward_funcs "
-                                  f"are {count}: {listed} (the agent's in the order it returns them, then reward_funcs)")
+                                  f"are {count}: {listed} (the agent's in the order it returns them, then "
+                                  "reward_funcs)")
             self.weights = [1.0] * count if given is None else [float(w) for w in given]
         return self.weights
 

@@ -60,7 +60,7 @@ from grpokit.rollout.tool_templates import build_toolbox, toolbox_options
 from grpokit.rollout.tools import add_environment_reward, resolve_tools, reward_keywords
 from grpokit.runtime.device import autocast, resolve_device
 from grpokit.runtime.memory import keep_freed_memory
-from grpokit.training.distributed import all_sum, data_parallel, device_for, init_world
+from grpokit.training.distributed import data_parallel, device_for, init_world
 from grpokit.training.engine import Trainer, TrainingInterrupted
 from grpokit.training.evaluation import HeldOutEval, check_eval_rows
 from grpokit.training.runlog import completion_records, step_metrics, warn_of_silent_rewards
@@ -276,8 +276,8 @@ class GRPOTrainer(Trainer):
 
         # 6. Metrics, over every process's completions.
         self.step += 1
-        metrics = step_metrics(self.step, *whole_batches(batch, sampled, sampling, self.world, self.tokenizer.pad_token_id), passes[0], last,
-                               (start, sampled_at, frozen, updated))
+        whole = whole_batches(batch, sampled, sampling, self.world, self.tokenizer.pad_token_id)
+        metrics = step_metrics(self.step, *whole, passes[0], last, (start, sampled_at, frozen, updated))
         warn_of_silent_rewards(metrics, self.silent, first_step=not self.rewards_checked, say=self.world.main)
         self.rewards_checked = True
         if self.critic is not None:

@@ -121,7 +121,8 @@ def check_agent_config(config: Any, environment: bool = False) -> None:
     refusals = (
         (config.tools or config.environment_factory, "tools and environment_factory run inside grpokit's own episodes; "
          "an agent drives its own (its tools are its business): drop them, or the agent"),
-        (config.environment and (config.agent or not environment), "environment and agent both say what drives the episodes; set one of them"),
+        (config.environment and (config.agent or not environment), "environment and agent both say what drives the "
+         "episodes; set one of them"),
         (config.algorithm == "ppo", "algorithm: ppo with an agent is not supported: the value model would need a value "
          "for every served token; use grpo"),
         (config.supervision == "process", "supervision: process with an agent: an agent returns one reward per "
