@@ -176,3 +176,15 @@ def test_dynamic_sampling_keeps_whole_episodes(agent_trainer):
     [metrics] = trainer.train()
     assert metrics["sampling_rounds"] >= 1
     assert torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+def test_requests_are_sampled_at_the_runs_temperature_and_what_was_asked_is_said(agent_trainer, capsys):
+    async def picky(client, model, question, **row):
+        await client.completions.create(model=model, prompt=question, max_tokens=2, temperature=0.2)
+        return 0.0
+
+    agent_trainer(picky, ROWS, temperature=0.9).train()
+    assert "asked for other sampling settings (temperature=0.2); training samples every request at the run's " \
+           "temperature=0.9" in capsys.readouterr().err
+    agent_trainer(completions, ROWS, temperature=0.9).train()  # asks for nothing: nothing to say
+    assert "asked for other sampling settings" not in capsys.readouterr().err

@@ -178,9 +178,12 @@ class PolicyServer:
         sampling = Sampling(temperature=body.temperature or 1.0, top_p=body.top_p, greedy=body.temperature == 0,
                             seed=body.seed)
         if self.fixed_sampling is not None:
-            if sampling != self.fixed_sampling:
-                self.overridden.add(f"temperature={body.temperature}, top_p={body.top_p}, seed={body.seed}")
-            sampling = self.fixed_sampling
+            fixed = self.fixed_sampling
+            asked = {name: getattr(body, name) for name in ("temperature", "top_p", "seed")
+                     if name in body.model_fields_set}  # what the request set, not the API's defaults
+            if any(getattr(sampling, name) != getattr(fixed, name) for name in asked) or sampling.greedy != fixed.greedy:
+                self.overridden.add(", ".join(f"{name}={value}" for name, value in asked.items()))
+            sampling = fixed
         job = Job(prompts, body.n, budget, sampling)
         if self._batcher is None:
             raise RuntimeError("the policy server is not started")
