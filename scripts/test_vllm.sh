@@ -18,4 +18,5 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, grpokit"
   fi
   "$VENV/bin/python" -m pip install -q -e . pytest pytest-timeout hypothesis peft fastapi uvicorn openai  # openai: tests/serving
 fi
-"$VENV/bin/python" -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/serving/test_vllm_server.py "$@"
+"$VENV/bin/python" -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/serving/test_vllm_server.py \
+  tests/agents/test_agent_vllm.py "$@"
