@@ -84,3 +84,20 @@ def test_an_agent_that_fails_ends_the_run_naming_it(agents, tiny_model_dir, agen
     text = stderr.read_text()
     assert code == 1 and re.search(error, text) and "no step was done" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+
+
+@pytest.mark.slow_distributed
+def test_under_torchrun_each_process_serves_its_share_of_the_episodes(agents, tiny_model_dir):
+    """DDP with 2 processes: each serves its own copy of the policy to the episodes of its row, and the step's
+    metrics count every process's."""
+    from helpers import torchrun_processes
+
+    main = Path(__file__).parents[2] / "src" / "grpokit" / "__main__.py"
+    torchrun_processes(main, ["train", f"--model={tiny_model_dir}", f"--output_dir={agents / 'run'}",
+                              f"--dataset={agents / 'rows.jsonl'}", "--agent", str(agents / "agents.py") + ":counts",
+                              "--prompts_per_step=2", "--num_generations=2", "--max_completion_length=8",
+                              "--max_steps=2", "--progress_bar=false", "--mixed_precision=no", "--device=cpu"],
+                       env={"PYTHONPATH": ENV["PYTHONPATH"]})
+    history = [json.loads(line) for line in (agents / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["agent_episodes"] for m in history] == [4, 4] and [m["agent_turns"] for m in history] == [8, 8]
+    assert all(m["sampler_kl"] < 1e-5 for m in history)
