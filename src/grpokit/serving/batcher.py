@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.rollout.engines import Engine
+from grpokit.runtime.openmp import release_openmp_pool
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class Batcher:
 
     def _collect(self) -> list[Job] | None:
         """Every job waiting (at least one: blocks for it), up to ``max_batch`` rows; None once closed."""
+        if self._queue.empty():  # idle: this thread's OpenMP helpers go (grpokit.runtime.openmp says why)
+            release_openmp_pool()
         first = self._queue.get()
         if first is None:
             return None

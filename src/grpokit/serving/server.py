@@ -25,8 +25,10 @@ from typing import Any
 import torch
 
 from grpokit.rollout.engines import Engine, NativeEngine
+from grpokit.runtime.openmp import release_openmp_pool
 from grpokit.serving.batcher import Batcher, Job, Sample, Sampling
 from grpokit.serving.chat import RequestError, ToolCallReader, render_chat
+from grpokit.serving.continuous import ContinuousBatcher, serves_continuously
 from grpokit.serving.records import EpisodeLog, Turn
 
 DEFAULT_MAX_TOKENS = 256  # a request's completion budget when it names none (capped by the context left)
@@ -44,23 +46,31 @@ class PolicyServer:
     ``engine``: what samples (default: :class:`~grpokit.rollout.engines.NativeEngine` on ``model``); the server
     touches it from one thread only. ``model_name``: the id ``/v1/models`` lists and requests must name.
     ``max_context``: the most tokens a request's prompt and completion may hold together (default and ceiling: the
-    model's context). ``max_batch``: the most rows (prompts × n) one ``generate`` call takes; ``batch_wait``: seconds
-    the worker waits after a request arrives for others sent with it."""
+    model's context). ``max_batch``: the most rows (prompts × n) decoding at once; ``batch_wait``: seconds the worker
+    waits after a request finds it idle for others sent with it. ``continuous``: batch continuously (requests join a
+    running decode at its next step, and leave it as they finish: :mod:`grpokit.serving.continuous`); default: where
+    :func:`~grpokit.serving.continuous.serves_continuously` says the engine can, else between ``generate`` calls
+    (:class:`~grpokit.serving.batcher.Batcher`)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, engine: Engine | None = None,
                  model_name: str = "grpokit-policy", host: str = "127.0.0.1", port: int = 0,
                  max_context: int | None = None, max_batch: int = 64, batch_wait: float = 0.005,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, continuous: bool | None = None):
         self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
         self.engine = engine or NativeEngine(model, tokenizer)
         limits = [n for n in (model_context(model), max_context) if n]
         self.max_context = min(limits) if limits else None
         self.max_batch, self.batch_wait, self.default_max_tokens = max_batch, batch_wait, default_max_tokens
+        able = serves_continuously(self.engine)
+        if continuous and not able:
+            raise ValueError("continuous batching needs the native engine's own generate on its fast path, sampling "
+                             "the policy's weights in their precision (see grpokit.serving.continuous)")
+        self.continuous = able if continuous is None else continuous
         self.created = int(time.time())
         self.log = EpisodeLog()
         self.tool_calls = ToolCallReader(tokenizer)
         self._requests = itertools.count()
-        self._batcher: Batcher | None = None
+        self._batcher: Batcher | ContinuousBatcher | None = None
         self._uvicorn = self._thread = None
 
     # ---- what is recorded -------------------------------------------------------------------------
@@ -75,7 +85,8 @@ class PolicyServer:
 
     @property
     def batches(self) -> int:
-        """``generate`` calls made so far (requests sent together share one)."""
+        """``generate`` calls made so far (requests sent together share one); batching continuously, the prefills
+        that joined requests to the running decode (requests that arrive together share one)."""
         return self._batcher.batches if self._batcher else 0
 
     # ---- addresses --------------------------------------------------------------------------------
@@ -100,7 +111,11 @@ class PolicyServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self._batcher = Batcher(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
+        # This thread's idle OpenMP helpers go: counted with the worker's, they would make libgomp throttle the
+        # worker's spin-waits (grpokit.runtime.openmp says why; a decode off the main thread was ~1.6x slower).
+        release_openmp_pool()
+        kind = ContinuousBatcher if self.continuous else Batcher
+        self._batcher = kind(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
         config = uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False)
         self._uvicorn = uvicorn.Server(config)
         return sock
