@@ -47,7 +47,8 @@ def serves_continuously(engine: Engine) -> bool:
     if not isinstance(engine, NativeEngine) or type(engine).generate is not NativeEngine.generate:
         return False
     options = engine.options
-    plain = options.fast_path and not engine.sharded and not engine.weights.lowered and not engine.weights.int8
+    weights = engine.weights
+    plain = options.fast_path and not engine.sharded and not (weights.lowered or weights.int8 or weights.autocast)
     return plain and options.mixed_precision == "no" and not options.cuda_graphs and \
         unsupported(engine.weights.current()) is None
 
