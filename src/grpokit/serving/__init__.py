@@ -1,6 +1,7 @@
 """The policy served over OpenAI's API on localhost (docs/serving.md): :class:`PolicyServer` in Python,
-``grpokit serve MODEL`` on the command line. Requests become rows of the native sampler's batches
-(:mod:`grpokit.serving.batcher`); every request's tokens are recorded per episode (:mod:`grpokit.serving.records`).
+``grpokit serve MODEL`` on the command line. Requests join the native sampler's running decode as rows and leave it
+as they finish (:mod:`grpokit.serving.continuous`; other engines: :mod:`grpokit.serving.batcher`); every request's
+tokens are recorded per episode (:mod:`grpokit.serving.records`).
 FastAPI and uvicorn are imported only when a server starts (``pip install 'grpokit[serve]'``)."""
 
 from grpokit.serving.records import Turn

@@ -1,6 +1,7 @@
 """The policy server: a causal LM and its tokenizer served over OpenAI's API on localhost, sampled by grpokit's
-native engine with requests batched as they arrive (:mod:`grpokit.serving.batcher`), every request recorded per
-episode (:mod:`grpokit.serving.records`). docs/serving.md says what it serves and records.
+native engine with requests batched continuously (:mod:`grpokit.serving.continuous`; other engines between
+``generate`` calls: :mod:`grpokit.serving.batcher`), every request recorded per episode
+(:mod:`grpokit.serving.records`). docs/serving.md says what it serves and records.
 
 In Python::
 
