@@ -39,6 +39,8 @@ from grpokit.rollout.generate import min_p_filter, penalize_repeats, sample_toke
 from grpokit.runtime.openmp import release_openmp_pool
 from grpokit.serving.batcher import Job, Sample
 
+PACKED_ROWS = 16  # the rows oneDNN's packed weights are laid out for (at least; at most max_batch)
+
 
 def serves_continuously(engine: Engine) -> bool:
     """Whether :class:`ContinuousBatcher` can serve ``engine``: the native engine with its own ``generate`` (a
@@ -70,8 +72,8 @@ class _Decode:
     """The running decode: the cache (layers, 2, A, kv heads, columns, D) of the A rows, the additive mask (A,
     columns), each row's next position and last hidden state, and ``column``: where every row writes next."""
 
-    def __init__(self, engine: NativeEngine):
-        self.engine = engine
+    def __init__(self, engine: NativeEngine, max_batch: int):
+        self.engine, self.max_batch = engine, max_batch
         self.model = engine.weights.current()
         self.fast = LlamaFamily(self.model)
         self.rows: list[_Row] = []
@@ -110,7 +112,9 @@ class _Decode:
         """Prefill ``jobs``' prompts (each once) and add their rows, n per prompt, after the running ones."""
         fast, device = self.fast, self.engine.device
         if self.products is None:
-            self._build(max(sum(job.rows for job in jobs), 1))
+            # oneDNN packs the weights for a row count: packed for 1 row (a first request alone), a 576x1536 product
+            # on 16 rows took ~1.6x as long as packed for 16 (one core, a shared machine); rows join later
+            self._build(max(sum(job.rows for job in jobs), min(self.max_batch, PACKED_ROWS)))
         layers, head, head_scale = self.products
         prompts = [prompt for job in jobs for prompt in job.prompts]
         repeats = torch.tensor([job.n for job in jobs for _ in job.prompts], device=device)
@@ -335,7 +339,7 @@ class ContinuousBatcher:
                     if decode is None:
                         was_training = model.training
                         model.eval()  # as NativeEngine.generate: modules called as modules run in eval mode
-                        decode = _Decode(self.engine)
+                        decode = _Decode(self.engine, self.max_batch)
                     if jobs:
                         decode.join(jobs, self._key_with_generator(decode))
                         self.batches, self.rows = self.batches + 1, self.rows + sum(job.rows for job in jobs)
