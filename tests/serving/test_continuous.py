@@ -164,3 +164,20 @@ print(before - after, len(os.listdir('/proc/self/task')) - after)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1"]
+
+
+def test_a_failing_decode_fails_its_requests_and_the_next_decode_runs(model, tok, monkeypatch):
+    from grpokit.serving import continuous
+
+    batcher = ContinuousBatcher(engine_for(model, tok), batch_wait=0)
+    step = continuous._Decode.step
+
+    def broken(self):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(continuous._Decode, "step", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        batcher.submit(Job([[1, 2]], 2, 3, Sampling())).result(timeout=60)
+    monkeypatch.setattr(continuous._Decode, "step", step)
+    assert len(batcher.submit(Job([[1, 2]], 2, 3, Sampling())).result(timeout=60)) == 2
+    batcher.close()
