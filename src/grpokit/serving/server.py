@@ -1,6 +1,7 @@
 """The policy server: a causal LM and its tokenizer served over OpenAI's API on localhost, sampled by grpokit's
-native engine with requests batched as they arrive (:mod:`grpokit.serving.batcher`), or by vLLM, each request added
-to its engine as it arrives (:mod:`grpokit.serving.vllm_backend`); every request recorded per episode
+native engine with requests batched continuously (:mod:`grpokit.serving.continuous`; where it cannot, between
+``generate`` calls: :mod:`grpokit.serving.batcher`), or by vLLM, each request added to its engine as it arrives
+(:mod:`grpokit.serving.vllm_backend`); every request recorded per episode
 (:mod:`grpokit.serving.records`). docs/serving.md says what it serves and records.
 
 In Python::
@@ -26,8 +27,10 @@ from typing import Any
 import torch
 
 from grpokit.rollout.engines import Engine, NativeEngine
+from grpokit.runtime.openmp import release_openmp_pool
 from grpokit.serving.batcher import Batcher, Job, Sample, Sampling
 from grpokit.serving.chat import RequestError, ToolCallReader, render_chat
+from grpokit.serving.continuous import ContinuousBatcher, serves_continuously
 from grpokit.serving.records import EpisodeLog, Turn
 from grpokit.serving.vllm_backend import VLLMBackend, backend_for
 
@@ -47,27 +50,36 @@ class PolicyServer:
     :class:`~grpokit.rollout.vllm_engine.VLLMEngine` is served by :mod:`grpokit.serving.vllm_backend`); the server
     touches it from one thread only. ``model_name``: the id ``/v1/models`` lists and requests must name.
     ``max_context``: the most tokens a request's prompt and completion may hold together (default and ceiling: the
-    model's context). ``max_batch``: the most rows (prompts × n) one ``generate`` call takes (vLLM: the most in its
-    engine at once); ``batch_wait``: seconds the worker waits after a request arrives for others sent with it (not on
-    vLLM, where a request joins the running decode at its next step). ``fixed_sampling``: every request is sampled
-    so, whatever it asks (training: the tokens must come from the policy at the run's temperature, whose log-probs
-    the loss recomputes); what was asked otherwise is noted in :attr:`overridden`."""
+    model's context). ``max_batch``: the most rows (prompts × n) decoding at once (vLLM: the most in its engine at
+    once); ``batch_wait``: seconds the worker waits after a request finds it idle for others sent with it (not on
+    vLLM). ``continuous``: batch continuously (requests join a running decode at its next step, and leave it as they
+    finish: :mod:`grpokit.serving.continuous`); default: where
+    :func:`~grpokit.serving.continuous.serves_continuously` says the engine can, else between ``generate`` calls
+    (:class:`~grpokit.serving.batcher.Batcher`; vLLM batches continuously itself). ``fixed_sampling``: every request is
+    sampled so, whatever it asks (training: the tokens must come from the policy at the run's temperature, whose
+    log-probs the loss recomputes); what was asked otherwise is noted in :attr:`overridden`."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, engine: Engine | None = None,
                  model_name: str = "grpokit-policy", host: str = "127.0.0.1", port: int = 0,
                  max_context: int | None = None, max_batch: int = 64, batch_wait: float = 0.005,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, fixed_sampling: Sampling | None = None):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, continuous: bool | None = None,
+                 fixed_sampling: Sampling | None = None):
         self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
         self.engine = engine or NativeEngine(model, tokenizer)
         limits = [n for n in (model_context(model), max_context) if n]
         self.max_context = min(limits) if limits else None
         self.max_batch, self.batch_wait, self.default_max_tokens = max_batch, batch_wait, default_max_tokens
+        able = serves_continuously(self.engine)
+        if continuous and not able:
+            raise ValueError("continuous batching needs the native engine's own generate on its fast path, sampling "
+                             "the policy's weights in their precision (see grpokit.serving.continuous)")
+        self.continuous = able if continuous is None else continuous
         self.fixed_sampling, self.overridden = fixed_sampling, set()
         self.created = int(time.time())
         self.log = EpisodeLog()
         self.tool_calls = ToolCallReader(tokenizer)
         self._requests = itertools.count()
-        self._batcher: Batcher | VLLMBackend | None = None
+        self._batcher: Batcher | ContinuousBatcher | VLLMBackend | None = None
         self._uvicorn = self._thread = None
 
     # ---- what is recorded -------------------------------------------------------------------------
@@ -82,8 +94,9 @@ class PolicyServer:
 
     @property
     def batches(self) -> int:
-        """``generate`` calls made so far (requests sent together share one); on vLLM, its engine's busy spells
-        (the requests of one spell share its decode steps)."""
+        """``generate`` calls made so far (requests sent together share one); batching continuously, the prefills
+        that joined requests to the running decode (requests that arrive together share one); on vLLM, its engine's
+        busy spells (the requests of one spell share its decode steps)."""
         return self._batcher.batches if self._batcher else 0
 
     # ---- addresses --------------------------------------------------------------------------------
@@ -111,7 +124,13 @@ class PolicyServer:
         # Listening now, not when uvicorn's loop starts: a client that connects as soon as serve_forever says the URL
         # waits in the backlog instead of being refused (uvicorn listens again on it, with its own backlog).
         sock.listen()
-        self._batcher = backend_for(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
+        # This thread's idle OpenMP helpers go: counted with the worker's, they would make libgomp throttle the
+        # worker's spin-waits (grpokit.runtime.openmp says why; a decode off the main thread was ~1.6x slower).
+        release_openmp_pool()
+        if self.continuous:
+            self._batcher = ContinuousBatcher(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
+        else:
+            self._batcher = backend_for(self.engine, max_batch=self.max_batch, batch_wait=self.batch_wait)
         config = uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False)
         self._uvicorn = uvicorn.Server(config)
         return sock
