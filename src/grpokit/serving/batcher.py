@@ -61,17 +61,20 @@ class Sample:
     stopped: bool
 
 
-class Batcher:
-    """The worker thread and its queue. :meth:`submit` is safe from any thread; :attr:`batches` counts the
-    ``generate`` calls made (``rows`` the rows they held)."""
+class Worker:
+    """What every backend of the server is: one thread that owns the engine (the model is touched from it alone) and
+    a queue of jobs. :meth:`submit` is safe from any thread; :meth:`close` stops once the jobs submitted are answered.
+    A subclass sets its state, then calls :meth:`start`, and runs the queue in ``_run``."""
 
-    def __init__(self, engine: Engine, *, max_batch: int = 64, batch_wait: float = 0.005):
-        self.engine, self.max_batch, self.batch_wait = engine, max_batch, batch_wait
-        self.batches = self.rows = 0
+    thread_name = "grpokit-serving-batcher"
+
+    def start(self) -> None:
         self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._seeds = itertools.count()  # makes each seeded request's group key its own
-        self._thread = threading.Thread(target=self._run, name="grpokit-serving-batcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
 
     def submit(self, job: Job) -> Future:
         self._queue.put(job)
@@ -80,6 +83,17 @@ class Batcher:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
+
+
+class Batcher(Worker):
+    """Batching between ``generate`` calls (the module's docstring). :attr:`batches` counts the calls made (``rows``
+    the rows they held)."""
+
+    def __init__(self, engine: Engine, *, max_batch: int = 64, batch_wait: float = 0.005):
+        self.engine, self.max_batch, self.batch_wait = engine, max_batch, batch_wait
+        self.batches = self.rows = 0
+        self._seeds = itertools.count()  # makes each seeded request's group key its own
+        self.start()
 
     def _collect(self) -> list[Job] | None:
         """Every job waiting (at least one: blocks for it), up to ``max_batch`` rows; None once closed."""

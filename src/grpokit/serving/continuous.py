@@ -23,9 +23,7 @@ weight update reaches requests from the next start.
 from __future__ import annotations
 
 import queue
-import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +35,7 @@ from grpokit.models.fast.llama_family import LlamaFamily, unsupported
 from grpokit.rollout.engines import Engine, NativeEngine
 from grpokit.rollout.generate import min_p_filter, penalize_repeats, sample_tokens, top_k_filter, top_p_filter
 from grpokit.runtime.openmp import release_openmp_pool
-from grpokit.serving.batcher import Job, Sample
+from grpokit.serving.batcher import Job, Sample, Worker
 
 PACKED_ROWS = 16  # the rows oneDNN's packed weights are laid out for (at least; at most max_batch)
 
@@ -259,7 +257,7 @@ class _Decode:
         self.column += 1
 
 
-class ContinuousBatcher:
+class ContinuousBatcher(Worker):
     """:class:`~grpokit.serving.batcher.Batcher`'s interface (:meth:`submit` from any thread, :meth:`close`) over one
     continuous decode. ``max_batch``: the most rows decoding at once (a request that would pass it waits for rows to
     leave; one larger than it runs alone). ``batch_wait``: seconds the worker waits, when a request finds it idle, for
@@ -269,20 +267,10 @@ class ContinuousBatcher:
     def __init__(self, engine: NativeEngine, *, max_batch: int = 64, batch_wait: float = 0.005):
         self.engine, self.max_batch, self.batch_wait = engine, max_batch, batch_wait
         self.batches = self.rows = self.steps = 0
-        self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting: list[Job] = []  # taken from the queue, not yet joined (no room)
         self._seeds = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="grpokit-serving-batcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Job) -> Future:
-        self._queue.put(job)
-        return job.future
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        self.start()
 
     def _take(self, block: bool) -> None:
         """Move the requests queued into :attr:`_waiting`; ``block``: wait for one first (then ``batch_wait``)."""

@@ -200,7 +200,8 @@ class PolicyServer:
             fixed = self.fixed_sampling
             asked = {name: getattr(body, name) for name in ("temperature", "top_p", "seed")
                      if name in body.model_fields_set}  # what the request set, not the API's defaults
-            if any(getattr(sampling, name) != getattr(fixed, name) for name in asked) or sampling.greedy != fixed.greedy:
+            differs = any(getattr(sampling, name) != getattr(fixed, name) for name in asked)
+            if differs or sampling.greedy != fixed.greedy:
                 self.overridden.add(", ".join(f"{name}={value}" for name, value in asked.items()))
             sampling = fixed
         job = Job(prompts, body.n, budget, sampling)

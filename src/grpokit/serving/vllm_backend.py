@@ -13,15 +13,13 @@ from __future__ import annotations
 import itertools
 import queue
 import sys
-import threading
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from grpokit.serving.batcher import Batcher, Job, Sample
+from grpokit.serving.batcher import Batcher, Job, Sample, Worker
 
 SEED_RANGE = 2**31 - 1  # the seeds VLLMEngine.generate draws (vLLM's per-request generator takes a 32-bit seed)
 
@@ -52,7 +50,7 @@ class _Running:
     done: dict[str, list[Sample]] = field(default_factory=dict)
 
 
-class VLLMBackend:
+class VLLMBackend(Worker):
     """One worker thread owns the vLLM engine: it adds each job's requests as they arrive and steps the engine while
     any runs (blocking for work when none does). :meth:`submit` is safe from any thread.
 
@@ -60,23 +58,14 @@ class VLLMBackend:
     finish (one job alone may pass it). ``batches``: the engine's busy spells (from idle to idle: the requests of one
     spell share its decode steps), ``steps`` its steps, ``rows`` the rows run, ``most_rows`` the most at once."""
 
+    thread_name = "grpokit-serving-vllm"
+
     def __init__(self, engine: Any, *, max_batch: int = 64):
         self.engine, self.max_batch = engine, max_batch
         self.batches = self.steps = self.rows = self.most_rows = 0
-        self._queue: queue.Queue[Job | None] = queue.Queue()
         self._running: dict[str, _Running] = {}  # by each of its requests' ids
         self._numbers = itertools.count()
-        self._thread = threading.Thread(target=self._run, name="grpokit-serving-vllm", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Job) -> Future:
-        self._queue.put(job)
-        return job.future
-
-    def close(self) -> None:
-        """Stop once the jobs submitted so far are answered."""
-        self._queue.put(None)
-        self._thread.join()
+        self.start()
 
     @property
     def _rows_running(self) -> int:
