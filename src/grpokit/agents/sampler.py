@@ -42,7 +42,7 @@ class AgentSampler(Sampler):
         self.names: list[str] | None = None  # the agent's reward names, fixed by the first episode
         self.weights: list[float] | None = None  # config.reward_weights over those names, then reward_funcs
         self.said: set[str] = set()
-        self.episodes: list[Episode] = []  # the last round's (what the tests and completions.jsonl read)
+        self.episodes: list[Episode] = []  # the last round's, to inspect (the batch carries its own)
 
     def generate_and_score(self, indices: list[int], stats: dict[str, float] | None = None, step: int = 0) -> Batch:
         stats = {} if stats is None else stats
