@@ -18,5 +18,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, grpokit"
   fi
   "$VENV/bin/python" -m pip install -q -e . pytest pytest-timeout hypothesis peft fastapi uvicorn openai  # openai: tests/serving
 fi
-"$VENV/bin/python" -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/serving/test_vllm_server.py \
-  tests/agents/test_agent_vllm.py "$@"
+"$VENV/bin/python" -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/serving/test_vllm_server.py "$@"
+# In a process of its own: after the engines above are shut down, vLLM's process-wide parallel state is gone, and a
+# trainer's new engine in the same process fails ("pipeline model parallel group is not initialized").
+"$VENV/bin/python" -m pytest -m vllm tests/agents/test_agent_vllm.py "$@"
