@@ -20,7 +20,7 @@ from grpokit.agents.runner import Episode, run_episodes
 from grpokit.agents.samples import episode_rollout, transcript
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data import row_place
-from grpokit.rewards.calling import RewardLog, TrainerState, reward_name, score_completions
+from grpokit.rewards.calling import RewardLog, reward_name, score_completions
 from grpokit.rollout.engines import Engine
 from grpokit.rollout.served_samples import PER_TURN
 from grpokit.serving import PolicyServer
@@ -83,8 +83,7 @@ class AgentSampler(Sampler):
                 self.reward_funcs, weights[len(agent_scores):], prompts=[p for p, _, _ in texts],
                 completions=completions, columns=self.reward_columns(rows),
                 messages=[m for _, _, m in texts] if conversational else None, completion_ids=sampled,
-                trainer_state=self.trainer_state(step) if self.trainer_state else TrainerState(
-                    global_step=step, max_steps=config.max_steps, epoch=self.epoch),
+                trainer_state=self.reward_state(step),
                 timeout=config.reward_timeout, on_error=config.on_reward_error, errors=errors, log=log)
             total = total + funcs_total
             per_function.update(scores)

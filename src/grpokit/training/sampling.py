@@ -274,8 +274,7 @@ class Sampler:
             prompts=held, completions=completions,
             columns=columns, messages=messages,
             completion_ids=[ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())],
-            trainer_state=self.trainer_state(step) if self.trainer_state else TrainerState(
-                global_step=step, max_steps=config.max_steps, epoch=self.epoch),
+            trainer_state=self.reward_state(step),
         )
         errors: list[dict[str, Any]] = []
         log = RewardLog()
@@ -304,6 +303,12 @@ class Sampler:
                              for fn, before in zip(models, cut_before)), *code.items()):
             stats[key] = stats.get(key, 0) + value
         return Batch(rows, rollout, completions, rewards, per_function, steps, tools.calls, log)
+
+    def reward_state(self, step: int) -> Any:
+        """What reward functions get as ``trainer_state`` at ``step``: the front end's, else a :class:`TrainerState`."""
+        if self.trainer_state:
+            return self.trainer_state(step)
+        return TrainerState(global_step=step, max_steps=self.config.max_steps, epoch=self.epoch)
 
     def token_steps(self, rollout: Rollout, i: int, text: str, steps: list[tuple[int, float]]) -> list:
         """(character offset, reward) steps → (token index, reward), summing steps that share a token."""
